@@ -439,6 +439,13 @@ class PolicyConfig(_Section):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling settings."""
 
+    share_prompt_prefix: bool = True
+    """gym-bridge: run each distinct prompt once per micro-batch in the trainer's forward passes and
+    fan its KV cache out to its G completions (same log-probs and gradients as the plain pass, up to
+    float rounding; about 2x faster training on short-answer tasks). Micro-batches then keep a
+    prompt's rows together. Applies with fixed-size micro-batches on decoders with a plain KV cache;
+    dynamic batching and sequence packing use the plain pass. Default true."""
+
     @property
     def train_mb_tokens(self) -> int:
         """Token budget of a training micro-batch (explicit, or length x micro-batch size)."""

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     import torch
 
     from gym_bridge.train.config import MasterConfig
+    from gym_bridge.train.shared_prefix import PrefixPlan
 
 __all__ = ["TrainResult", "train"]
 
@@ -184,12 +185,21 @@ class MicroBatch:
     attention_mask: torch.Tensor
     token_mask: torch.Tensor
     generation_logprobs: torch.Tensor | None
+    prefixes: PrefixPlan | None = None
+    """Set when the rows' prompts run once each (:mod:`gym_bridge.train.shared_prefix`)."""
+    token_ids: list[list[int]] | None = None
 
 
-def make_micro_batch(samples: list[Sample], index: list[int], pad_token_id: int) -> MicroBatch:
+def make_micro_batch(
+    samples: list[Sample], index: list[int], pad_token_id: int, *, share_prompts: bool = False
+) -> MicroBatch:
     from gym_bridge.train.batching import pad_and_stack
+    from gym_bridge.train.shared_prefix import plan_prefixes
 
     chosen = [samples[i] for i in index]
+    plan = (
+        plan_prefixes([s.token_ids for s in chosen], [s.loss_mask for s in chosen]) if share_prompts else None
+    )
     has_gen = all(s.generation_logprobs is not None for s in chosen)
     padded = pad_and_stack(
         [s.token_ids for s in chosen],
@@ -203,16 +213,48 @@ def make_micro_batch(samples: list[Sample], index: list[int], pad_token_id: int)
         attention_mask=padded.attention_mask,
         token_mask=padded.loss_mask[:, 1:],
         generation_logprobs=padded.values["gen"][:, 1:] if has_gen else None,
+        prefixes=plan if plan is not None and plan.repeats else None,
+        token_ids=[s.token_ids for s in chosen],
     )
 
 
-def micro_batches(
-    cfg: MasterConfig, samples: list[Sample], index: list[int], *, for_logprobs: bool
-) -> list[list[int]]:
-    """Index groups for forward passes: token-budget (dynamic batching) or fixed-size, both length-sorted."""
-    from gym_bridge.train.batching import dynamic_micro_batches
+def micro_batch_logprobs(model: Any, mb: MicroBatch, pad_token_id: int) -> torch.Tensor:
+    """(b, T-1) next-token log-probs of a micro-batch, one prompt pass per distinct prompt if planned."""
+    from gym_bridge.train.shared_prefix import shared_prefix_logprobs
+
+    if mb.prefixes is not None and mb.token_ids is not None:
+        return shared_prefix_logprobs(model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id)
+    return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask)
+
+
+def shares_prompts(cfg: MasterConfig, model: Any) -> bool:
+    """Whether micro-batches run each distinct prompt once (fixed-size micro-batches, capable model)."""
+    from gym_bridge.train.shared_prefix import shares_prefixes
 
     policy = cfg.policy
+    fixed = not (policy.dynamic_batching.enabled or policy.sequence_packing.enabled)
+    return policy.share_prompt_prefix and fixed and shares_prefixes(model)
+
+
+def micro_batches(
+    cfg: MasterConfig,
+    samples: list[Sample],
+    index: list[int],
+    *,
+    for_logprobs: bool,
+    share_prompts: bool = False,
+) -> list[list[int]]:
+    """Index groups for forward passes: token-budget (dynamic batching) or fixed-size, both length-sorted;
+    with ``share_prompts``, fixed-size groups that keep each prompt's rows together."""
+    from gym_bridge.train.batching import dynamic_micro_batches
+    from gym_bridge.train.shared_prefix import prefix_micro_batches
+
+    policy = cfg.policy
+    if share_prompts:
+        size = policy.logprob_batch_size if for_logprobs else policy.train_micro_batch_size
+        return prefix_micro_batches(
+            [s.token_ids for s in samples], [s.loss_mask for s in samples], index, size
+        )
     lengths = [len(samples[i].token_ids) for i in index]
     if policy.dynamic_batching.enabled or policy.sequence_packing.enabled:
         budget = policy.logprob_mb_tokens if for_logprobs else policy.train_mb_tokens
@@ -234,11 +276,13 @@ def per_sample_logprobs(
 
     out: list[torch.Tensor | None] = [None] * len(samples)
     was_training = model.training
+    share = shares_prompts(cfg, model)
     model.eval()
     with torch.inference_mode():
-        for group in micro_batches(cfg, samples, list(range(len(samples))), for_logprobs=True):
-            mb = make_micro_batch(samples, group, pad_token_id)
-            logprobs = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask)
+        index = list(range(len(samples)))
+        for group in micro_batches(cfg, samples, index, for_logprobs=True, share_prompts=share):
+            mb = make_micro_batch(samples, group, pad_token_id, share_prompts=share)
+            logprobs = micro_batch_logprobs(model, mb, pad_token_id)
             for row, i in enumerate(group):
                 out[i] = logprobs[row, : len(samples[i].token_ids) - 1].clone()
     model.train(was_training)
@@ -286,10 +330,11 @@ def update_policy(
     batch_size = cfg.policy.train_global_batch_size
     order = list(range(len(samples)))
     step_metrics: list[dict[str, float]] = []
+    share = shares_prompts(cfg, model)
     for start in range(0, len(order), batch_size):
         batch_index = order[start : start + batch_size]
-        groups = micro_batches(cfg, samples, batch_index, for_logprobs=False)
-        batches = [make_micro_batch(samples, g, pad_token_id) for g in groups]
+        groups = micro_batches(cfg, samples, batch_index, for_logprobs=False, share_prompts=share)
+        batches = [make_micro_batch(samples, g, pad_token_id, share_prompts=share) for g in groups]
         valid_toks = sum(float((mb.token_mask * sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in batches)
         valid_seqs = float(sample_mask[batch_index].sum())
         if valid_toks == 0:
@@ -298,7 +343,7 @@ def update_policy(
         metrics: list[dict[str, float]] = []
         for mb in batches:
             width = mb.token_mask.shape[1]
-            current = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask)
+            current = micro_batch_logprobs(model, mb, pad_token_id)
             prev = (
                 current.detach()
                 if prev_logprobs is None

@@ -1,0 +1,178 @@
+"""Token log-probs of a GRPO batch with one forward pass per distinct prompt.
+
+GRPO trains on G completions of every prompt, and on short-answer tasks the prompt is most of each
+sequence (the tiny recipe: 25 prompt tokens, about 8 generated). A plain forward pass runs the
+prompt G times. Here each distinct prompt runs once, its keys and values are fanned out to its G
+rows (an index into the KV cache, so gradients from every row flow back into the one prompt pass),
+and only the completions run per row. The results are the plain pass's, up to float rounding:
+attention over the cached prompt is the same attention.
+
+The "prompt" of a sample is its tokens before the first trained token (``loss_mask``); multi-turn
+samples share their first prompt and run the rest (later turns, tool outputs) per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PrefixPlan", "plan_prefixes", "prefix_micro_batches", "shared_prefix_logprobs", "shares_prefixes"]
+
+
+def prompt_length(token_ids: Sequence[int], loss_mask: Sequence[int]) -> int:
+    """Tokens before the first trained one, keeping at least one token on each side."""
+    for i, m in enumerate(loss_mask):
+        if m:
+            return max(1, min(i, len(token_ids) - 1))
+    return max(1, len(token_ids) - 1)
+
+
+@dataclass
+class PrefixPlan:
+    """How the rows of a micro-batch split into shared prompts and per-row suffixes."""
+
+    prompts: list[tuple[int, ...]]
+    """Distinct prompts, in first-seen order."""
+    row_prompt: list[int]
+    """Index into ``prompts`` of each row."""
+    prompt_lengths: list[int]
+    """Each row's prompt length (where its suffix starts)."""
+
+    @property
+    def repeats(self) -> bool:
+        """Whether any prompt serves two rows or more (otherwise sharing saves nothing)."""
+        return len(self.prompts) < len(self.row_prompt)
+
+
+def plan_prefixes(token_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]) -> PrefixPlan:
+    """Group rows by identical prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    row_prompt: list[int] = []
+    lengths: list[int] = []
+    for tokens, mask in zip(token_ids, loss_masks, strict=True):
+        n = prompt_length(tokens, mask)
+        row_prompt.append(index.setdefault(tuple(tokens[:n]), len(index)))
+        lengths.append(n)
+    return PrefixPlan(prompts=list(index), row_prompt=row_prompt, prompt_lengths=lengths)
+
+
+def prefix_micro_batches(
+    token_ids: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[int]],
+    index: Sequence[int],
+    max_rows: int,
+) -> list[list[int]]:
+    """Micro-batches of at most ``max_rows`` rows that keep rows of one prompt together.
+
+    A prompt group larger than ``max_rows`` is split; otherwise groups are packed whole, longest
+    prompts first, so a micro-batch holds few distinct prompts of similar length.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in index:
+        n = prompt_length(token_ids[i], loss_masks[i])
+        groups.setdefault(tuple(token_ids[i][:n]), []).append(i)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for rows in sorted(groups.values(), key=lambda rows: -len(token_ids[rows[0]])):
+        for start in range(0, len(rows), max_rows):
+            chunk = rows[start : start + max_rows]
+            if current and len(current) + len(chunk) > max_rows:
+                batches.append(current)
+                current = []
+            current.extend(chunk)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def shares_prefixes(model: Any) -> bool:
+    """Whether ``model`` supports the shared-prompt pass: a decoder whose logits are ``lm_head(hidden)``
+    and whose attention reads a plain growing KV cache (no sliding windows or recurrent state)."""
+    config = model.config
+    plain_head = all(
+        getattr(config, key, None) in (None, 1.0)
+        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    full_attention = all(t == "full_attention" for t in layer_types) and not getattr(
+        config, "sliding_window", None
+    )
+    return plain_head and full_attention and hasattr(model, "base_model")
+
+
+def shared_prefix_logprobs(
+    model: Any,
+    token_ids: Sequence[Sequence[int]],
+    token_mask: torch.Tensor,
+    plan: PrefixPlan,
+    pad_token_id: int,
+) -> torch.Tensor:
+    """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` is set (0 elsewhere), like a plain pass.
+
+    ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
+    it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    device = token_mask.device
+    rows = len(token_ids)
+    # One left-padded pass over the distinct prompts, keeping their keys and values.
+    width = max(len(p) for p in plan.prompts)
+    prompt_ids = torch.full((len(plan.prompts), width), pad_token_id, dtype=torch.long)
+    prompt_attention = torch.zeros((len(plan.prompts), width), dtype=torch.long)
+    for j, prompt in enumerate(plan.prompts):
+        prompt_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        prompt_attention[j, width - len(prompt) :] = 1
+    prompt_ids, prompt_attention = prompt_ids.to(device), prompt_attention.to(device)
+    prompt_out = model.base_model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_attention,
+        position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=DynamicCache(),
+        use_cache=True,
+    )
+    fan_out = torch.tensor(plan.row_prompt, dtype=torch.long, device=device)
+    cache = prompt_out.past_key_values
+    cache.batch_select_indices(fan_out)  # an index, so every row's gradient reaches the prompt pass
+
+    # One right-padded pass over each row's suffix, attending to its prompt through the cache.
+    suffixes = [tokens[n:] for tokens, n in zip(token_ids, plan.prompt_lengths, strict=True)]
+    suffix_width = max(len(s) for s in suffixes)
+    suffix_ids = torch.full((rows, suffix_width), pad_token_id, dtype=torch.long)
+    suffix_attention = torch.zeros((rows, suffix_width), dtype=torch.long)
+    for i, suffix in enumerate(suffixes):
+        suffix_ids[i, : len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+        suffix_attention[i, : len(suffix)] = 1
+    suffix_ids, suffix_attention = suffix_ids.to(device), suffix_attention.to(device)
+    starts = torch.tensor(plan.prompt_lengths, dtype=torch.long, device=device)
+    suffix_out = model.base_model(
+        input_ids=suffix_ids,
+        attention_mask=torch.cat([prompt_attention[fan_out], suffix_attention], dim=-1),
+        position_ids=starts.unsqueeze(-1) + torch.arange(suffix_width, device=device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+
+    # Suffix token k is predicted by the prompt's last hidden state (k = 0) or by suffix position k-1.
+    hidden = torch.cat(
+        [prompt_out.last_hidden_state[:, -1][fan_out].unsqueeze(1), suffix_out.last_hidden_state[:, :-1]],
+        dim=1,
+    )
+    # Next-token mask in suffix coordinates: column t-1 of token_mask is suffix column t - start.
+    columns = starts.unsqueeze(-1) - 1 + torch.arange(suffix_width, device=device)
+    in_range = columns < token_mask.shape[1]
+    wanted = torch.zeros((rows, suffix_width), dtype=torch.bool, device=device)
+    wanted[in_range] = token_mask.gather(1, columns.clamp(max=token_mask.shape[1] - 1))[in_range].bool()
+    wanted &= suffix_attention.bool()
+    logits = model.get_output_embeddings()(hidden[wanted]).float()
+    targets = suffix_ids[wanted]
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=device)
+    row_index = torch.arange(rows, device=device).unsqueeze(-1).expand(rows, suffix_width)
+    out[row_index[wanted], columns[wanted]] = picked
+    return out

@@ -40,24 +40,10 @@ RESULT_NAME = "generation_throughput"
 
 
 def tiny_llama(tokenizer: Any) -> Any:
-    """The shared notes' TRL-peer shape: 1.18M parameters with the local 512-token vocabulary."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The shared notes' TRL-peer shape (the tiny model's, untied embeddings) with the local vocabulary."""
+    from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=512,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
+    return random_tiny_model(tokenizer, TinyRecipe(), seed=0)
 
 
 def grpo_batch(

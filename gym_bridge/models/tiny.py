@@ -120,11 +120,26 @@ class _WarmStartData:
         return input_ids, attention, labels
 
 
-def new_tiny_model(tokenizer: PreTrainedTokenizerBase, recipe: TinyRecipe, seed: int = 0) -> PreTrainedModel:
-    """A randomly initialised Llama of the recipe's shape, wired to the tokenizer's special tokens."""
+def random_tiny_model(
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    recipe: TinyRecipe | None = None,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+) -> PreTrainedModel:
+    """A random-weight Llama of the recipe's shape, in eval mode, wired to the tokenizer's special tokens.
+
+    Why: tests and benchmarks need a real model of a chosen shape in milliseconds, with no warm-start
+    and nothing downloaded; the same seed and shape always give the same weights. Defaults: the
+    project's tokenizer and the tiny model's shape (only the recipe's shape fields are used).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if tokenizer is None:
+        from gym_bridge.models.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    recipe = recipe or TinyRecipe()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
@@ -133,7 +148,7 @@ def new_tiny_model(tokenizer: PreTrainedTokenizerBase, recipe: TinyRecipe, seed:
         num_attention_heads=recipe.num_heads,
         num_key_value_heads=recipe.num_heads,
         max_position_embeddings=recipe.max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -143,7 +158,12 @@ def new_tiny_model(tokenizer: PreTrainedTokenizerBase, recipe: TinyRecipe, seed:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-    return model
+    return model.eval()
+
+
+def new_tiny_model(tokenizer: PreTrainedTokenizerBase, recipe: TinyRecipe, seed: int = 0) -> PreTrainedModel:
+    """The tiny model before its warm-start: random, tied embeddings, in training mode."""
+    return random_tiny_model(tokenizer, recipe, seed, tie_word_embeddings=True).train()
 
 
 def warm_start(

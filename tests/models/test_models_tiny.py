@@ -1,6 +1,7 @@
 """The tiny-model builder on a reduced recipe: a loadable safetensors checkpoint, caching, evaluation."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ from gym_bridge.models.tiny import (
     default_cache_root,
     ensure_tiny,
     is_complete_build,
+    new_tiny_model,
+    random_tiny_model,
 )
+from gym_bridge.models.tokenizer import build_tokenizer
 
 SMALL = TinyRecipe(
     hidden_size=32,
@@ -67,18 +71,20 @@ def test_build_is_deterministic(small_build, tmp_path):
     assert not all(torch.equal(first[k], other[k]) for k in first)
 
 
+def test_random_tiny_model_is_seeded_and_shaped_by_the_recipe():
+    model = random_tiny_model(recipe=SMALL, seed=3)
+    assert not model.training and not model.config.tie_word_embeddings
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (32, 2)
+    same, other = random_tiny_model(recipe=SMALL, seed=3), random_tiny_model(recipe=SMALL, seed=4)
+    weights = model.state_dict()
+    assert all(torch.equal(weights[k], v) for k, v in same.state_dict().items())
+    assert not all(torch.equal(weights[k], v) for k, v in other.state_dict().items())
+    tied = new_tiny_model(build_tokenizer(), SMALL, seed=3)
+    assert tied.training and tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+
+
 def test_warm_start_lowers_the_loss(tmp_path):
-    recipe = TinyRecipe(
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        clean_steps=30,
-        near_miss_steps=0,
-        batch_size=8,
-        learning_rate=1e-2,
-        warmup_steps=3,
-    )
+    recipe = replace(SMALL, clean_steps=30, near_miss_steps=0, learning_rate=1e-2, warmup_steps=3)
     info = json.loads(
         (
             build_tiny_model(tmp_path, recipe=recipe, show_progress=False, evaluate=False) / BUILD_INFO_FILE
@@ -95,7 +101,7 @@ def test_ensure_tiny_builds_once_and_rebuilds_on_recipe_change(tmp_path):
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny(tmp_path, recipe=SMALL, evaluate=False) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
-    changed = TinyRecipe(**{**SMALL.__dict__, "near_miss_steps": 2})
+    changed = replace(SMALL, near_miss_steps=2)
     assert not is_complete_build(path, changed)
     assert ensure_tiny(tmp_path, recipe=changed, evaluate=False) == path
     assert is_complete_build(path, changed)
@@ -136,10 +142,7 @@ def test_evaluate_accuracy_counts_and_is_seeded(small_build):
 
 def test_clean_training_teaches_the_answer_format(tmp_path):
     """A few clean supervised steps: greedy answers are then boxed numbers that the scorer can read."""
-    recipe = TinyRecipe(
-        hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, clean_steps=60, near_miss_steps=0,
-        batch_size=16, learning_rate=3e-3, ops=("+",),
-    )  # fmt: skip
+    recipe = replace(SMALL, clean_steps=60, near_miss_steps=0, batch_size=16, learning_rate=3e-3, ops=("+",))
     path = build_tiny_model(tmp_path, recipe=recipe, show_progress=False, evaluate=False)
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -9,27 +9,15 @@ from typing import Any
 import pytest
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 
 
 def make_tiny_llama(tokenizer: Any, seed: int = 0) -> Any:
-    """A random LlamaForCausalLM (hidden 64, 2 layers) sized to the tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    """A random Llama (hidden 64, 2 layers) sized to the tokenizer."""
+    shape = TinyRecipe(
+        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=512
     )
-    return LlamaForCausalLM(config).eval()
+    return random_tiny_model(tokenizer, shape, seed)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -128,34 +130,44 @@ def test_max_new_tokens_and_finish_reason(backend, tokenizer):
             assert len(result.token_ids) == n
 
 
+def token_whose_text_stops_first(tokenizer, token_ids: list[int]) -> tuple[int, str]:
+    """``(j, text of token j)`` for the first token j >= 1 whose own text is printable and first appears
+    exactly where that token puts it: as a stop string it must end generation at token j."""
+    for j in range(1, len(token_ids)):
+        before = tokenizer.decode(token_ids[:j], skip_special_tokens=True)
+        piece = tokenizer.decode(token_ids[j : j + 1], skip_special_tokens=True)
+        through = tokenizer.decode(token_ids[: j + 1], skip_special_tokens=True)
+        if (
+            piece.strip()
+            and "\ufffd" not in piece
+            and through == before + piece
+            and through.find(piece) == len(before)
+        ):
+            return j, piece
+    raise AssertionError(f"no token of {token_ids} makes a usable stop string")
+
+
 def test_stop_token_ids_and_stop_strings(backend, tokenizer):
+    """The stops are picked from what the model samples unconstrained with the same seed, so any weights do."""
     prompt = chat_prompt(tokenizer, "Go")
-    free = backend.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=20, temperature=0.0))])[
-        0
-    ]
-    assert len(free.token_ids) >= 4, "the greedy continuation should be long enough to cut"
-    stop_id = free.token_ids[2]
-    cut = backend.generate(
-        [
-            GenerationRequest(
-                prompt, SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=[stop_id])
-            )
-        ]
-    )[0]
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=0)
+    free = backend.generate([GenerationRequest(prompt, params)])[0]
+    assert len(free.token_ids) >= 3, "the sampled continuation should be long enough to cut"
+
+    stop_id = free.token_ids[len(free.token_ids) // 2]
     first = free.token_ids.index(stop_id)
+    cut = backend.generate([GenerationRequest(prompt, replace(params, stop_token_ids=[stop_id]))])[0]
     assert cut.token_ids == free.token_ids[: first + 1]
+    assert cut.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-5)
     assert cut.finish_reason == "stop"
 
-    text = free.text
-    stop = next(text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].strip())
-    by_string = backend.generate(
-        [GenerationRequest(prompt, SamplingParams(max_new_tokens=20, temperature=0.0, stop_strings=[stop]))]
-    )[0]
+    last, stop = token_whose_text_stops_first(tokenizer, free.token_ids)
+    by_string = backend.generate([GenerationRequest(prompt, replace(params, stop_strings=[stop]))])[0]
     assert by_string.finish_reason == "stop"
-    assert by_string.text == text[: text.find(stop)]
+    assert by_string.token_ids == free.token_ids[: last + 1]
+    assert by_string.text == free.text[: free.text.find(stop)]
     assert stop not in by_string.text
-    assert by_string.token_ids == free.token_ids[: len(by_string.token_ids)]
-    assert len(by_string.logprobs) == len(by_string.token_ids)
+    assert by_string.logprobs == pytest.approx(free.logprobs[: last + 1], abs=1e-5)
 
 
 def test_bad_prompts_are_refused(backend):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 from gym_bridge.server import start_in_thread
 
 from .envs import ArithmeticEnv
@@ -68,25 +69,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def make_tiny_llama(tokenizer: Any, seed: int = 0) -> Any:
-    """A random LlamaForCausalLM (hidden 32, 1 layer) sized to the local tokenizer: no download."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+def make_tiny_llama(tokenizer: Any) -> Any:
+    """A random Llama (hidden 32, 1 layer): the smallest that trains and serves, for speed."""
+    return random_tiny_model(
+        tokenizer, TinyRecipe(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     )
-    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="session")

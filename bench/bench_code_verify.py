@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402
+from common import builtin_server, figure, print_rows, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -83,17 +82,6 @@ async def concurrent_rate(make: Any, n: int, concurrency: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "gym_bridge.cli", "serve", "code", "--port", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if "listening on " not in line:
-        process.kill()
-        raise RuntimeError(f"the code server did not start: {line!r}")
-    return process, line.split("listening on ")[1].split()[0]
-
-
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     sandbox = Sandbox(max_concurrency=args.concurrency).start()
     python = sandbox.python
@@ -101,8 +89,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = 2 if args.quick else 3
     out: dict[str, list[float]] = {k: [] for k in ("plain_ms", "sandbox_ms", "plain_rate", "verify_rate")}
     out.update(harness_tests_s=[], per_test_sandbox_tests_s=[])
-    process, url = start_server()
-    try:
+    with builtin_server("code") as (_, url):
         body = json.dumps(sum_task(3)).encode()
         headers = {"content-type": "application/json"}
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -134,9 +121,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     assert done.stdout.decode() == case.expected
                 out["per_test_sandbox_tests_s"].append(len(many) / (time.perf_counter() - start))
             assert set(rewards) == {1.0}, rewards
-    finally:
-        process.terminate()
-        process.wait(10)
     medians = {k: statistics.median(v) for k, v in out.items()}
     return {"medians": medians, "raw": out, "sandbox": sandbox.description, "runs": runs, "rounds": rounds}
 
@@ -176,10 +160,7 @@ def main() -> None:
         ),
     ]
     path = write_results("code_verify", rows, quick=args.quick, details=result)
-    for row in rows:
-        ratio = f"  (x{row['ratio']:.2f} of baseline {row['baseline']:.1f})" if row["ratio"] else ""
-        print(f"{row['name']}: {row['value']:.1f} {row['unit']}{ratio}")
-    print(f"wrote {path}")
+    print_rows(rows, path)
 
 
 if __name__ == "__main__":

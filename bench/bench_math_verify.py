@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402
+from common import builtin_server, figure, tree_cpu_seconds, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference" / "nemo_gym"
@@ -116,44 +115,6 @@ def grpo_group_bodies(count: int, offset: int, group: int = 8) -> list[dict[str,
 def nemo_record_bodies() -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in (REFERENCE / "math_rollouts.example.jsonl").read_text().splitlines()]
     return [*rows, json.loads((REFERENCE / "math_rollout.wire-captured.json").read_text())]
-
-
-# --------------------------------------------------------------------------- the server
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "gym_bridge.cli", "serve", "math", "--port", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if "listening on " not in line:
-        process.kill()
-        raise RuntimeError(f"the math server did not start: {line!r}")
-    return process, line.split("listening on ")[1].split()[0]
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User+system CPU seconds of a process and all its live descendants (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(cpu.get(pid, 0.0) for pid in tree)
 
 
 # --------------------------------------------------------------------------- the client
@@ -286,9 +247,8 @@ def main() -> None:
             "nemo_records": poster(nemo_record_bodies()),
         }
 
-    server, url = start_server()
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in workloads(0)}
-    try:
+    with builtin_server("math") as (server, url):
         for r in range(args.rounds):
             for name, make_request in workloads(r).items():
                 result = asyncio.run(run_load(url, make_request, args.requests, args.concurrency, server.pid))
@@ -297,9 +257,6 @@ def main() -> None:
                     f"round {r + 1} {name:13s} {result['per_s']:8.1f} req/s  p50 {result['latency_p50_ms']:6.1f} ms"
                 )
         pool_stats = httpx.get(f"{url}/health", timeout=30).json()["verifier_pool"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
     def median_round(name: str) -> dict[str, Any]:
         ordered = sorted(rounds[name], key=lambda x: x["per_s"])

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402
+from common import builtin_server, figure, print_rows, tree_cpu_seconds, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -38,24 +37,6 @@ from gym_bridge.server import SESSION_COOKIE  # noqa: E402
 from resources_servers.tool_use.generate import generate  # noqa: E402
 
 WORKERS_PER_CLIENT = 4  # httpx pools stay cheap when small (see gym_bridge/collect.py)
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "gym_bridge.cli", "serve", "tool_use", "--port", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if "listening on " not in line:
-        process.kill()
-        raise RuntimeError(f"the tool_use server did not start: {line!r}")
-    return process, line.split("listening on ")[1].split()[0]
-
-
-def server_cpu_seconds(pid: int) -> float:
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _plan(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -146,19 +127,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     encoded = [json.dumps(row).encode() for row in rows]
     total = 512 if args.quick else 2048
     rounds = 2 if args.quick else 3
-    process, url = start_server()
     results: dict[str, list[dict[str, Any]]] = {"tool_use": [], "noop": []}
     cpu: dict[str, list[float]] = {"tool_use": [], "noop": []}
-    try:
+    with builtin_server("tool_use") as (process, url):
         await run_round(url, rows, encoded, tool_rollout, 64, 16)  # warm-up
         for _ in range(rounds):  # alternating, so both see the same (shared, noisy) machine
             for kind, rollout in (("tool_use", tool_rollout), ("noop", noop_rollout)):
-                before = server_cpu_seconds(process.pid)
+                before = tree_cpu_seconds(process.pid)
                 results[kind].append(await run_round(url, rows, encoded, rollout, total, args.concurrency))
-                cpu[kind].append((server_cpu_seconds(process.pid) - before) / total)
-    finally:
-        process.terminate()
-        process.wait(10)
+                cpu[kind].append((tree_cpu_seconds(process.pid) - before) / total)
     rewards = {r["mean_reward"] for r in results["tool_use"]}
     if rewards != {1.0}:
         raise SystemExit(f"reference rollouts did not all earn reward 1: {rewards}")
@@ -198,10 +175,7 @@ def main() -> None:
         ),
     ]
     path = write_results("tool_use", rows, quick=args.quick, details=result)
-    for row in rows:
-        ratio = f"  (x{row['ratio']:.2f} of baseline {row['baseline']:.1f})" if row["ratio"] else ""
-        print(f"{row['name']}: {row['value']:.1f} {row['unit']}{ratio}")
-    print(f"wrote {path}")
+    print_rows(rows, path)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 ROW_KEYS = ("name", "value", "unit", "baseline", "baseline_unit", "ratio", "note")
 
@@ -139,3 +143,59 @@ def write_results(
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def print_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """One line per figure, with its ratio to the baseline, then where :func:`write_results` put them."""
+    for row in rows:
+        ratio = f"  (x{row['ratio']:.2f} of baseline {row['baseline']:.1f})" if row["ratio"] else ""
+        print(f"{row['name']}: {row['value']:.1f} {row['unit']}{ratio}")
+    print(f"wrote {path}")
+
+
+@contextmanager
+def builtin_server(name: str, stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``gym-bridge serve NAME --port 0`` as a child process, as users run it: ``(process, url)``.
+
+    A child process keeps the server's CPU apart from the bench client's (see :func:`tree_cpu_seconds`);
+    it is stopped (SIGTERM, then SIGKILL after ``stop_timeout`` seconds) when the block ends.
+    """
+    command = [sys.executable, "-m", "gym_bridge.cli", "serve", name, "--port", "0"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening on " not in line:
+            raise RuntimeError(f"the {name} server did not start: {line!r}")
+        yield process, line.split("listening on ")[1].split()[0]
+    finally:
+        process.terminate()
+        try:
+            process.wait(stop_timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User+system CPU seconds of a process and all its live descendants (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(cpu.get(pid, 0.0) for pid in tree)

@@ -86,6 +86,19 @@ class _Section(BaseModel):
 # ----------------------------------------------------------------------------------------------
 
 
+class AsyncGRPOConfig(_Section):
+    """Overlap rollouts with training (NeMo RL's ``grpo.async_grpo``): step s+1's completions are
+    sampled while step s trains, from a copy of the policy refit after every step."""
+
+    enabled: bool = False
+    """Sample the next steps' rollouts while the current one trains. Pair it with
+    ``loss_fn.use_importance_sampling_correction: true``. Default false."""
+
+    max_trajectory_age_steps: int = Field(1, ge=1)
+    """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
+    seeded run is reproducible); this many steps' rollouts run ahead of training. Default 1."""
+
+
 class GRPOConfig(_Section):
     """Algorithm settings (NeMo RL's ``grpo:`` section)."""
 
@@ -152,6 +165,9 @@ class GRPOConfig(_Section):
 
     batch_multiplier: float = Field(1.0, ge=1.0)
     """With dynamic sampling, generate ``num_prompts_per_step * batch_multiplier`` prompts per batch. Default 1."""
+
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+    """Asynchronous GRPO (rollouts overlap training)."""
 
     @model_validator(mode="after")
     def _clip_bounds_ordered(self) -> GRPOConfig:
@@ -746,6 +762,8 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
         )
     if policy.generation.backend == "vllm" and cfg.cluster.gpus_per_node < 1:
         problems.append("policy.generation.backend 'vllm' needs a GPU: set cluster.gpus_per_node >= 1")
+    if grpo.async_grpo.enabled and grpo.mode != "online":
+        problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
     if cfg.data.use_multiple_dataloader:
         per = cfg.data.num_prompts_per_dataloader
         if per is None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.chat import tools_to_chat_tools as chat_tools
+from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.data import (
     OfflineGroup,
@@ -80,6 +81,11 @@ class TrainResult:
 # ================================================================================================
 # set-up helpers
 # ================================================================================================
+
+
+def weights_snapshot(model: Any) -> dict[str, Any]:
+    """A detached copy of the model's weights (what async GRPO's sampler is refit with)."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 def seed_everything(seed: int) -> None:
@@ -894,13 +900,15 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         stack.callback(view.close)
         stack.callback(logger.close)
         needs_services = online or bool(val_prompts)
+        asynchronous = online and grpo.async_grpo.enabled
         sampler = None
         if needs_services:
             from gym_bridge.generation.transformers_backend import TransformersBackend
 
             backend = GenerationTimer(
                 TransformersBackend(
-                    model,
+                    # Async GRPO samples from its own copy of the policy, refit after every step.
+                    copy.deepcopy(model).eval() if asynchronous else model,
                     tokenizer,
                     model_name="policy",
                     seed=grpo.seed,
@@ -912,35 +920,77 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
             sampler = OnlineSampler(cfg, runner, tokenizer, backend)
         offline_sampler = None if online else OfflineSampler(cfg, tokenizer)
 
+        pipeline: RolloutPipeline | None = None
+
         def run_validation() -> None:
             nonlocal last_val
             if sampler is None or not val_prompts:
                 return
-            metrics = validate(cfg, sampler, val_prompts, step, view)
+            if pipeline is not None:  # validate the trainer's current weights, not the sampler's
+                metrics = pipeline.exclusive(
+                    weights_snapshot(model), step, lambda: validate(cfg, sampler, val_prompts, step, view)
+                )
+            else:
+                metrics = validate(cfg, sampler, val_prompts, step, view)
             logger.log(step, metrics, split="val")
             view.step(step, metrics, split="val")
             last_val = metrics
             validations.append({"step": step, **metrics})
 
-        def draw(prompts: list[Any], group_offset: int, attempt: int) -> tuple[list[Sample], dict[str, Any]]:
-            if not online:
-                return offline_sampler.sample(prompts, group_offset)
-            n = grpo.num_generations_per_prompt
-            seeds = [
-                [rollout_seed(grpo.seed, step, 1000 * attempt + i, g) for g in range(n)]
-                for i in range(len(prompts))
-            ]
-            return sampler.sample(prompts, n, seeds, group_offset)
+        def rollouts(for_step: int) -> tuple[list[Sample], dict[str, float]]:
+            """Step ``for_step``'s prompts -> completions and rewards (dynamic sampling refills)."""
+
+            def draw(
+                prompts: list[Any], group_offset: int, attempt: int
+            ) -> tuple[list[Sample], dict[str, Any]]:
+                if not online:
+                    return offline_sampler.sample(prompts, group_offset)
+                n = grpo.num_generations_per_prompt
+                seeds = [
+                    [rollout_seed(grpo.seed, for_step, 1000 * attempt + i, g) for g in range(n)]
+                    for i in range(len(prompts))
+                ]
+                return sampler.sample(prompts, n, seeds, group_offset)
+
+            return collect_samples(grpo, data, draw)
+
+        def produce(for_step: int) -> tuple[list[Sample], dict[str, float], dict[str, Any]] | None:
+            if data.epochs_done >= grpo.max_num_epochs:
+                return None
+            samples, stats = rollouts(for_step)
+            return samples, {**stats, "epoch": data.epochs_done}, data.state_dict()
 
         if grpo.val_at_start and step == 0:
             run_validation()
+        if asynchronous:
+            pipeline = RolloutPipeline(
+                produce,
+                backend.update_weights,
+                first_step=step + 1,
+                last_step=grpo.max_num_steps,
+                max_age=grpo.async_grpo.max_trajectory_age_steps,
+                initial_version=step,
+            )
+            stack.callback(pipeline.close)
+            pipeline.publish(step, weights_snapshot(model))
+        data_state, epochs_done = data.state_dict(), data.epochs_done
 
-        while step < grpo.max_num_steps and data.epochs_done < grpo.max_num_epochs:
+        while step < grpo.max_num_steps and epochs_done < grpo.max_num_epochs:
             step += 1
             step_started = time.perf_counter()
 
-            # 1-2. prompts -> completions and rewards (dynamic sampling refills dropped groups)
-            samples, step_stats = collect_samples(grpo, data, draw)
+            # 1-2. prompts -> completions and rewards (made ahead of time by the pipeline when async)
+            if pipeline is None:
+                samples, step_stats = rollouts(step)
+                data_state, epochs_done = data.state_dict(), data.epochs_done
+            else:
+                batch = pipeline.take(step)
+                if batch is None:
+                    break
+                samples, step_stats = batch.samples, dict(batch.stats)
+                data_state, epochs_done = batch.data_state, step_stats.pop("epoch")
+                step_stats["time_waiting_for_rollouts_s"] = time.perf_counter() - step_started
+                step_stats["trajectory_age_steps"] = float(step - 1 - batch.weights_version)
             if not samples:
                 view.print(f"step {step}: no group with differing rewards; step skipped")
                 continue
@@ -973,6 +1023,8 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 pad_token_id,
             )
             step_stats["time_training_s"] = time.perf_counter() - started
+            if pipeline is not None:
+                pipeline.publish(step, weights_snapshot(model))
 
             # 6. metrics
             step_time = time.perf_counter() - step_started
@@ -984,7 +1036,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 "lr": scheduler.get_last_lr()[0],
                 "time_step_s": step_time,
                 "tokens_per_s": generated / step_time if step_time > 0 else float("nan"),
-                "epoch": data.epochs_done,
+                "epoch": epochs_done,
             }
             if online and step_stats.get("time_generation_s"):
                 metrics["generation_tokens_per_s"] = generated / step_stats["time_generation_s"]
@@ -994,7 +1046,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
             last_train = metrics
 
             # validation and checkpoint
-            last_step = step >= grpo.max_num_steps or data.epochs_done >= grpo.max_num_epochs
+            last_step = step >= grpo.max_num_steps or epochs_done >= grpo.max_num_epochs
             periodic = bool(grpo.val_period) and step % grpo.val_period == 0
             if periodic or (last_step and grpo.val_at_end):
                 run_validation()
@@ -1008,7 +1060,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                     tokenizer=tokenizer,
                     optimizer=optimizer,
                     scheduler=scheduler,
-                    data_state=data.state_dict(),
+                    data_state=data_state,
                     config_yaml=config_to_yaml(cfg),
                     metrics={k: v for k, v in ranked.items() if isinstance(v, (int, float))},
                     extra_info={"validations": validations},

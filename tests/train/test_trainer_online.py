@@ -108,3 +108,73 @@ def test_online_steps_through_agent_loop_policy_server_and_math_server(
     assert result.validations[-1]["step"] == 2
     assert (tmp_path / "ckpt" / "step_3" / "training_info.json").is_file()
     assert result.curves is not None and result.curves.is_file()
+
+
+def _async_run(tmp_path: Path, model_dir: Path, name: str) -> list[dict]:
+    parity_rows = tmp_path / "parity.jsonl"
+    parity_rows.write_text(
+        "".join(
+            json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"Say {i}."}]}})
+            + "\n"
+            for i in range(16)
+        )
+    )
+    cfg = load_config(
+        None,
+        [
+            "grpo.num_prompts_per_step=4",
+            "grpo.num_generations_per_prompt=4",
+            "grpo.max_num_steps=4",
+            "grpo.max_num_epochs=100",
+            "grpo.val_period=2",
+            "grpo.max_val_samples=4",
+            "grpo.async_grpo.enabled=true",
+            "grpo.async_grpo.max_trajectory_age_steps=1",
+            "loss_fn.reference_policy_kl_penalty=0.0",
+            "loss_fn.use_importance_sampling_correction=true",
+            f"policy.model_name={model_dir}",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=16",
+            "policy.generation_batch_size=16",
+            "policy.max_total_sequence_length=64",
+            "policy.generation.max_new_tokens=6",
+            "policy.optimizer.kwargs.lr=3e-2",
+            f"data.train.data_path={parity_rows}",
+            "data.train.env_name=parity",
+            f"data.validation.data_path={ROOT / 'recipes/data/arith_val.jsonl'}",
+            "data.validation.env_name=math",
+            "env.math.server=math",
+            f"env.parity.server={__name__}:ParityServer",
+            f"checkpointing.checkpoint_dir={tmp_path / name / 'ckpt'}",
+            "checkpointing.save_period=2",
+            f"logger.log_dir={tmp_path / name / 'logs'}",
+            "logger.tensorboard_enabled=false",
+        ],
+    )
+    train(cfg, show_progress=False)
+    return read_metrics(tmp_path / name / "logs")
+
+
+@pytest.mark.timeout(300)
+def test_async_grpo_samples_with_weights_exactly_one_step_old_and_is_reproducible(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    first = _async_run(tmp_path, tiny_model_dir, "a")
+    steps = [r for r in first if r["split"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    # Step s trains on completions sampled with the weights after step s-2 (the initial ones at first).
+    assert [r["trajectory_age_steps"] for r in steps] == [0.0, 1.0, 1.0, 1.0]
+    # Step 1 is on-policy: the trainer's log-probs of the sampled tokens are the sampler's. Later steps
+    # were sampled by an older policy, which the trainer sees as a generation/trainer mismatch.
+    assert steps[0]["gen_kl_error"] < 1e-4
+    assert all(r["gen_kl_error"] > 1e-4 for r in steps[1:])
+    assert all(r["rollout_failures"] == 0 and r["num_samples"] == 16 for r in steps)
+    # Validation (steps 2 and 4) runs on the trainer's weights, between the producer's batches.
+    assert [r["step"] for r in first if r["split"] == "val"] == [2, 4]
+    assert (tmp_path / "a" / "ckpt" / "step_4" / "training_info.json").is_file()
+    # Which weights sample which step is fixed, so a second run with the same seed is the same run.
+    second = _async_run(tmp_path, tiny_model_dir, "b")
+    keys = ("reward_mean", "gen_kl_error", "loss", "grad_norm")
+    assert [r[k] for r in first if r["split"] == "train" for k in keys] == pytest.approx(
+        [r[k] for r in second if r["split"] == "train" for k in keys], rel=1e-5, abs=1e-7
+    )

@@ -50,6 +50,7 @@ Script = Callable[[dict[str, Any], int], Reply]
 __all__ = [
     "FakeModel",
     "Fault",
+    "arithmetic_row",
     "flaky",
     "function_call",
     "message",
@@ -110,6 +111,18 @@ def solve_arithmetic(request: Mapping[str, Any], n: int) -> Reply:
     a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
     value = a + b if op == "+" else a - b if op == "-" else a * b
     return f"The answer is \\boxed{{{value}}}."
+
+
+def arithmetic_row(a: int, b: int, **extra: Any) -> dict[str, Any]:
+    """A NeMo Gym math task row: "What is a + b?" and its answer (the one :func:`solve_arithmetic` solves)."""
+    return {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": f"What is {a} + {b}? Put the answer in \\boxed{{}}."}]
+        },
+        "question": f"What is {a} + {b}?",
+        "expected_answer": str(a + b),
+        **extra,
+    }
 
 
 # --------------------------------------------------------------------------- faults

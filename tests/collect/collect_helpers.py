@@ -75,18 +75,6 @@ class NotesEnv(ResourcesServer):
         return VerifyResponse(**dump(body), reward=float(ok), session_notes=notes)
 
 
-def arithmetic_row(a: int, b: int, **extra: Any) -> dict[str, Any]:
-    """A NeMo Gym math task row: "What is a + b?" with its expected answer."""
-    return {
-        "responses_create_params": {
-            "input": [{"role": "user", "content": f"What is {a} + {b}? Put the answer in \\boxed{{}}."}]
-        },
-        "question": f"What is {a} + {b}?",
-        "expected_answer": str(a + b),
-        **extra,
-    }
-
-
 def write_rows(path: Path, rows: list[Any]) -> Path:
     """Write rows as JSONL; a ``str`` row is written verbatim (for bad lines)."""
     with open(path, "w") as f:

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 import typer
-from collect_helpers import arithmetic_row, read_jsonl, write_rows
-from fake_model import FakeModel
+from collect_helpers import read_jsonl, write_rows
+from fake_model import FakeModel, arithmetic_row
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app

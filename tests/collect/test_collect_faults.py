@@ -7,8 +7,8 @@ import socket
 import time
 
 import pytest
-from collect_helpers import arithmetic_row, read_jsonl, write_rows
-from fake_model import FakeModel, Fault, flaky
+from collect_helpers import read_jsonl, write_rows
+from fake_model import FakeModel, Fault, arithmetic_row, flaky
 from fastapi import HTTPException
 
 from gym_bridge.collect import CollectConfig, collect, failures_path_for, metrics_path_for

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from collect_helpers import arithmetic_row, read_jsonl, write_rows
+from collect_helpers import read_jsonl, write_rows
+from fake_model import arithmetic_row
 
 from gym_bridge.collect import CollectConfig, CollectError, collect
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from collect_helpers import arithmetic_row, read_jsonl, write_rows
-from fake_model import FakeModel, solve_arithmetic
+from collect_helpers import read_jsonl, write_rows
+from fake_model import FakeModel, arithmetic_row, solve_arithmetic
 
 from gym_bridge.collect import (
     CollectConfig,

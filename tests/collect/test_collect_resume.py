@@ -10,8 +10,8 @@ import sys
 import time
 from collections import Counter
 
-from collect_helpers import arithmetic_row, read_jsonl, write_rows
-from fake_model import FakeModel, Fault
+from collect_helpers import read_jsonl, write_rows
+from fake_model import FakeModel, Fault, arithmetic_row
 
 from gym_bridge.collect import CollectConfig, collect, failures_path_for, metrics_path_for
 

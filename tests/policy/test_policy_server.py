@@ -359,25 +359,19 @@ def test_chat_completions_with_vllm_style_token_information(client, tiny_model, 
 
 def test_chat_completions_with_the_openai_client(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
-    completion = client.chat.completions.create(
-        model="tiny-test",
-        messages=[{"role": "user", "content": "Hello"}],
-        max_tokens=5,
-        seed=3,
-        n=2,
-        temperature=0.9,
-    )
+    request = {
+        "model": "tiny-test",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 5,
+        "seed": 3,
+        "n": 2,
+        "temperature": 0.9,
+    }
+    completion = client.chat.completions.create(**request)
     assert len(completion.choices) == 2
     assert all(c.finish_reason in ("stop", "length") for c in completion.choices)
     assert completion.usage.completion_tokens <= 10
-    again = client.chat.completions.create(
-        model="tiny-test",
-        messages=[{"role": "user", "content": "Hello"}],
-        max_tokens=5,
-        seed=3,
-        n=2,
-        temperature=0.9,
-    )
+    again = client.chat.completions.create(**request)  # the same seeded request: the same choices
     assert [c.message.content for c in again.choices] == [c.message.content for c in completion.choices]
 
 

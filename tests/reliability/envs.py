@@ -52,15 +52,3 @@ class ArithmeticEnv(ResourcesServer):
         extracted = found[-1].strip() if found else None
         expected = str(getattr(body, "expected_answer", ""))
         return VerifyResponse(**dump(body), reward=float(extracted == expected), extracted_answer=extracted)
-
-
-def arithmetic_row(a: int, b: int, **extra: Any) -> dict[str, Any]:
-    """A NeMo Gym math task row "What is a + b?" (the fake model's solver answers it)."""
-    return {
-        "responses_create_params": {
-            "input": [{"role": "user", "content": f"What is {a} + {b}? Put the answer in \\boxed{{}}."}]
-        },
-        "question": f"What is {a} + {b}?",
-        "expected_answer": str(a + b),
-        **extra,
-    }

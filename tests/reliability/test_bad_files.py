@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_model import FakeModel
+from fake_model import FakeModel, arithmetic_row
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app
-
-from .envs import arithmetic_row
 
 HUGE = 24 * 1024 * 1024
 

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_model import FakeModel, function_call, tool_outputs
+from fake_model import FakeModel, arithmetic_row, function_call, tool_outputs
 
 from gym_bridge.schema import last_user_text
 
 from .conftest import REPO
-from .envs import arithmetic_row
 from .procs import cli, kill9, serving, start
 
 SEED = 5

@@ -15,11 +15,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from fake_model import FakeModel, Fault, solve_arithmetic
+from fake_model import FakeModel, Fault, arithmetic_row, solve_arithmetic
 
 from gym_bridge.collect import CollectConfig, collect, failures_path_for, metrics_path_for
 
-from .envs import arithmetic_row
 from .procs import serving
 
 MAX_RETRIES = 2

@@ -34,9 +34,10 @@ from http.cookiejar import CookieJar
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 
+import aiohttp
 import httpx
 
-from gym_bridge.retry import RequestFailed, RetryPolicy, post_json
+from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 from gym_bridge.schema import input_items
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RolloutFailure",
     "RolloutMetrics",
     "make_client",
+    "make_session",
     "run_rollout",
 ]
 
@@ -143,14 +145,30 @@ def make_client(max_connections: int = 100, timeout: float | None = None) -> htt
     )
 
 
+def make_session(max_connections: int = 100) -> aiohttp.ClientSession:
+    """An ``aiohttp.ClientSession`` fit for sharing between rollouts: what ``collect`` and training use.
+
+    On loopback it costs about a fifth of the CPU per request of an ``httpx.AsyncClient``, and its
+    pool stays cheap with thousands of connections. Like :func:`make_client`, it keeps no cookies
+    (see :func:`run_rollout`) and sets no timeout of its own (the retry policy bounds every request).
+    Create it inside the event loop that uses it.
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=max_connections),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=None),
+        skip_auto_headers=("User-Agent",),
+    )
+
+
 class _CookieJar:
     """The cookies one env has set for one rollout (name -> value), sent back as one ``Cookie`` header."""
 
     def __init__(self) -> None:
         self._values: dict[str, str] = {}
 
-    def update(self, headers: httpx.Headers) -> None:
-        for raw in headers.get_list("set-cookie"):
+    def update(self, result: HttpResult) -> None:
+        for raw in result.header_values("set-cookie"):
             parsed = SimpleCookie()
             try:
                 parsed.load(raw)
@@ -208,7 +226,7 @@ def _bad_arguments_text(name: str, error: json.JSONDecodeError) -> str:
 
 
 async def _call_tool(
-    client: httpx.AsyncClient,
+    client: Client,
     env_url: str,
     call: dict[str, Any],
     jar: _CookieJar,
@@ -240,12 +258,12 @@ async def _call_tool(
     )
     metrics.tool_latencies_s.append(time.perf_counter() - started)
     metrics.retries += result.attempts - 1
-    jar.update(result.headers)
+    jar.update(result)
     return result.text
 
 
 async def run_rollout(
-    client: httpx.AsyncClient,
+    client: Client,
     row: dict[str, Any],
     env_url: str,
     config: AgentConfig,
@@ -280,7 +298,7 @@ async def run_rollout(
             expect_json=False,
         )
         metrics.retries += seeded.attempts - 1
-        jar.update(seeded.headers)
+        jar.update(seeded)
 
         original_input = input_items(params)
         outputs: list[dict[str, Any]] = []

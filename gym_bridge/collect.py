@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import ValidationError
 
-from gym_bridge.agent import AgentConfig, Rollout, make_client, run_rollout
+from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl, repair_torn_tail
 from gym_bridge.metrics import aggregate_rewards, latency_summary
 from gym_bridge.retry import RetryPolicy
@@ -58,9 +58,6 @@ __all__ = [
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 FAILURE_CLASS = "_ng_failure_class"
-CLIENT_SHARD = 4
-"""Workers per httpx client. httpx's pool checks every idle connection (a poll() call each) on every
-request, so a pool must stay small; measured on 2 cores, 4 workers per client cost least CPU per rollout."""
 
 
 class CollectError(Exception):
@@ -323,18 +320,17 @@ class RunStats:
 
 
 class ClientPool:
-    """A few small httpx clients instead of one big one (see :data:`CLIENT_SHARD`); worker i uses one."""
+    """The run's HTTP client: one aiohttp session whose pool holds up to a connection per worker
+    (two when few workers: a rollout talks to the model and the env in turn), within ``connection_cap``."""
 
     def __init__(self, workers: int, connection_cap: int) -> None:
-        n = max(1, -(-workers // CLIENT_SHARD))
-        per_client = max(4, min(2 * min(workers, CLIENT_SHARD), connection_cap // n))
-        self.clients = [make_client(max_connections=per_client) for _ in range(n)]
+        self.session = make_session(max_connections=max(4, min(2 * workers, connection_cap)))
 
-    def for_worker(self, i: int) -> httpx.AsyncClient:
-        return self.clients[i % len(self.clients)]
+    def for_worker(self, i: int) -> aiohttp.ClientSession:
+        return self.session
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients))
+        await self.session.close()
 
 
 def _connection_cap() -> int:

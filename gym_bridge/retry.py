@@ -10,6 +10,9 @@ must slow the run down, not kill it, and must never turn into a retry storm. So 
   Other 4xx fail at once (or are handed back to the caller, for tool calls the model should see).
 
 What still fails is raised as :class:`RequestFailed` with a failure class such as ``model_timeout``.
+
+The client is an ``aiohttp.ClientSession`` (what ``collect`` and training use: about a fifth of
+httpx's CPU per request on loopback) or an ``httpx.AsyncClient``; both get the same policy.
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import aiohttp
 import httpx
+from yarl import URL
 
 Target = Literal["model", "env"]
 T = TypeVar("T")
+Client = aiohttp.ClientSession | httpx.AsyncClient
+"""What :func:`post_json` sends with."""
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Statuses worth another try; other 5xx (501 Not Implemented, 505, ...) will not heal either."""
@@ -90,7 +97,8 @@ class HttpResult:
     """A finished request: status, headers, raw body, parsed JSON (when asked for) and attempts used."""
 
     status: int
-    headers: httpx.Headers
+    headers: Any
+    """The answer's headers: case-insensitive; ``aiohttp``'s multidict or ``httpx.Headers``."""
     content: bytes
     data: Any
     attempts: int
@@ -98,6 +106,11 @@ class HttpResult:
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", errors="replace")
+
+    def header_values(self, name: str) -> list[str]:
+        """Every value of a header that may repeat (``set-cookie``), whichever client got the answer."""
+        getall = getattr(self.headers, "getall", None)
+        return list(getall(name, ())) if getall is not None else self.headers.get_list(name)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -137,8 +150,44 @@ def _parsed(url: str) -> httpx.URL:
     return httpx.URL(url)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed_yarl(url: str) -> URL:
+    return URL(url)
+
+
+async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, Any, bytes]:
+    """One POST: ``(status, headers, body)``; transport trouble raises ``TimeoutError`` or :class:`_Broken`."""
+    if isinstance(client, aiohttp.ClientSession):
+        try:
+            async with client.post(_parsed_yarl(url), data=payload, headers=headers) as response:
+                return response.status, response.headers, await response.read()
+        except aiohttp.ServerTimeoutError as e:  # only when the session itself sets timeouts
+            raise _TimedOut(type(e).__name__) from e
+        except aiohttp.ClientError as e:  # connection refused or reset, a body cut short, a bad URL
+            raise _Broken(e) from e
+    try:
+        response = await client.post(_parsed(url), content=payload, headers=headers)
+    except httpx.TimeoutException as e:
+        raise _TimedOut(type(e).__name__) from e
+    except httpx.TransportError as e:
+        raise _Broken(e) from e
+    return response.status_code, response.headers, response.content
+
+
+class _TimedOut(TimeoutError):
+    """The client's own timeout fired (its name is the argument)."""
+
+
+class _Broken(Exception):
+    """A request that failed in transport (not a timeout): the client's own exception is ``cause``."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 async def post_json(
-    client: httpx.AsyncClient,
+    client: Client,
     url: str,
     body: Any,
     *,
@@ -170,24 +219,21 @@ async def post_json(
         attempt += 1
         retry_after: float | None = None
         try:
-            response = await _within(
-                min(policy.request_timeout, remaining),
-                client.post(_parsed(url), content=payload, headers=send_headers),
+            status, response_headers, content = await _within(
+                min(policy.request_timeout, remaining), _send(client, url, payload, send_headers)
             )
-        except (TimeoutError, httpx.TimeoutException) as e:
+        except TimeoutError as e:
             failure_class, status = f"{target}_timeout", None
             message = f"no complete answer from {url} within {min(policy.request_timeout, remaining):.3g} s"
-            if isinstance(e, httpx.TimeoutException):
-                message += f" ({type(e).__name__})"
-        except httpx.TransportError as e:
+            if isinstance(e, _TimedOut):
+                message += f" ({e.args[0]})"
+        except _Broken as e:
             failure_class, status = f"{target}_connection_error", None
-            message = f"{type(e).__name__} talking to {url}: {e or 'connection failed'}"
+            message = f"{type(e.cause).__name__} talking to {url}: {e.cause or 'connection failed'}"
         else:
-            status = response.status_code
-            content = response.content
             if status < 400:
                 if not expect_json:
-                    return HttpResult(status, response.headers, content, None, attempt)
+                    return HttpResult(status, response_headers, content, None, attempt)
                 try:
                     data = json.loads(content)
                 except ValueError as e:
@@ -198,7 +244,7 @@ async def post_json(
                 else:
                     problem = validate(data) if validate is not None else None
                     if problem is None:
-                        return HttpResult(status, response.headers, content, data, attempt)
+                        return HttpResult(status, response_headers, content, data, attempt)
                     failure_class = f"{target}_bad_response"
                     message = f"{url} answered {status} with an unusable body: {problem}"
             else:
@@ -206,9 +252,9 @@ async def post_json(
                 message = f"{url} answered HTTP {status}: {_snippet(content)!r}"
                 if status not in RETRYABLE_STATUS:
                     if return_client_errors and status < 500:
-                        return HttpResult(status, response.headers, content, None, attempt)
+                        return HttpResult(status, response_headers, content, None, attempt)
                     raise RequestFailed(failure_class, message, attempt, status)
-                retry_after = parse_retry_after(response.headers.get("retry-after"))
+                retry_after = parse_retry_after(response_headers.get("retry-after"))
         if attempt >= policy.max_attempts:
             break
         wait = policy.backoff(attempt, rng)

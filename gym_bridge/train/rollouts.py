@@ -10,11 +10,8 @@ Two halves:
   Records without token ids (offline text) are rendered through the chat template instead.
 * **Sampling** (:class:`RolloutRunner`): runs :func:`gym_bridge.agent.run_rollout` for many task
   rows at once on a private event loop, against the resources servers and the policy endpoint.
-  The HTTP client is kept across steps (keep-alive). It is an ``httpx.AsyncClient`` (what the agent
-  loop expects) over aiohttp's connection pool (``httpx-aiohttp``) when installed: at a GRPO step's
-  few hundred concurrent requests that costs about half the CPU of httpx's own pool, whose
-  bookkeeping grows with every request in flight. Without it, rollouts are spread over several
-  small httpx clients for the same reason.
+  The HTTP client (an aiohttp session, :func:`gym_bridge.agent.make_session`) is kept across steps,
+  so connections stay open (keep-alive) and a step pays for no handshakes.
 """
 
 from __future__ import annotations
@@ -188,39 +185,6 @@ def sequence_from_chat(
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-def _aiohttp_available() -> bool:
-    try:
-        import aiohttp  # noqa: F401
-        import httpx_aiohttp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _aiohttp_client(max_connections: int) -> Any:
-    """An ``httpx.AsyncClient`` over an aiohttp session; cookies off, like ``gym_bridge.agent.make_client``.
-
-    The agent loop keeps each rollout's env cookies itself, so neither layer may keep a shared jar.
-    """
-    from http.cookiejar import CookieJar, DefaultCookiePolicy
-
-    import aiohttp
-    import httpx
-    from httpx_aiohttp import AiohttpTransport
-
-    def session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            cookie_jar=aiohttp.DummyCookieJar(), connector=aiohttp.TCPConnector(limit=max_connections)
-        )
-
-    return httpx.AsyncClient(
-        transport=AiohttpTransport(client=session),
-        timeout=httpx.Timeout(None),  # the agent's retry policy bounds every request
-        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
-        trust_env=False,
-    )
-
-
 class _LoopThread:
     """An asyncio event loop running in a daemon thread; ``run`` submits a coroutine and waits."""
 
@@ -262,7 +226,6 @@ class RolloutRunner:
         max_steps: dict[str, int | None] | int | None = 1,
         overrides: dict[str, Any] | None = None,
         max_concurrency: int = 256,
-        rollouts_per_client: int = 4,
         timeout_s: float = 600.0,
     ) -> None:
         from gym_bridge.agent import AgentConfig
@@ -282,22 +245,16 @@ class RolloutRunner:
             for name in env_urls
         }
         self.max_concurrency = max_concurrency
-        self.rollouts_per_client = max(1, rollouts_per_client)
         self._loop = _LoopThread()
         self._clients: list[Any] = []
 
-    def _client(self, index: int) -> Any:
-        """The client of rollout ``index`` (created on the loop thread, kept for later steps)."""
-        if _aiohttp_available():
-            if not self._clients:
-                self._clients.append(_aiohttp_client(self.max_concurrency))
-            return self._clients[0]
-        from gym_bridge.agent import make_client
+    def _client(self) -> Any:
+        """The shared session (created on the loop thread on first use, kept for later steps)."""
+        if not self._clients:
+            from gym_bridge.agent import make_session
 
-        slot = (index // self.rollouts_per_client) % max(1, self.max_concurrency // self.rollouts_per_client)
-        while len(self._clients) <= slot:
-            self._clients.append(make_client(max_connections=self.rollouts_per_client * 2))
-        return self._clients[slot]
+            self._clients.append(make_session(max_connections=2 * self.max_concurrency))
+        return self._clients[0]
 
     def run(self, jobs: Sequence[RolloutJob]) -> list[Any]:
         """Run every job; results (``gym_bridge.agent.Rollout``) are in job order."""
@@ -305,11 +262,12 @@ class RolloutRunner:
 
         async def run_all() -> list[Any]:
             limit = asyncio.Semaphore(self.max_concurrency)
+            client = self._client()
 
             async def one(i: int, job: RolloutJob) -> Any:
                 async with limit:
                     return await run_rollout(
-                        self._client(i),
+                        client,
                         job.row,
                         self.env_urls[job.env_name],
                         self.configs[job.env_name],
@@ -323,7 +281,7 @@ class RolloutRunner:
     def close(self) -> None:
         async def close_clients() -> None:
             for client in self._clients:
-                await client.aclose()
+                await client.close()
 
         try:
             self._loop.run(close_clients())

@@ -55,6 +55,7 @@ __all__ = [
     "OptimizerConfig",
     "OptimizerKwargs",
     "PolicyConfig",
+    "RayConfig",
     "SchedulerConfig",
     "SequencePackingConfig",
     "TokenizerConfig",
@@ -380,11 +381,30 @@ class VllmConfig(_Section):
     """Disable CUDA graphs (slower, less memory, easier debugging). Default false."""
 
 
+class RayConfig(_Section):
+    """Ray generation replicas, used only when ``policy.generation.backend`` is ray (``[ray]`` extra).
+
+    Replicas are CPU processes on this one node (cluster.num_nodes is 1) in a private Ray on
+    127.0.0.1; they reserve num_workers x threads_per_worker of Ray's logical CPUs and do not use
+    cluster.gpus_per_node (that is for vllm). Weights are refit into every replica after each update.
+    """
+
+    num_workers: int = Field(2, ge=1)
+    """Generation replicas (Ray actors), each with its own copy of the model. Default 2."""
+
+    threads_per_worker: int = Field(1, ge=1)
+    """Torch threads per replica. Default 1."""
+
+    object_store_memory_mb: int = Field(200, ge=80)
+    """Ray object store size in MB; it holds one copy of the weights during a refit. Default 200."""
+
+
 class GenerationConfig(_Section):
     """How completions are sampled (NeMo RL's ``policy.generation``)."""
 
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """``transformers`` runs ``generate`` in-process (CPU or GPU); ``vllm`` needs a GPU. Default transformers."""
+    backend: Literal["transformers", "vllm", "ray"] = "transformers"
+    """``transformers`` runs ``generate`` in-process (CPU or GPU); ``vllm`` needs a GPU; ``ray`` runs
+    policy.generation.ray.num_workers CPU replicas in Ray actors. Default transformers."""
 
     max_new_tokens: int = Field(512, ge=1)
     """Most tokens generated per completion (per turn); generation also stops at
@@ -407,6 +427,9 @@ class GenerationConfig(_Section):
 
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig)
     """vLLM engine settings (vllm backend only)."""
+
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Ray replica settings (ray backend only)."""
 
 
 class PolicyConfig(_Section):

@@ -2,7 +2,8 @@
 
 :mod:`~gym_bridge.generation.backend` is the interface (no torch import);
 :mod:`~gym_bridge.generation.transformers_backend` runs a local Hugging Face model;
-:mod:`~gym_bridge.generation.vllm_backend` drives vLLM where it is installed (CUDA machines).
+:mod:`~gym_bridge.generation.vllm_backend` drives vLLM where it is installed (CUDA machines);
+:mod:`~gym_bridge.generation.ray_backend` runs transformers replicas in Ray actors (``[ray]`` extra).
 """
 
 from __future__ import annotations
@@ -20,18 +21,23 @@ __all__ = ["GenerationBackend", "GenerationRequest", "GenerationResult", "Sampli
 
 
 def load_backend(
-    name_or_path: str, kind: Literal["transformers", "vllm"] = "transformers", **kwargs: Any
+    name_or_path: str, kind: Literal["transformers", "vllm", "ray"] = "transformers", **kwargs: Any
 ) -> GenerationBackend:
     """A backend for a built-in model name (``tiny``, ``smollm2-135m``) or a local model directory.
 
-    ``kwargs`` go to the backend's constructor (e.g. ``seed`` for transformers, engine arguments for vLLM).
+    ``kwargs`` go to the backend's constructor (e.g. ``seed`` for transformers, engine arguments for vLLM,
+    ``num_workers`` for ray).
     """
     if kind == "vllm":
         from gym_bridge.generation.vllm_backend import VllmBackend
 
         return VllmBackend(name_or_path, **kwargs)
+    if kind == "ray":
+        from gym_bridge.generation.ray_backend import RayBackend
+
+        return RayBackend.from_pretrained(name_or_path, **kwargs)
     if kind != "transformers":
-        raise ValueError(f"unknown backend {kind!r} (choose 'transformers' or 'vllm')")
+        raise ValueError(f"unknown backend {kind!r} (choose 'transformers', 'vllm' or 'ray')")
     from gym_bridge.generation.transformers_backend import TransformersBackend
 
     model, tokenizer = _load_model_and_tokenizer(name_or_path)

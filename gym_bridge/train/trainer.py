@@ -901,21 +901,25 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         stack.callback(logger.close)
         needs_services = online or bool(val_prompts)
         asynchronous = online and grpo.async_grpo.enabled
-        sampler = None
+        sampler = backend = None
         if needs_services:
             from gym_bridge.generation.transformers_backend import TransformersBackend
 
-            backend = GenerationTimer(
-                TransformersBackend(
-                    # Async GRPO samples from its own copy of the policy, refit after every step.
-                    copy.deepcopy(model).eval() if asynchronous else model,
-                    tokenizer,
-                    model_name="policy",
-                    seed=grpo.seed,
-                    max_context=policy.max_total_sequence_length,
-                ),
-                threads=generation_threads,
-            )
+            local = {
+                "model_name": "policy",
+                "seed": grpo.seed,
+                "max_context": policy.max_total_sequence_length,
+            }
+            if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
+                from gym_bridge.generation.ray_backend import RayBackend
+
+                generator = RayBackend(model, tokenizer, **local, **policy.generation.ray.model_dump())
+                stack.callback(generator.close)
+            else:  # Async GRPO samples from its own copy of the policy, refit after every step.
+                generator = TransformersBackend(
+                    copy.deepcopy(model).eval() if asynchronous else model, tokenizer, **local
+                )
+            backend = GenerationTimer(generator, threads=generation_threads)
             runner = start_services(cfg, stack, backend)
             sampler = OnlineSampler(cfg, runner, tokenizer, backend)
         offline_sampler = None if online else OfflineSampler(cfg, tokenizer)
@@ -1025,6 +1029,8 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
             step_stats["time_training_s"] = time.perf_counter() - started
             if pipeline is not None:
                 pipeline.publish(step, weights_snapshot(model))
+            elif backend is not None:  # Ray replicas refit; a no-op for a backend sharing the model
+                backend.update_weights(model)
 
             # 6. metrics
             step_time = time.perf_counter() - step_started

@@ -1,0 +1,207 @@
+"""Generation replicas in Ray actors: the embedded trainer's scale-out backend.
+
+Why: on CPU one ``generate`` call runs on one OpenMP team; N replicas (one process and model copy
+each, ``threads_per_worker`` torch threads each) decode N shares of a batch at once. Each replica is a
+:class:`~gym_bridge.generation.transformers_backend.TransformersBackend`, so outputs are the same
+tokens a local backend samples:
+
+- requests with the same ``prompt_token_ids`` go to the same replica (GRPO sends each prompt G
+  times; a replica prefills a repeated prompt once), groups are spread by row count;
+- unseeded requests get their seed here, drawn exactly as a local ``TransformersBackend(seed=...)``
+  would, so results do not depend on how the batch was split;
+- ``update_weights`` (the refit after each optimizer step) puts the ``state_dict`` in Ray's object
+  store once and every replica loads it from there.
+
+The model reaches the actors as ``config`` + ``state_dict`` + tokenizer through the object store: no
+files, no hub. Ray runs on loopback only (:mod:`~gym_bridge.generation.ray_local`). Ray is optional:
+building a :class:`RayBackend` without it raises :class:`RayUnavailableError` naming the ``[ray]`` extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.generation.ray_local import RayUnavailableError, import_ray, start_local_ray
+
+__all__ = ["GenerationReplica", "RayBackend", "RayUnavailableError", "split_by_prompt"]
+
+
+def split_by_prompt(requests: Sequence[GenerationRequest], num_replicas: int) -> list[list[int]]:
+    """Request indices per replica: identical prompts together, groups balanced by row count.
+
+    Largest group first onto the least-loaded replica (ties: the lower replica index), so the split
+    is deterministic; each replica's indices are in request order.
+    """
+    if num_replicas < 1:
+        raise ValueError("num_replicas must be >= 1")
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, request in enumerate(requests):
+        groups.setdefault(tuple(request.prompt_token_ids), []).append(index)
+    shares: list[list[int]] = [[] for _ in range(num_replicas)]
+    for group in sorted(groups.values(), key=len, reverse=True):  # stable: first-seen order on ties
+        min(shares, key=len).extend(group)
+    return [sorted(share) for share in shares]
+
+
+class GenerationReplica:
+    """One replica (the body of a Ray actor): a model copy and a ``TransformersBackend`` over it."""
+
+    def __init__(
+        self,
+        config: Any,
+        state_dict: dict[str, Any],
+        tokenizer: Any,
+        generation_config: Any = None,
+        dtype: str = "float32",
+        threads: int = 1,
+        backend_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        model = AutoModelForCausalLM.from_config(config)
+        model.to(getattr(torch, dtype))
+        model.load_state_dict(state_dict)
+        if generation_config is not None:
+            model.generation_config = generation_config
+        model.eval().requires_grad_(False)
+        from gym_bridge.generation.transformers_backend import TransformersBackend
+
+        self.backend = TransformersBackend(model, tokenizer, **(backend_kwargs or {}))
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return self.backend.generate(requests)
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        self.backend.update_weights(state_dict)
+
+    def threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayBackend(GenerationBackend):
+    """:class:`GenerationBackend` over ``num_workers`` replicas of ``model`` in Ray actors.
+
+    Starts a private loopback Ray (``num_workers x threads_per_worker`` logical CPUs,
+    ``object_store_memory_mb``) unless the process already joined one; :meth:`close` kills the
+    replicas and shuts down a Ray it started. ``seed`` and ``max_context`` mean what they mean for
+    :class:`~gym_bridge.generation.transformers_backend.TransformersBackend`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_name: str | None = None,
+        seed: int = 0,
+        max_context: int | None = None,
+        num_workers: int = 2,
+        threads_per_worker: int = 1,
+        object_store_memory_mb: int = 200,
+    ) -> None:
+        ray = import_ray()
+        import torch
+
+        from gym_bridge.generation.transformers_backend import _eos_ids
+
+        if num_workers < 1 or threads_per_worker < 1:
+            raise ValueError("num_workers and threads_per_worker must be >= 1")
+        self._ray = ray
+        self.tokenizer = tokenizer
+        self.model_name = model_name or getattr(model.config, "_name_or_path", None) or "local-model"
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.num_workers = num_workers
+        self.threads_per_worker = threads_per_worker
+        self._seed_source = torch.Generator().manual_seed(seed)  # as TransformersBackend draws them
+        self._owns_ray = start_local_ray(num_workers * threads_per_worker, object_store_memory_mb)
+        self.replicas: list[Any] = []
+        try:
+            actor = ray.remote(num_cpus=threads_per_worker)(GenerationReplica)
+            weights = ray.put(_cpu_state_dict(model))
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            self.replicas = [
+                actor.remote(
+                    model.config,
+                    weights,
+                    tokenizer,
+                    getattr(model, "generation_config", None),
+                    dtype,
+                    threads_per_worker,
+                    {"model_name": self.model_name, "max_context": self.max_context},
+                )
+                for _ in range(num_workers)
+            ]
+            ray.get([replica.pid.remote() for replica in self.replicas])  # constructed, or raise now
+            del weights
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> RayBackend:
+        """Load a built-in model name or local directory here, then ship it to the replicas."""
+        from gym_bridge.generation import _load_model_and_tokenizer
+
+        import_ray()  # fail on a missing extra before loading the model
+        model, tokenizer = _load_model_and_tokenizer(name_or_path)
+        return cls(model, tokenizer, model_name=kwargs.pop("model_name", name_or_path), **kwargs)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if not requests:
+            return []
+        requests = [self._with_seed(r) for r in requests]
+        shares = [share for share in split_by_prompt(requests, len(self.replicas)) if share]
+        pending = [
+            replica.generate.remote([requests[i] for i in share])
+            for replica, share in zip(self.replicas, shares, strict=False)
+        ]
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for share, share_results in zip(shares, self._ray.get(pending), strict=True):
+            for index, result in zip(share, share_results, strict=True):
+                results[index] = result
+        return results  # type: ignore[return-value]  # every index is in exactly one share
+
+    def update_weights(self, weights: Any) -> None:
+        """Refit every replica: one copy of the ``state_dict`` (or a model's) in the object store."""
+        if weights is None:
+            return
+        ref = self._ray.put(_cpu_state_dict(weights))
+        self._ray.get([replica.update_weights.remote(ref) for replica in self.replicas])
+        del ref
+
+    def close(self) -> None:
+        """Kill the replicas; shut down Ray if this backend started it."""
+        for replica in self.replicas:
+            self._ray.kill(replica)
+        self.replicas = []
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns_ray = False
+
+    def _with_seed(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with its seed fixed here, in request order, as a local backend would draw it."""
+        if request.params.seed is not None:
+            return request
+        import torch
+
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+        return dataclasses.replace(request, params=dataclasses.replace(request.params, seed=seed))
+
+
+def _cpu_state_dict(model: Any) -> dict[str, Any]:
+    """Detached CPU tensors (what pickles into the object store), keyed as ``load_state_dict`` wants."""
+    state = model.state_dict() if hasattr(model, "state_dict") else model
+    return {name: tensor.detach().cpu() for name, tensor in state.items()}

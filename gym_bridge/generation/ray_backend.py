@@ -20,6 +20,7 @@ building a :class:`RayBackend` without it raises :class:`RayUnavailableError` na
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,13 +69,21 @@ class GenerationReplica:
         model.load_state_dict(state_dict)
         if generation_config is not None:
             model.generation_config = generation_config
-        model.eval().requires_grad_(False)
+        # Parameters keep requires_grad as in the trainer's model: with it off, CPU matmuls under
+        # inference_mode take another kernel and log-probs differ from in-process generation by ~1e-7.
+        model.eval()
         from gym_bridge.generation.transformers_backend import TransformersBackend
 
         self.backend = TransformersBackend(model, tokenizer, **(backend_kwargs or {}))
+        self.requests_by_prompt: Counter[tuple[int, ...]] = Counter()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self.requests_by_prompt.update(tuple(r.prompt_token_ids) for r in requests)
         return self.backend.generate(requests)
+
+    def served(self) -> dict[tuple[int, ...], int]:
+        """Requests served so far per prompt (how the batches were split, for tests and monitoring)."""
+        return dict(self.requests_by_prompt)
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         self.backend.update_weights(state_dict)
@@ -109,6 +118,7 @@ class RayBackend(GenerationBackend):
         num_workers: int = 2,
         threads_per_worker: int = 1,
         object_store_memory_mb: int = 200,
+        start_timeout_s: float = 300.0,
     ) -> None:
         ray = import_ray()
         import torch
@@ -129,6 +139,12 @@ class RayBackend(GenerationBackend):
         self._owns_ray = start_local_ray(num_workers * threads_per_worker, object_store_memory_mb)
         self.replicas: list[Any] = []
         try:
+            total = ray.cluster_resources().get("CPU", 0)
+            if total < num_workers * threads_per_worker:  # the actors could never be scheduled
+                raise ValueError(
+                    f"{num_workers} replicas x {threads_per_worker} threads need "
+                    f"{num_workers * threads_per_worker} Ray CPUs; the running Ray has {total:g}"
+                )
             actor = ray.remote(num_cpus=threads_per_worker)(GenerationReplica)
             weights = ray.put(_cpu_state_dict(model))
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -144,7 +160,8 @@ class RayBackend(GenerationBackend):
                 )
                 for _ in range(num_workers)
             ]
-            ray.get([replica.pid.remote() for replica in self.replicas])  # constructed, or raise now
+            # Constructed, or raise now (a replica that fails to build raises its error here).
+            ray.get([replica.pid.remote() for replica in self.replicas], timeout=start_timeout_s)
             del weights
         except BaseException:
             self.close()

@@ -267,6 +267,29 @@ def test_missing_ray_is_a_clear_error_naming_the_extra(
         load_backend("no-such-model-is-loaded", kind="ray")
 
 
+def test_train_without_ray_is_a_plain_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+
+    model_dir = tmp_path / "model"
+    make_llama(tokenizer, seed=3).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    monkeypatch.chdir(ROOT)  # the recipe's data paths are relative to the repository
+    monkeypatch.setitem(sys.modules, "ray", None)
+    args = ["train", "--config", "recipes/grpo_math_tiny.yaml", "--quiet", "policy.generation.backend=ray"]
+    args += [
+        f"policy.model_name={model_dir}",
+        f"logger.log_dir={tmp_path / 'logs'}",
+        "checkpointing.enabled=false",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "gym-bridge[ray]" in result.output and "Traceback" not in result.output
+
+
 def test_gym_bridge_imports_without_ray() -> None:
     code = (
         "import sys; sys.modules['ray'] = None\n"

@@ -95,6 +95,11 @@ class AsyncGRPOConfig(_Section):
     """Sample the next steps' rollouts while the current one trains. Pair it with
     ``loss_fn.use_importance_sampling_correction: true``. Default false."""
 
+    rollout_process: bool = True
+    """gym-bridge: sample in a child process (a policy copy, the policy server, the built-in
+    environments and the agent loop), so sampling and training use separate cores instead of sharing
+    one interpreter. false keeps everything in the trainer's process. Default true."""
+
     max_trajectory_age_steps: int = Field(1, ge=1)
     """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
     seeded run is reproducible); this many steps' rollouts run ahead of training. Default 1."""

@@ -902,7 +902,15 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         needs_services = online or bool(val_prompts)
         asynchronous = online and grpo.async_grpo.enabled
         sampler = backend = None
-        if needs_services:
+        refit: Any = None  # loads a weights snapshot into whatever samples (async GRPO)
+        if needs_services and asynchronous and grpo.async_grpo.rollout_process:
+            from gym_bridge.train.rollout_worker import RolloutWorker
+
+            view.print("starting the rollout process (async GRPO) ...")
+            sampler = RolloutWorker(cfg, tokenizer, weights_snapshot(model), threads=generation_threads)
+            stack.callback(sampler.close)
+            refit = sampler.load_weights
+        elif needs_services:
             from gym_bridge.generation.transformers_backend import TransformersBackend
 
             local = {
@@ -922,6 +930,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
             backend = GenerationTimer(generator, threads=generation_threads)
             runner = start_services(cfg, stack, backend)
             sampler = OnlineSampler(cfg, runner, tokenizer, backend)
+            refit = backend.update_weights
         offline_sampler = None if online else OfflineSampler(cfg, tokenizer)
 
         pipeline: RolloutPipeline | None = None
@@ -969,7 +978,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         if asynchronous:
             pipeline = RolloutPipeline(
                 produce,
-                backend.update_weights,
+                refit,
                 first_step=step + 1,
                 last_step=grpo.max_num_steps,
                 max_age=grpo.async_grpo.max_trajectory_age_steps,

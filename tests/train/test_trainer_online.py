@@ -110,7 +110,7 @@ def test_online_steps_through_agent_loop_policy_server_and_math_server(
     assert result.curves is not None and result.curves.is_file()
 
 
-def _async_run(tmp_path: Path, model_dir: Path, name: str) -> list[dict]:
+def _async_run(tmp_path: Path, model_dir: Path, name: str, *, rollout_process: bool) -> list[dict]:
     parity_rows = tmp_path / "parity.jsonl"
     parity_rows.write_text(
         "".join(
@@ -130,6 +130,7 @@ def _async_run(tmp_path: Path, model_dir: Path, name: str) -> list[dict]:
             "grpo.max_val_samples=4",
             "grpo.async_grpo.enabled=true",
             "grpo.async_grpo.max_trajectory_age_steps=1",
+            f"grpo.async_grpo.rollout_process={str(rollout_process).lower()}",
             "loss_fn.reference_policy_kl_penalty=0.0",
             "loss_fn.use_importance_sampling_correction=true",
             f"policy.model_name={model_dir}",
@@ -159,7 +160,7 @@ def _async_run(tmp_path: Path, model_dir: Path, name: str) -> list[dict]:
 def test_async_grpo_samples_with_weights_exactly_one_step_old_and_is_reproducible(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    first = _async_run(tmp_path, tiny_model_dir, "a")
+    first = _async_run(tmp_path, tiny_model_dir, "a", rollout_process=True)
     steps = [r for r in first if r["split"] == "train"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     # Step s trains on completions sampled with the weights after step s-2 (the initial ones at first).
@@ -172,8 +173,9 @@ def test_async_grpo_samples_with_weights_exactly_one_step_old_and_is_reproducibl
     # Validation (steps 2 and 4) runs on the trainer's weights, between the producer's batches.
     assert [r["step"] for r in first if r["split"] == "val"] == [2, 4]
     assert (tmp_path / "a" / "ckpt" / "step_4" / "training_info.json").is_file()
-    # Which weights sample which step is fixed, so a second run with the same seed is the same run.
-    second = _async_run(tmp_path, tiny_model_dir, "b")
+    # Which weights sample which step is fixed, so a second run with the same seed is the same run,
+    # whether the rollouts run in a child process (the default) or in the trainer's.
+    second = _async_run(tmp_path, tiny_model_dir, "b", rollout_process=False)
     keys = ("reward_mean", "gen_kl_error", "loss", "grad_norm")
     assert [r[k] for r in first if r["split"] == "train" for k in keys] == pytest.approx(
         [r[k] for r in second if r["split"] == "train" for k in keys], rel=1e-5, abs=1e-7

@@ -1,0 +1,138 @@
+"""Rollouts in a child process, so that async GRPO's sampling and training run on separate cores.
+
+In one process the sampling side (policy server, agent loop, resources servers: mostly Python) and the
+trainer share one interpreter lock, and overlapping them gained little. The worker process owns a
+copy of the policy, the embedded policy server, the built-in environments and the agent loop; the
+trainer sends it prompts and weights and gets :class:`~gym_bridge.train.rollouts.Sample` lists back.
+Only async GRPO uses it: synchronous steps wait for their rollouts anyway.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import traceback
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gym_bridge.train.config import MasterConfig
+    from gym_bridge.train.data import Prompt
+    from gym_bridge.train.rollouts import Sample
+
+__all__ = ["RolloutWorker"]
+
+
+class RolloutWorkerError(RuntimeError):
+    """The worker process failed; the message carries its traceback."""
+
+
+class RolloutWorker:
+    """Parent-side handle of the rollout process; a drop-in for the trainer's in-process sampler."""
+
+    def __init__(self, cfg: MasterConfig, tokenizer: Any, weights: dict[str, Any], threads: int = 1) -> None:
+        # spawn: the trainer has threads, never fork it. Not a daemon: environments start their own
+        # worker processes; the child exits when the pipe closes, even if the trainer dies.
+        context = multiprocessing.get_context("spawn")
+        self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._conn, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve, args=(child, cfg, weights, threads), name="gym-bridge-rollouts"
+        )
+        self._process.start()
+        child.close()
+        self._call("ready")
+
+    def sample(
+        self, prompts: list[Prompt], n: int, seeds: list[list[int]], group_offset: int = 0
+    ) -> tuple[list[Sample], dict[str, Any]]:
+        return self._call("sample", prompts, n, seeds, group_offset)
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        self._call("load_weights", weights)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._process.is_alive():
+                try:
+                    self._conn.send(("close",))
+                except (BrokenPipeError, OSError):
+                    pass
+            self._process.join(timeout=30)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+            self._conn.close()
+
+    def _call(self, command: str, *args: Any) -> Any:
+        with self._lock:
+            try:
+                self._conn.send((command, *args))
+                ok, value = self._conn.recv()
+            except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+                code = self._process.exitcode
+                raise RolloutWorkerError(f"the rollout process died (exit code {code})") from exc
+        if not ok:
+            raise RolloutWorkerError(value)
+        return value
+
+
+def _serve(conn: Any, cfg: MasterConfig, weights: dict[str, Any], threads: int) -> None:
+    """The child: build the policy copy and the services, then answer the parent's calls."""
+    try:
+        import torch
+
+        from gym_bridge.generation.transformers_backend import TransformersBackend
+        from gym_bridge.train.trainer import GenerationTimer, OnlineSampler, load_policy, start_services
+
+        torch.set_num_threads(threads)
+        policy = cfg.policy
+        model, tokenizer = load_policy(policy.model_name, policy.tokenizer.name)
+        if policy.tokenizer.chat_template:
+            tokenizer.chat_template = policy.tokenizer.chat_template
+        model.load_state_dict(weights)
+        model.eval()
+        backend = GenerationTimer(
+            TransformersBackend(
+                model,
+                tokenizer,
+                model_name="policy",
+                seed=cfg.grpo.seed,
+                max_context=policy.max_total_sequence_length,
+            ),
+            threads=threads,
+        )
+        with ExitStack() as stack:
+            sampler = OnlineSampler(cfg, start_services(cfg, stack, backend), tokenizer, backend)
+            _answer_calls(conn, sampler, backend)
+    except BaseException:  # start-up failed: tell the parent why, if it still listens
+        try:
+            conn.send((False, traceback.format_exc()))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        conn.close()
+
+
+def _answer_calls(conn: Any, sampler: Any, backend: Any) -> None:
+    while True:
+        try:
+            command, *args = conn.recv()
+        except EOFError:
+            return
+        if command == "close":
+            return
+        try:
+            if command == "ready":
+                result: Any = True
+            elif command == "sample":
+                result = sampler.sample(*args)
+            elif command == "load_weights":
+                backend.update_weights(args[0])
+                result = None
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            conn.send((True, result))
+        except Exception:
+            conn.send((False, traceback.format_exc()))

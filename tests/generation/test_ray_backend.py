@@ -134,6 +134,27 @@ def test_split_keeps_identical_prompts_together_and_balances_rows() -> None:
         split_by_prompt(requests, 0)
 
 
+def test_weights_travel_as_numpy_and_come_back_exact_in_every_dtype() -> None:
+    import numpy as np
+    import torch
+
+    from gym_bridge.generation.ray_backend import _pack, _unpack
+
+    state = {
+        "bf16": torch.randn(3, 4).to(torch.bfloat16),
+        "bf16_scalar": torch.tensor(1.5, dtype=torch.bfloat16),
+        "fp16": torch.randn(2, 2).half(),
+        "fp32": torch.randn(5),
+        "int64": torch.arange(4),
+        "strided": torch.randn(4, 6)[:, ::2],
+    }
+    packed = _pack(state)
+    assert all(isinstance(array, np.ndarray) for array, _ in packed.values())
+    unpacked = _unpack(packed)
+    for name, tensor in state.items():
+        assert unpacked[name].dtype == tensor.dtype and torch.equal(unpacked[name], tensor), name
+
+
 # ------------------------------------------------------------------------------- replicas vs local
 
 

@@ -32,12 +32,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, NamedTuple, get_type_hints
 
 from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.requests import cookie_parser
 
 from gym_bridge.schema import RolloutRecord, VerifyRequest, VerifyResponse, dump
@@ -217,49 +217,6 @@ def _has_lone_surrogate(body: bytes) -> bool:
     return False
 
 
-class _SessionAndAuth:
-    """ASGI middleware: bearer-token check, then the session of the request's cookie (new ones get set).
-
-    A pure ASGI middleware rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
-    wraps every request in extra tasks and streams, which cost throughput on the hot ``/verify`` path.
-    The session is put in ``request.state.session``.
-    """
-
-    def __init__(self, app: Any, server: ResourcesServer, auth_token: str | None) -> None:
-        self.app = app
-        self.server = server
-        self.expected_auth = f"Bearer {auth_token}".encode() if auth_token else None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") == "/health":  # health: open and session-less
-            await self.app(scope, receive, send)
-            return
-        headers = scope.get("headers", [])
-        if self.expected_auth is not None:
-            given = next((v for k, v in headers if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected_auth):
-                response = JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401)
-                await response(scope, receive, send)
-                return
-        cookie_header = b"; ".join(v for k, v in headers if k == b"cookie").decode("latin-1")
-        session_id = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
-        is_new = not session_id or len(session_id) > 128
-        if is_new:
-            session_id = secrets.token_urlsafe(16)
-        scope.setdefault("state", {})["session"] = self.server.sessions.get_or_create(session_id)
-        if not is_new:
-            await self.app(scope, receive, send)
-            return
-        set_cookie = f"{SESSION_COOKIE}={session_id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
-
-        async def send_with_cookie(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", set_cookie)]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
-
-
 class _CrashGuard:
     """ASGI middleware: a bug in an environment answers a JSON 500 naming it, and the connection lives on.
 
@@ -293,55 +250,228 @@ class _CrashGuard:
             await self.render(detail[:2000])(scope, receive, send)
 
 
-class _BodyLimit:
-    """ASGI middleware: refuse bodies over a byte limit with 413, whether or not Content-Length is sent."""
+class _Answer(NamedTuple):
+    """A JSON response of :class:`_Front`: status, body and headers beyond the content type and length."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def _json_answer(status: int, content: Any, headers: tuple[tuple[bytes, bytes], ...] = ()) -> _Answer:
+    """``content`` rendered exactly as Starlette's ``JSONResponse`` renders it."""
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return _Answer(status, body, headers)
+
+
+def _validation_failed(errors: list[dict[str, Any]], body: Any = None) -> _Answer:
+    """The 422 for invalid input: ``detail`` names the fields, ``errors`` lists them."""
+    content = {"detail": _format_validation_errors(errors, body), "errors": _jsonable_errors(errors)}
+    return _json_answer(422, content)
+
+
+_ANY = TypeAdapter(Any)
+_DICT_BODY = TypeAdapter(dict[str, Any])
+_EMPTY = object()
+
+
+@dataclass(frozen=True)
+class _Route:
+    """A hot POST route served by :class:`_Front`: how its body is checked and how it is answered."""
+
+    body: TypeAdapter[Any]
+    call: Callable[[Any, Session], Awaitable[Any]]
+    default: Callable[[], Any] | None = None
+    """Body used when the request has none; None: a body is required."""
+    raw_json: bool = False
+    """The call returns JSON-ready content (rendered with ``json.dumps``), not a value to serialize."""
+
+
+class _Front:
+    """The one ASGI layer in front of a resources server's FastAPI app.
+
+    Per request, in this order: a body over the size limit is refused (413, by ``Content-Length`` or
+    while reading); the bearer token is checked (401; ``/health`` is open and session-less); the
+    session of the request's cookie is found or started (a new one sets the cookie); the body is read as
+    JSON whatever its ``Content-Type`` (``curl -d`` sends a form type; a lone UTF-16 surrogate escape
+    is a 400). Then the hot routes (``POST /seed_session``, ``/verify`` and each tool) are served here,
+    and everything else goes to FastAPI, which documents those routes too and answers them identically
+    (``tests/server/test_fast_routes.py`` compares the two on good and bad input).
+
+    Why: FastAPI's request path (a dozen middleware layers, a ``Request``, dependency solving, two
+    response serializations) cost three quarters of a small request's CPU, and a rollout makes at
+    least two requests here.
+    """
+
+    def __init__(
+        self, app: Any, server: ResourcesServer, settings: ServerSettings, routes: dict[str, _Route]
+    ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.server = server
+        self.routes = routes
+        self.max_bytes = settings.max_body_bytes
+        self.expected_auth = f"Bearer {settings.auth_token}".encode() if settings.auth_token else None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    too_big = int(value) > self.max_bytes
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await self._refuse(send)
-                    return
-        seen = 0
-        refused = False
+        auth, cookies, declared = b"", [], None
+        for key, value in scope["headers"]:
+            if key == b"cookie":
+                cookies.append(value)
+            elif key == b"content-length":
+                declared = value
+            elif key == b"authorization":
+                auth = value
+        if declared is not None and _over(declared, self.max_bytes):
+            await _send(send, self._too_big())
+            return
+        path = scope["path"]
+        if path == "/health":
+            await self.app(scope, receive, send)
+            return
+        if self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
+            await _send(send, _json_answer(401, {"detail": "missing or wrong bearer token"}))
+            return
+        session, set_cookie = self._session(cookies)
+        scope.setdefault("state", {})["session"] = session
+        extra = [(b"set-cookie", set_cookie)] if set_cookie else []
+        method = scope["method"]
+        if method not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, _adding_headers(send, extra))
+            return
+        body = await self._read_body(receive, send)
+        if body is None:
+            return
+        if _has_lone_surrogate(body):
+            detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
+            await _send(send, _json_answer(400, {"detail": detail}), extra)
+            return
+        route = self.routes.get(path) if method == "POST" else None
+        if route is not None:
+            await _send(send, await self._serve(route, path, body, session), extra)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, _replay(body, receive), _adding_headers(send, extra))
 
-        async def limited_receive() -> dict[str, Any]:
-            nonlocal seen, refused
-            if refused:
-                return {"type": "http.disconnect"}
+    def _session(self, cookies: list[bytes]) -> tuple[Session, bytes | None]:
+        cookie_header = b"; ".join(cookies).decode("latin-1")
+        session_id = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
+        if session_id and len(session_id) <= 128:
+            return self.server.sessions.get_or_create(session_id), None
+        session_id = secrets.token_urlsafe(16)
+        set_cookie = f"{SESSION_COOKIE}={session_id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
+        return self.server.sessions.get_or_create(session_id), set_cookie
+
+    def _too_big(self) -> _Answer:
+        return _json_answer(413, {"detail": f"request body larger than the limit of {self.max_bytes} bytes"})
+
+    async def _read_body(self, receive: Any, send: Any) -> bytes | None:
+        """The whole body, or None when it went over the limit (answered 413) or the client left."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    # Answer now, then tell the app the client went away (an exception raised here
-                    # would be turned into a 400 by FastAPI's body reader).
-                    refused = True
-                    await self._refuse(send)
-                    return {"type": "http.disconnect"}
-            return message
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > self.max_bytes:
+                    await _send(send, self._too_big())
+                    return None
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-        async def guarded_send(message: dict[str, Any]) -> None:
-            if not refused:
-                await send(message)
+    async def _serve(self, route: _Route, path: str, raw: bytes, session: Session) -> _Answer:
+        """Answer a hot route as FastAPI would: 422 naming bad fields, a guarded 500 for a crash."""
+        value: Any = _EMPTY
+        if raw:
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as e:
+                error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+                         "input": {}, "ctx": {"error": e.msg}}  # fmt: skip
+                return _validation_failed([error], e.doc)
+            except ValueError:  # not UTF-8/16/32 text at all
+                return _json_answer(400, {"detail": "There was an error parsing the body"})
+        if value is _EMPTY:
+            if route.default is None:
+                error = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
+                return _validation_failed([error], None)
+            args = route.default()
+        else:
+            try:
+                args = route.body.validate_python(value, from_attributes=True)
+            except ValidationError as exc:
+                errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+                return _validation_failed(errors, value)
+        try:
+            result = await route.call(args, session)
+            if route.raw_json:
+                return _json_answer(200, result)
+            # As FastAPI serializes a route's value (its return annotation is ``Any``): pydantic's JSON.
+            return _Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
+        except HTTPException as exc:  # FastAPI's handler: the detail, and the exception's headers
+            headers = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items())
+            return _json_answer(exc.status_code, {"detail": exc.detail}, headers)
+        except RequestValidationError as exc:
+            return _validation_failed(list(exc.errors()), exc.body)
+        except ValidationError as exc:
+            return _validation_failed(list(exc.errors()))
+        except Exception as exc:
+            logger.exception("error while serving %s", path)
+            detail = f"internal error on {path}: {type(exc).__name__}: {exc}"
+            return _json_answer(500, {"detail": detail[:2000]})
 
-        await self.app(scope, limited_receive, guarded_send)
 
-    async def _refuse(self, send: Any) -> None:
-        response = JSONResponse(
-            {"detail": f"request body larger than the limit of {self.max_bytes} bytes"}, status_code=413
-        )
-        await response({"type": "http"}, None, send)  # type: ignore[arg-type]
+def _over(declared: bytes, limit: int) -> bool:
+    try:
+        return int(declared) > limit
+    except ValueError:
+        return False
+
+
+_JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+async def _send(send: Any, answer: _Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """An answer with the headers Starlette's ``JSONResponse`` sets, its own, then ``extra``."""
+    headers = [(b"content-length", str(len(answer.body)).encode()), _JSON_CONTENT_TYPE, *answer.headers]
+    if extra:
+        headers += extra
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+def _adding_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
+    """``send`` that appends ``extra`` headers to the response start (``send`` itself when none)."""
+    if not extra:
+        return send
+
+    async def send_with_headers(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return send_with_headers
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """``receive`` that hands over an already-read body first, then defers to the real one."""
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class ResourcesServer:
@@ -391,8 +521,12 @@ class ResourcesServer:
     def _session(self, request: Request) -> Session:
         return request.state.session
 
-    def build_app(self) -> Any:
-        """The ASGI app: FastAPI routes wrapped in the body-size limit."""
+    def build_app(self, fast_routes: bool = True) -> Any:
+        """The ASGI app: FastAPI's routes behind :class:`_Front` (limits, auth, sessions, JSON bodies).
+
+        ``fast_routes=False`` sends the hot routes through FastAPI too (the reference behaviour the
+        fast path is tested against).
+        """
         from contextlib import asynccontextmanager
 
         @asynccontextmanager
@@ -435,8 +569,7 @@ class ResourcesServer:
         verify_model = self.verify_request_model
 
         async def verify(request: Request, body: VerifyRequest) -> Any:
-            result = await self.verify(body, self._session(request))
-            return JSONResponse(dump(result))
+            return JSONResponse(await self._verify_content(body, self._session(request)))
 
         # Annotations are strings under `from __future__ import annotations`; give FastAPI the real class.
         verify.__annotations__ = {"request": Request, "body": verify_model, "return": Any}
@@ -458,18 +591,25 @@ class ResourcesServer:
                     raise HTTPException(422, _format_validation_errors(prefixed)) from None
             return await asyncio.to_thread(self.aggregate_metrics, records)
 
+        routes = {
+            "/seed_session": _Route(_DICT_BODY, self.seed_session, default=dict),
+            "/verify": _Route(TypeAdapter(verify_model), self._verify_content, raw_json=True),
+        }
         for tool_name, fn in self.tools.items():
-            self._add_tool_route(app, tool_name, fn)
+            args_model = self._add_tool_route(app, tool_name, fn)
+            routes[f"/{tool_name}"] = _Route(TypeAdapter(args_model), fn)
 
         @app.post("/{tool_name}")
         async def unknown_tool(tool_name: str) -> Any:
             known = ", ".join(sorted(self.tools)) or "none"
             raise HTTPException(404, f"unknown tool '{tool_name}' (this server's tools: {known})")
 
-        guarded = _SessionAndAuth(_JsonBodies(app), self, settings.auth_token)
-        return _BodyLimit(guarded, settings.max_body_bytes)
+        return _Front(app, self, settings, routes if fast_routes else {})
 
-    def _add_tool_route(self, app: FastAPI, tool_name: str, fn: ToolFn) -> None:
+    async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
+        return dump(await self.verify(body, session))
+
+    def _add_tool_route(self, app: FastAPI, tool_name: str, fn: ToolFn) -> type[BaseModel]:
         hints = get_type_hints(fn)
         params = [p for p in inspect.signature(fn).parameters if p not in ("session",)]
         args_model = hints.get(params[0]) if params else None
@@ -483,6 +623,7 @@ class ResourcesServer:
 
         endpoint.__name__ = f"tool_{tool_name}"
         app.post(f"/{tool_name}", summary=(fn.__doc__ or tool_name).strip().splitlines()[0])(endpoint)
+        return args_model
 
 
 def _jsonable_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,11 @@ loopback HTTP); TRL generates with ``model.generate`` in-process and scores with
 gradient checkpointing off, ``per_device_train_batch_size`` = 64 completions, ``loss_type="dapo"``
 (a global token mean, like NeMo RL's ``token_level_loss``).
 
-Each engine runs in its own child process, alternating (ours, TRL, ours, TRL, ...), because step
+gym-bridge runs twice: synchronous GRPO (``ours``) and async GRPO (``ours-async``: the next step's
+rollouts are sampled in a child process while the current step trains, one step off-policy, with the
+importance-sampling correction on), each against TRL in the same run.
+
+Each engine runs in its own child process, alternating (ours, async, TRL, ours, ...), because step
 times on a shared 2-core machine drift; medians skip each run's first two steps (warm-up). Repeat k
 uses seed 42 + k for both engines, so the reward comparison averages over a few sampling seeds. Both
 engines run with 1 and with 2 torch threads (``OMP_NUM_THREADS``; gym-bridge's default for tiny
@@ -42,7 +46,11 @@ WARMUP_STEPS = 2
 TRL_REFERENCE = "notes: TRL 1.16 on this machine kind, 0.22-0.26 s/step, ~2,100-2,400 generated tokens/s"
 
 
-def _ours(steps: int, out: Path, seed: int) -> dict[str, Any]:
+ASYNC_OVERRIDES = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+SYNC_OVERRIDES = ["grpo.async_grpo.enabled=false"]
+
+
+def _ours(steps: int, out: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
     """gym-bridge's trainer on the tiny recipe, validation and checkpoints off."""
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
@@ -59,6 +67,7 @@ def _ours(steps: int, out: Path, seed: int) -> dict[str, Any]:
             "checkpointing.enabled=false",
             "logger.tensorboard_enabled=false",
             f"logger.log_dir={out}",
+            *overrides,
         ],
     )
     started = time.perf_counter()
@@ -74,6 +83,7 @@ def _ours(steps: int, out: Path, seed: int) -> dict[str, Any]:
                 "reward_and_http_s": r.get("time_reward_and_http_s", 0.0),
                 "logprobs_s": r.get("time_logprobs_s", 0.0),
                 "training_s": r.get("time_training_s", 0.0),
+                "waiting_for_rollouts_s": r.get("time_waiting_for_rollouts_s", 0.0),
                 "generated_tokens": r["gen_length_mean"] * r["num_samples"],
                 "reward": r["reward_mean"],
             }
@@ -222,12 +232,19 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "wall_s_per_run": [round(run["wall_s"], 1) for run in runs],
     }
-    phases = ("generation_s", "reward_and_http_s", "logprobs_s", "training_s")
+    phases = ("generation_s", "reward_and_http_s", "logprobs_s", "training_s", "waiting_for_rollouts_s")
     if all(p in steps[0] for p in phases):
         summary["median_phase_s"] = {
             p.removesuffix("_s"): round(statistics.median(s[p] for s in steps), 4) for p in phases
         }
     return summary
+
+
+ENGINES = {
+    "ours": "gym-bridge, synchronous GRPO",
+    "ours-async": "gym-bridge, async GRPO (rollouts in a child process overlap training, trajectories 1 step old)",
+    "trl": "TRL GRPOTrainer",
+}
 
 
 def main() -> None:
@@ -237,22 +254,35 @@ def main() -> None:
         "--repeats", type=int, default=3, help="alternating runs per engine (seeds 42, 43, ...)"
     )
     parser.add_argument(
-        "--threads", type=int, nargs="+", default=[1, 2], help="torch threads (OMP_NUM_THREADS), both engines"
+        "--threads", type=int, nargs="+", default=[1, 2], help="torch threads (OMP_NUM_THREADS), every engine"
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=sorted(ENGINES),
+        default=list(ENGINES),
+        help="engines to run (trl is the baseline)",
     )
     parser.add_argument("--seed", type=int, default=42, help="seed of the first repeat")
     parser.add_argument("--quick", action="store_true", help="one 8-step run per engine and thread count")
-    parser.add_argument("--child", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
-        result = (_ours if args.child == "ours" else _trl)(
-            args.steps, args.child_out.parent / "run", args.seed
-        )
+        run = args.child_out.parent / "run"
+        if args.child == "trl":
+            result = _trl(args.steps, run, args.seed)
+        else:
+            result = _ours(
+                args.steps, run, args.seed, ASYNC_OVERRIDES if args.child == "ours-async" else SYNC_OVERRIDES
+            )
         args.child_out.write_text(json.dumps(result))
         return
     if args.quick:
         args.steps, args.repeats = 8, 1
+    if "trl" not in args.engines:
+        parser.error("--engines must include trl, the baseline")
 
     from gym_bridge.models.tiny import ensure_tiny
 
@@ -260,7 +290,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {}
     for repeat in range(args.repeats):
         for threads in args.threads:
-            for engine in ("ours", "trl"):
+            for engine in args.engines:
                 print(
                     f"[{repeat + 1}/{args.repeats}] {engine}, {threads} thread(s): {args.steps} steps ...",
                     flush=True,
@@ -272,28 +302,31 @@ def main() -> None:
     peer = "baseline: TRL GRPOTrainer, same model, prompts, sizes, lr and threads, same run"
     rows = []
     for threads in args.threads:
-        ours, trl = summaries[f"ours/{threads}"], summaries[f"trl/{threads}"]
-        rows += [
-            figure(f"GRPO step time, median, {threads} thread(s) (8x8x16 tokens, tiny Llama)", ours["median_step_s"],
-                   "s/step", baseline=trl["median_step_s"], note=f"{peer}; lower is better ({TRL_REFERENCE})"),
-            figure(f"GRPO step time, mean, {threads} thread(s)", ours["mean_step_s"], "s/step",
-                   baseline=trl["mean_step_s"], note=f"{peer}; lower is better; the mean shows load spikes"),
-            figure(f"generated tokens/s, median step, {threads} thread(s)", ours["generated_tokens_per_s"], "tok/s",
-                   baseline=trl["generated_tokens_per_s"], note=f"{peer}; higher is better"),
-            figure(f"mean reward, last 5 of {args.steps} steps, {threads} thread(s)", ours["reward_last_5_steps"],
-                   "reward", baseline=trl["reward_last_5_steps"], note=f"{peer}; higher is better; first 5 "
-                   f"steps: ours {ours['reward_first_5_steps']}, TRL {trl['reward_first_5_steps']}"),
-        ]  # fmt: skip
-        for phase, seconds in ours.get("median_phase_s", {}).items():
-            rows.append(figure(f"gym-bridge step phase, {threads} thread(s): {phase}", seconds, "s/step",
-                               note="median per step; no peer"))  # fmt: skip
+        trl = summaries[f"trl/{threads}"]
+        for engine in [e for e in args.engines if e != "trl"]:
+            ours, label = summaries[f"{engine}/{threads}"], f"{engine}, {threads} thread(s)"
+            rows += [
+                figure(f"GRPO step time, median, {label} (8x8x16 tokens, tiny Llama)", ours["median_step_s"],
+                       "s/step", baseline=trl["median_step_s"],
+                       note=f"{ENGINES[engine]}; {peer}; lower is better ({TRL_REFERENCE})"),
+                figure(f"GRPO step time, mean, {label}", ours["mean_step_s"], "s/step",
+                       baseline=trl["mean_step_s"], note=f"{peer}; lower is better; the mean shows load spikes"),
+                figure(f"generated tokens/s, median step, {label}", ours["generated_tokens_per_s"], "tok/s",
+                       baseline=trl["generated_tokens_per_s"], note=f"{peer}; higher is better"),
+                figure(f"mean reward, last 5 of {args.steps} steps, {label}", ours["reward_last_5_steps"],
+                       "reward", baseline=trl["reward_last_5_steps"], note=f"{peer}; higher is better; first 5 "
+                       f"steps: ours {ours['reward_first_5_steps']}, TRL {trl['reward_first_5_steps']}"),
+            ]  # fmt: skip
+            for phase, seconds in ours.get("median_phase_s", {}).items():
+                rows.append(figure(f"gym-bridge step phase, {label}: {phase}", seconds, "s/step",
+                                   note="median per step; no peer"))  # fmt: skip
     write_results(
         "train",
         rows,
         quick=args.quick,
         details={"steps_per_run": args.steps, "repeats": args.repeats, "threads": args.threads,
-                 "warmup_steps_skipped": WARMUP_STEPS, "summaries": summaries, "trl_version": _trl_version(),
-                 "runs": runs},
+                 "engines": args.engines, "warmup_steps_skipped": WARMUP_STEPS, "summaries": summaries,
+                 "trl_version": _trl_version(), "runs": runs},
     )  # fmt: skip
     print(json.dumps(summaries, indent=2))
 

@@ -837,6 +837,9 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         tokenizer.chat_template = policy.tokenizer.chat_template
     model.to(_dtype(policy.precision))
     threads, generation_threads = torch_threads(model)
+    if online and grpo.async_grpo.enabled and grpo.async_grpo.rollout_process:
+        # The rollout process samples on its own cores meanwhile: leave them to it.
+        threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
     torch.set_num_threads(threads)
     loss_fn = ClippedPGLossFn(cfg.loss_fn)
     reference = None

@@ -14,6 +14,11 @@ Workers are started with the ``forkserver`` method, with the worker module prelo
 server: a replacement forks from an already-warm process in milliseconds, and no process is forked
 from the multi-threaded server. As with any non-``fork`` start method, a script that starts the pool
 must guard its entry point with ``if __name__ == "__main__":``.
+
+Start-up is in the background: :meth:`VerifierPool.start` returns at once and checks wait for the
+first warm worker. Warming one (importing SymPy and math-verify, one check) takes a second or more,
+while most answers never need a worker (plain numbers are compared in the server process), so the
+server answers from its first request. The server process itself never imports math-verify.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
-
-from resources_servers.math import worker as worker_module
 
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60.0
 """A worker that is not warm after this long (import and one warm-up check) is a failed start."""
+WORKER_MODULE = "resources_servers.math.worker"
+"""Imported in the workers (preloaded once in the fork server), never in the server process."""
 
 
 @dataclass
@@ -46,6 +53,10 @@ class CheckOutcome:
     failure_kind: str | None = None
     """For ``ok``: ``unparsable_answer`` / ``unparsable_expected_answer`` when math-verify parsed nothing."""
     detail: str | None = None
+
+
+_NO_WORKERS: Any = object()
+"""Put in the idle queue when the pool could not start: whoever waits for a worker gets the reason."""
 
 
 @dataclass(eq=False)
@@ -74,20 +85,38 @@ class PoolStats:
     start_failures: int = 0
 
 
-def _spawn_worker(start_method: str, memory_mb: int | None) -> _Worker:
-    """Start one worker process and wait until it reports warm (blocking: run it in a thread)."""
+def _worker_entry(conn: Any, memory_mb: int | None) -> None:
+    """A worker process's main (it imports math-verify there, from the fork server's warm copy)."""
+    from resources_servers.math.worker import worker_main
+
+    worker_main(conn, memory_mb)
+
+
+class _StartAbandoned(Exception):
+    """The pool closed while a worker was warming up (the worker is killed)."""
+
+
+def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.Event | None = None) -> _Worker:
+    """Start one worker process and wait until it reports warm (blocking: run it in a thread).
+
+    Setting ``abandon`` stops the wait (and the worker) within a few milliseconds.
+    """
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload([worker_module.__name__])
+        ctx.set_forkserver_preload([WORKER_MODULE])
     parent_conn, child_conn = ctx.Pipe(duplex=True)
     process = ctx.Process(
-        target=worker_module.worker_main, args=(child_conn, memory_mb), name="math-verifier", daemon=True
+        target=_worker_entry, args=(child_conn, memory_mb), name="math-verifier", daemon=True
     )
     process.start()
     child_conn.close()
     try:
-        if not parent_conn.poll(STARTUP_TIMEOUT_S):
-            raise RuntimeError(f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not parent_conn.poll(0.02):
+            if abandon is not None and abandon.is_set():
+                raise _StartAbandoned
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s")
         kind, pid = parent_conn.recv()
         if kind != "ready":
             raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
@@ -132,10 +161,24 @@ class VerifierPool:
         self._task_ids = itertools.count()
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._abandon = threading.Event()
+        """Set on close: worker starts still waiting for their worker give up (see :func:`_spawn_worker`)."""
+        self._starting = 0
+        """Workers of the initial start still warming up."""
+        self._started: asyncio.Event | None = None
+        self._start_error: str | None = None
+        """Why the last worker start failed."""
+        self._broken = False
+        """No worker of the initial start came up: checks fail with :attr:`_start_error`."""
 
     def describe(self) -> dict[str, Any]:
-        """Size, live workers and counters, for ``/health``."""
-        return {"size": self.size, "live_workers": len(self.pids), **asdict(self.stats)}
+        """Size, live workers, whether the initial start is still going on, and counters, for ``/health``."""
+        return {
+            "size": self.size,
+            "live_workers": len(self.pids),
+            "starting": self._starting > 0,
+            **asdict(self.stats),
+        }
 
     @property
     def pids(self) -> list[int]:
@@ -143,14 +186,76 @@ class VerifierPool:
         return sorted(w.pid for w in self._workers if w.alive)
 
     async def start(self) -> None:
-        """Start every worker (in parallel) and wait until all are warm."""
+        """Start every worker in the background (in parallel) and return at once.
+
+        Checks wait for the first warm worker; :meth:`wait_started` waits for all of them.
+        """
         self._loop = asyncio.get_running_loop()
         self._idle = asyncio.Queue()
-        workers = await asyncio.gather(
-            *(asyncio.to_thread(_spawn_worker, self.start_method, self.memory_mb) for _ in range(self.size))
+        self._started = asyncio.Event()
+        self._starting = self.size
+        for _ in range(self.size):
+            self._in_background(self._start_one())
+
+    async def wait_started(self) -> None:
+        """Wait until the initial start is over; raise if no worker could be started."""
+        if self._started is None:
+            raise RuntimeError("the verifier pool was not started")
+        await self._started.wait()
+        if self._broken:
+            raise RuntimeError(self._broken_message())
+
+    async def _start_one(self) -> None:
+        """One worker of the initial start. When none of them comes up, the pool is broken."""
+        worker = await self._spawn()
+        if worker is not None:
+            self._adopt(worker)
+        self._starting -= 1
+        if self._starting:
+            return
+        assert self._started is not None and self._idle is not None
+        if not self._closed:
+            if not self._workers:
+                self._broken = True
+                logger.error("%s", self._broken_message())
+                self._idle.put_nowait(_NO_WORKERS)  # wakes the checks waiting for a worker
+            else:
+                for _ in range(self.size - len(self._workers)):  # the failed ones: retried with backoff
+                    self._in_background(self._respawn())
+        self._started.set()
+
+    async def _spawn(self) -> _Worker | None:
+        """A warm worker, or None when it could not be started (or the pool closed meanwhile)."""
+        assert self._loop is not None
+        spawning = self._loop.run_in_executor(
+            None, _spawn_worker, self.start_method, self.memory_mb, self._abandon
         )
-        for w in workers:
-            self._adopt(w)
+        try:
+            worker = await asyncio.shield(spawning)
+        except asyncio.CancelledError:  # the pool is closing: a worker that still comes up is stopped
+            spawning.add_done_callback(_discard_spawned)
+            raise
+        except _StartAbandoned:
+            return None
+        except Exception as e:
+            self.stats.start_failures += 1
+            self._start_error = f"{type(e).__name__}: {e}"
+            logger.warning("could not start a verifier worker (%s)", self._start_error)
+            return None
+        if self._closed:
+            worker.conn.close()  # the worker exits on end-of-file
+            await asyncio.to_thread(_stop_process, worker.process)
+            return None
+        return worker
+
+    def _broken_message(self) -> str:
+        return f"the math verifier pool could not start any worker ({self._start_error})"
+
+    def _in_background(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def check(self, expected: str, candidate: str) -> CheckOutcome:
         """math-verify's verdict on a pair: from the cache, from an identical check already running, or
@@ -187,6 +292,9 @@ class VerifierPool:
         assert self._idle is not None and self._loop is not None
         while True:
             worker = await self._idle.get()
+            if worker is _NO_WORKERS:
+                self._idle.put_nowait(worker)  # for the next waiter
+                raise RuntimeError(self._broken_message())
             if worker.alive:
                 break
         self.stats.checks += 1
@@ -207,6 +315,9 @@ class VerifierPool:
     async def close(self) -> None:
         """Stop every worker (politely, then by SIGKILL) and fail checks still waiting."""
         self._closed = True
+        self._abandon.set()
+        if self._started is not None:
+            self._started.set()
         for task in [*self._background, *self._running.values()]:
             task.cancel()
         workers = list(self._workers)
@@ -306,29 +417,33 @@ class VerifierPool:
             pass
         w.conn.close()
         if not self._closed:
-            assert self._loop is not None
-            task = self._loop.create_task(self._replace(w))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._replace(w))
 
     async def _replace(self, dead: _Worker) -> None:
         await asyncio.to_thread(dead.process.join, 5.0)  # reap it
+        await self._respawn()
+
+    async def _respawn(self) -> None:
+        """Start a worker, retrying with backoff until one comes up or the pool closes."""
         delay = 0.1
         while not self._closed:
-            try:
-                fresh = await asyncio.to_thread(_spawn_worker, self.start_method, self.memory_mb)
-            except Exception as e:
-                self.stats.start_failures += 1
-                logger.warning("could not start a verifier worker (%s); retrying in %.1f s", e, delay)
+            fresh = await self._spawn()
+            if fresh is not None:
+                self.stats.restarts += 1
+                self._adopt(fresh)
+                return
+            if not self._closed:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
-                continue
-            if self._closed:
-                await asyncio.to_thread(_stop_process, fresh.process)
-                return
-            self.stats.restarts += 1
-            self._adopt(fresh)
-            return
+
+
+def _discard_spawned(spawning: asyncio.Future[_Worker]) -> None:
+    """Stop a worker whose start finished after the pool closed (its end of the pipe closes, it exits)."""
+    if spawning.cancelled() or spawning.exception() is not None:
+        return
+    worker = spawning.result()
+    worker.conn.close()
+    worker.process.kill()
 
 
 def _stop_process(process: Any) -> None:

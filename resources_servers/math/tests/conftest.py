@@ -10,7 +10,7 @@ import pytest
 
 from gym_bridge.server import ServerSettings, start_in_thread
 from resources_servers.math.app import MathServer
-from resources_servers.math.tests.helpers import REFERENCE_DIR, TEST_CONFIG, TOKEN
+from resources_servers.math.tests.helpers import REFERENCE_DIR, TEST_CONFIG, TOKEN, wait_for_pool
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,7 @@ def reference_dir() -> Path:
 def math_server() -> Iterator[tuple[MathServer, str]]:
     server = MathServer(ServerSettings(auth_token=TOKEN, max_body_bytes=1024 * 1024), TEST_CONFIG)
     with start_in_thread(server.build_app()) as running:
+        wait_for_pool(running.url)
         yield server, running.url
 
 

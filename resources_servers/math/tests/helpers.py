@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from resources_servers.math.app import MathConfig
 
@@ -26,3 +29,15 @@ def verify_body(text: str | None, expected: Any, **extra: Any) -> dict[str, Any]
         "expected_answer": expected,
         **extra,
     }
+
+
+def wait_for_pool(url: str, headers: dict[str, str] | None = None, timeout: float = 120.0) -> dict[str, Any]:
+    """The server's ``verifier_pool`` health once its workers have started (they start in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = httpx.get(f"{url}/health", headers=headers, timeout=30).json()["verifier_pool"]
+        if pool is not None and not pool["starting"]:
+            return pool
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the verifier pool did not start: {pool}")
+        time.sleep(0.05)

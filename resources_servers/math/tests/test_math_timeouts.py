@@ -14,7 +14,7 @@ import pytest
 
 from gym_bridge.server import start_in_thread
 from resources_servers.math.app import MathConfig, MathServer
-from resources_servers.math.tests.helpers import verify_body
+from resources_servers.math.tests.helpers import verify_body, wait_for_pool
 
 # Its own server: these tests stop and kill workers, and a 2 s budget leaves normal checks ample time
 # even on a loaded machine.
@@ -26,6 +26,7 @@ POWER_TOWER = "\\boxed{9^{9^{9^9}}}"  # math-verify/SymPy runs for minutes on th
 def hostile_server() -> Iterator[tuple[MathServer, str]]:
     server = MathServer(config=CONFIG)
     with start_in_thread(server.build_app()) as running:
+        wait_for_pool(running.url)
         yield server, running.url
 
 

@@ -1,0 +1,109 @@
+"""The verifier pool starts in the background: plain answers are served at once, LaTeX ones wait for a
+worker, a pool that cannot start says why, and a server stopped mid-start leaves no worker behind."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from gym_bridge.server import start_in_thread
+from resources_servers.math import pool as pool_module
+from resources_servers.math.app import MathConfig, MathServer
+from resources_servers.math.pool import VerifierPool
+from resources_servers.math.tests.helpers import verify_body, wait_for_pool
+
+
+class HeldSpawns(threading.Event):
+    """Set it to let the held worker starts go on; ``workers`` are the ones they then started (kept
+    referenced here, so a worker left running is not ended by its pipe being garbage-collected)."""
+
+    workers: list[Any]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+
+@pytest.fixture
+def held_spawns(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSpawns]:
+    """Worker starts block until the returned event is set (then start for real)."""
+    release = HeldSpawns()
+    release.workers = []
+    real_spawn = pool_module._spawn_worker
+
+    def held(*args: Any) -> Any:
+        if not release.wait(120):
+            raise RuntimeError("the test never released the worker start")
+        worker = real_spawn(*args)
+        release.workers.append(worker)
+        return worker
+
+    monkeypatch.setattr(pool_module, "_spawn_worker", held)
+    yield release
+    release.set()
+
+
+def _health(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/health", timeout=30).json()["verifier_pool"]
+
+
+def _live_verifiers() -> set[int]:
+    """Worker processes of this test process still running (``active_children`` also reaps the dead)."""
+    return {p.pid for p in multiprocessing.active_children() if p.name == "math-verifier" and p.pid}
+
+
+def test_plain_answers_are_served_while_the_workers_are_still_starting(held_spawns: HeldSpawns) -> None:
+    server = MathServer(config=MathConfig(pool_size=1))
+    with start_in_thread(server.build_app()) as running, ThreadPoolExecutor(1) as background:
+        url = running.url
+        assert _health(url)["starting"] is True and _health(url)["live_workers"] == 0
+        plain = httpx.post(f"{url}/verify", json=verify_body("\\boxed{42}", "42"), timeout=30).json()
+        assert plain["reward"] == 1.0 and plain["failure_kind"] is None
+        latex = background.submit(
+            httpx.post, f"{url}/verify", json=verify_body("\\boxed{\\sqrt{4}}", "2"), timeout=120
+        )
+        time.sleep(0.2)
+        assert not latex.done(), "a LaTeX answer needs a worker, and none is up yet"
+        held_spawns.set()
+        answer = latex.result(timeout=120).json()
+        assert answer["reward"] == 1.0 and answer["failure_kind"] is None
+        pool = wait_for_pool(url)
+        assert pool["live_workers"] == 1 and pool["start_failures"] == 0
+
+
+def test_a_pool_that_cannot_start_names_the_reason() -> None:
+    async def run() -> None:
+        pool = VerifierPool(2, timeout_s=1.0, start_method="no-such-start-method")
+        await pool.start()
+        with pytest.raises(RuntimeError, match="could not start any worker .*no-such-start-method"):
+            await pool.check("2", "\\sqrt{4}")
+        with pytest.raises(RuntimeError, match="could not start any worker"):
+            await pool.wait_started()
+        assert pool.stats.start_failures == 2 and pool.describe()["starting"] is False
+        await pool.close()
+
+    asyncio.run(run())
+
+
+def test_stopping_the_server_mid_start_leaves_no_worker_behind() -> None:
+    before = _live_verifiers()
+    server = MathServer(config=MathConfig(pool_size=2))
+    running = start_in_thread(server.build_app())
+    deadline = time.monotonic() + 30
+    while len(_live_verifiers() - before) < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    warming = _live_verifiers() - before
+    assert len(warming) == 2 and _health(running.url)["starting"] is True
+    running.stop()
+    deadline = time.monotonic() + 30
+    while warming & _live_verifiers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not warming & _live_verifiers()

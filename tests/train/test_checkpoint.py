@@ -167,18 +167,12 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
-    from gym_bridge.models.tiny import TinyRecipe, new_tiny_model
-    from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.train.trainer import train
+    from tests.train.helpers import save_random_tiny
 
     from .test_trainer_offline import offline_config, train_lines, without_timings, write_scored
 
-    model_dir = tmp_path / "model"
-    tokenizer = build_tokenizer()
-    new_tiny_model(
-        tokenizer, TinyRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    ).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = save_random_tiny(tmp_path / "model")
     data = write_scored(tmp_path / "scored.jsonl")
 
     run = tmp_path / "killed"

@@ -185,25 +185,22 @@ def names(batch: list[Item]) -> list[str]:
 def test_one_dataloader_and_several_as_in_nemo_rls_guide() -> None:
     single = TrainBatches(two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0)
     assert [names(single.next_batch()) for _ in range(3)] == [list("abcd"), list("1234"), list("5678")]
-    several = TrainBatches(
-        two_datasets(),
-        num_prompts_per_step=4,
-        shuffle=False,
-        seed=0,
-        use_multiple_dataloader=True,
-        num_prompts_per_dataloader=2,
-    )
+
+    def two_loaders() -> TrainBatches:
+        return TrainBatches(
+            two_datasets(),
+            num_prompts_per_step=4,
+            shuffle=False,
+            seed=0,
+            use_multiple_dataloader=True,
+            num_prompts_per_dataloader=2,
+        )
+
+    several = two_loaders()
     got = [names(several.next_batch()) for _ in range(3)]
     assert got == [["a", "b", "1", "2"], ["c", "d", "3", "4"], ["a", "b", "5", "6"]]
     state = several.state_dict()
-    resumed = TrainBatches(
-        two_datasets(),
-        num_prompts_per_step=4,
-        shuffle=False,
-        seed=0,
-        use_multiple_dataloader=True,
-        num_prompts_per_dataloader=2,
-    )
+    resumed = two_loaders()
     resumed.load_state_dict(state)
     assert names(resumed.next_batch()) == names(several.next_batch()) == ["c", "d", "7", "8"]
 

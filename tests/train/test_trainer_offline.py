@@ -13,6 +13,7 @@ import pytest
 from gym_bridge.train.config import MasterConfig, load_config
 from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.trainer import train
+from tests.train.helpers import save_random_tiny
 
 TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s")
 
@@ -20,15 +21,7 @@ TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s")
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer Llama with the project's tokenizer, saved like a checkpoint."""
-    from gym_bridge.models.tiny import TinyRecipe, new_tiny_model
-    from gym_bridge.models.tokenizer import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny_random")
-    tokenizer = build_tokenizer()
-    recipe = TinyRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    new_tiny_model(tokenizer, recipe, seed=0).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_tiny(tmp_path_factory.mktemp("tiny_random"), seed=0)
 
 
 def write_scored(path: Path, prompts: int = 12, per_prompt: int = 4, seed: int = 0) -> Path:

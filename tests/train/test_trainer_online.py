@@ -12,6 +12,7 @@ from gym_bridge.server import ResourcesServer, Session
 from gym_bridge.train.config import load_config
 from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.trainer import train
+from tests.train.helpers import save_random_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,15 +29,7 @@ class ParityServer(ResourcesServer):
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gym_bridge.models.tiny import TinyRecipe, new_tiny_model
-    from gym_bridge.models.tokenizer import build_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny_random_online")
-    tokenizer = build_tokenizer()
-    recipe = TinyRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    new_tiny_model(tokenizer, recipe, seed=1).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_random_tiny(tmp_path_factory.mktemp("tiny_random_online"), seed=1)
 
 
 @pytest.mark.timeout(300)

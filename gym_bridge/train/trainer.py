@@ -837,7 +837,14 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         tokenizer.chat_template = policy.tokenizer.chat_template
     model.to(_dtype(policy.precision))
     threads, generation_threads = torch_threads(model)
-    if online and grpo.async_grpo.enabled and grpo.async_grpo.rollout_process:
+    # Ray replicas already sample outside the trainer's interpreter: no rollout process on top of them.
+    rollout_process = (
+        online
+        and grpo.async_grpo.enabled
+        and grpo.async_grpo.rollout_process
+        and policy.generation.backend != "ray"
+    )
+    if rollout_process:
         # The rollout process samples on its own cores meanwhile: leave them to it.
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
     torch.set_num_threads(threads)
@@ -906,7 +913,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         asynchronous = online and grpo.async_grpo.enabled
         sampler = backend = None
         refit: Any = None  # loads a weights snapshot into whatever samples (async GRPO)
-        if needs_services and asynchronous and grpo.async_grpo.rollout_process:
+        if needs_services and rollout_process:
             from gym_bridge.train.rollout_worker import RolloutWorker
 
             view.print("starting the rollout process (async GRPO) ...")

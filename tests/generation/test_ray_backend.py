@@ -389,15 +389,37 @@ def _train(tmp_path: Path, model_dir: Path, backend: str, *extra: str) -> list[d
     return read_metrics(run / "logs")
 
 
+@pytest.fixture
+def ray_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts RayBackend.generate / update_weights calls: proof the trainer did use the replicas."""
+    from gym_bridge.generation.ray_backend import RayBackend
+
+    calls = {"generate": 0, "update_weights": 0}
+    for name in calls:
+        original = getattr(RayBackend, name)
+
+        def counted(self: Any, *args: Any, _name: str = name, _original: Any = original) -> Any:
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(RayBackend, name, counted)
+    return calls
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path, tokenizer: Any) -> Path:
+    path = tmp_path / "model"
+    make_llama(tokenizer, seed=3).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.mark.timeout(300)
 def test_trainer_on_ray_replicas_is_the_same_run_as_in_process(
-    local_ray: Any, tmp_path: Path, tokenizer: Any
+    local_ray: Any, tmp_path: Path, model_dir: Path, ray_calls: dict[str, int]
 ) -> None:
-    model_dir = tmp_path / "model"
-    make_llama(tokenizer, seed=3).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-
     on_ray = _train(tmp_path, model_dir, "ray")
+    assert ray_calls["generate"] >= 3 and ray_calls["update_weights"] == 3  # one refit per step
     in_process = _train(tmp_path, model_dir, "transformers")
 
     steps = [r for r in on_ray if r["split"] == "train"]
@@ -413,3 +435,24 @@ def test_trainer_on_ray_replicas_is_the_same_run_as_in_process(
     assert [r["accuracy"] for r in on_ray if r["split"] == "val"] == [
         r["accuracy"] for r in in_process if r["split"] == "val"
     ]
+
+
+@pytest.mark.timeout(300)
+def test_async_grpo_on_ray_replicas_is_the_same_run_as_in_process(
+    local_ray: Any, tmp_path: Path, model_dir: Path, ray_calls: dict[str, int]
+) -> None:
+    async_grpo = ("grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1")
+    on_ray = _train(tmp_path, model_dir, "ray", *async_grpo)
+    # The replicas sampled (no rollout process took over) and were refit with each weight version.
+    assert ray_calls["generate"] >= 3 and ray_calls["update_weights"] >= 3
+    in_process = _train(
+        tmp_path, model_dir, "transformers", *async_grpo, "grpo.async_grpo.rollout_process=false"
+    )
+
+    steps = [r for r in on_ray if r["split"] == "train"]
+    assert [r["trajectory_age_steps"] for r in steps] == [0.0, 1.0, 1.0]
+    assert steps[0]["gen_kl_error"] < 1e-4 and all(r["gen_kl_error"] > 1e-4 for r in steps[1:])
+    keys = ("reward_mean", "loss", "grad_norm", "gen_kl_error")
+    assert [r[k] for r in steps for k in keys] == pytest.approx(
+        [r[k] for r in in_process if r["split"] == "train" for k in keys], rel=1e-5, abs=1e-7
+    )

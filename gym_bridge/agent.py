@@ -32,13 +32,15 @@ import time
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar
 from http.cookies import CookieError, SimpleCookie
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import httpx
 
 from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 from gym_bridge.schema import input_items
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "AgentConfig",
@@ -127,6 +129,8 @@ class _RefuseAllCookies(CookieJar):
 @functools.lru_cache(maxsize=1)
 def _ssl_context() -> ssl.SSLContext:
     """One TLS context for every client (building one reads the CA bundle: ~15 ms each)."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 
@@ -136,6 +140,8 @@ def make_client(max_connections: int = 100, timeout: float | None = None) -> htt
     Its own cookie jar refuses every cookie: cookies belong to one rollout (see :func:`run_rollout`),
     and a shared jar would leak one rollout's session into another.
     """
+    import httpx
+
     return httpx.AsyncClient(
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         timeout=httpx.Timeout(timeout),

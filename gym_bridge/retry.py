@@ -26,15 +26,17 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
 import aiohttp
-import httpx
 from yarl import URL
+
+if TYPE_CHECKING:
+    import httpx  # imported when an httpx client is used (collect and training use aiohttp)
 
 Target = Literal["model", "env"]
 T = TypeVar("T")
-Client = aiohttp.ClientSession | httpx.AsyncClient
+Client: TypeAlias = "aiohttp.ClientSession | httpx.AsyncClient"
 """What :func:`post_json` sends with."""
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -147,6 +149,8 @@ def _snippet(content: bytes, limit: int = 300) -> str:
 @functools.lru_cache(maxsize=4096)
 def _parsed(url: str) -> httpx.URL:
     """URLs repeat (a few endpoints, many requests): parse each once (~6% of a request's CPU)."""
+    import httpx
+
     return httpx.URL(url)
 
 
@@ -165,6 +169,8 @@ async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str
             raise _TimedOut(type(e).__name__) from e
         except aiohttp.ClientError as e:  # connection refused or reset, a body cut short, a bad URL
             raise _Broken(e) from e
+    import httpx
+
     try:
         response = await client.post(_parsed(url), content=payload, headers=headers)
     except httpx.TimeoutException as e:

@@ -32,13 +32,14 @@ def train(
         raise typer.Exit(2) from None
 
     from gym_bridge.generation.ray_local import RayUnavailableError
+    from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.train.data import DataError
     from gym_bridge.train.trainer import train as run_training
 
     try:
         result = run_training(cfg, show_progress=not quiet)
-    except (DataError, ModelNotFoundError, RayUnavailableError) as exc:
+    except (DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")

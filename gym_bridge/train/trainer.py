@@ -933,6 +933,23 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
 
                 generator = RayBackend(model, tokenizer, **local, **policy.generation.ray.model_dump())
                 stack.callback(generator.close)
+            elif policy.generation.backend == "vllm":  # GPU: an engine on the same weights, refit each step
+                from gym_bridge.generation.vllm_backend import VllmBackend
+                from gym_bridge.models.registry import resolve_model
+
+                engine = policy.generation.vllm_cfg
+                generator = VllmBackend(
+                    resolve_model(policy.model_name).path,
+                    model_name="policy",
+                    tensor_parallel_size=engine.tensor_parallel_size,
+                    gpu_memory_utilization=engine.gpu_memory_utilization,
+                    max_model_len=engine.max_model_len or policy.max_total_sequence_length,
+                    enforce_eager=engine.enforce_eager,
+                    seed=grpo.seed,
+                    dtype=policy.precision,
+                )
+                stack.callback(generator.close)
+                generator.update_weights(model)  # a resumed run's weights, not the directory's
             else:  # Async GRPO samples from its own copy of the policy, refit after every step.
                 generator = TransformersBackend(
                     copy.deepcopy(model).eval() if asynchronous else model, tokenizer, **local

@@ -9,7 +9,6 @@ Only async GRPO uses it: synchronous steps wait for their rollouts anyway.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import traceback
 from contextlib import ExitStack
@@ -31,14 +30,18 @@ class RolloutWorker:
     """Parent-side handle of the rollout process; a drop-in for the trainer's in-process sampler."""
 
     def __init__(self, cfg: MasterConfig, tokenizer: Any, weights: dict[str, Any], threads: int = 1) -> None:
+        import torch.multiprocessing
+
         # spawn: the trainer has threads, never fork it. Not a daemon: environments start their own
         # worker processes; the child exits when the pipe closes, even if the trainer dies.
-        context = multiprocessing.get_context("spawn")
+        context = torch.multiprocessing.get_context("spawn")
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
+        # Weights travel through one shared-memory copy: a refit is a memcpy here and one in the child.
+        self._shared = {name: t.detach().clone().share_memory_() for name, t in weights.items()}
         self._conn, child = context.Pipe()
         self._process = context.Process(
-            target=_serve, args=(child, cfg, weights, threads), name="gym-bridge-rollouts"
+            target=_serve, args=(child, cfg, self._shared, threads), name="gym-bridge-rollouts"
         )
         self._process.start()
         child.close()
@@ -50,7 +53,11 @@ class RolloutWorker:
         return self._call("sample", prompts, n, seeds, group_offset)
 
     def load_weights(self, weights: dict[str, Any]) -> None:
-        self._call("load_weights", weights)
+        """Refit the worker's policy copy (called between batches, never while the worker samples)."""
+        with self._lock:
+            for name, tensor in weights.items():
+                self._shared[name].copy_(tensor)
+        self._call("load_weights")
 
     def close(self) -> None:
         with self._lock:
@@ -78,7 +85,7 @@ class RolloutWorker:
         return value
 
 
-def _serve(conn: Any, cfg: MasterConfig, weights: dict[str, Any], threads: int) -> None:
+def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -> None:
     """The child: build the policy copy and the services, then answer the parent's calls."""
     try:
         import torch
@@ -91,7 +98,7 @@ def _serve(conn: Any, cfg: MasterConfig, weights: dict[str, Any], threads: int) 
         model, tokenizer = load_policy(policy.model_name, policy.tokenizer.name)
         if policy.tokenizer.chat_template:
             tokenizer.chat_template = policy.tokenizer.chat_template
-        model.load_state_dict(weights)
+        model.load_state_dict(shared)
         model.eval()
         backend = GenerationTimer(
             TransformersBackend(
@@ -105,7 +112,7 @@ def _serve(conn: Any, cfg: MasterConfig, weights: dict[str, Any], threads: int) 
         )
         with ExitStack() as stack:
             sampler = OnlineSampler(cfg, start_services(cfg, stack, backend), tokenizer, backend)
-            _answer_calls(conn, sampler, backend)
+            _answer_calls(conn, sampler, lambda: backend.update_weights(shared))
     except BaseException:  # start-up failed: tell the parent why, if it still listens
         try:
             conn.send((False, traceback.format_exc()))
@@ -115,7 +122,7 @@ def _serve(conn: Any, cfg: MasterConfig, weights: dict[str, Any], threads: int) 
         conn.close()
 
 
-def _answer_calls(conn: Any, sampler: Any, backend: Any) -> None:
+def _answer_calls(conn: Any, sampler: Any, refit: Any) -> None:
     while True:
         try:
             command, *args = conn.recv()
@@ -129,7 +136,7 @@ def _answer_calls(conn: Any, sampler: Any, backend: Any) -> None:
             elif command == "sample":
                 result = sampler.sample(*args)
             elif command == "load_weights":
-                backend.update_weights(args[0])
+                refit()
                 result = None
             else:
                 raise ValueError(f"unknown command {command!r}")

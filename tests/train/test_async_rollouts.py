@@ -94,13 +94,19 @@ def test_validation_gets_the_generation_model_between_batches_and_with_its_own_w
     assert sampler.sampled_with == {1: "w0", 2: "w0", 3: "w1", 4: "w2"}
 
 
+def train_steps(pipeline: RolloutPipeline, steps: int) -> None:
+    """Take and publish like the trainer for steps 1..steps."""
+    pipeline.publish(0, "w0")
+    for step in range(1, steps + 1):
+        assert pipeline.take(step) is not None
+        pipeline.publish(step, f"w{step}")
+
+
 def test_a_producer_error_is_raised_in_the_trainer() -> None:
     sampler = FakeSampler(fail_at=2)
     pipeline = RolloutPipeline(sampler.produce, sampler.load, first_step=1, last_step=5, max_age=1)
     try:
-        pipeline.publish(0, "w0")
-        assert pipeline.take(1) is not None
-        pipeline.publish(1, "w1")
+        train_steps(pipeline, 1)
         with pytest.raises(ValueError, match="environment down at step 2"):
             pipeline.take(2)
     finally:
@@ -111,11 +117,7 @@ def test_running_out_of_prompts_ends_the_run() -> None:
     sampler = FakeSampler(last=2)
     pipeline = RolloutPipeline(sampler.produce, sampler.load, first_step=1, last_step=10, max_age=1)
     try:
-        pipeline.publish(0, "w0")
-        assert pipeline.take(1) is not None
-        pipeline.publish(1, "w1")
-        assert pipeline.take(2) is not None
-        pipeline.publish(2, "w2")
+        train_steps(pipeline, 2)
         assert pipeline.take(3) is None
     finally:
         pipeline.close()

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,6 +40,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.requests import cookie_parser
 
+from gym_bridge.fast_routes import (
+    Answer,
+    BodyTooLarge,
+    ErrorStyle,
+    JsonRoute,
+    answer_route,
+    json_answer,
+    read_body,
+    send_answer,
+)
 from gym_bridge.schema import RolloutRecord, VerifyRequest, VerifyResponse, dump
 
 SESSION_COOKIE = "gym_bridge_session"
@@ -250,41 +260,26 @@ class _CrashGuard:
             await self.render(detail[:2000])(scope, receive, send)
 
 
-class _Answer(NamedTuple):
-    """A JSON response of :class:`_Front`: status, body and headers beyond the content type and length."""
+class _ResourceErrors(ErrorStyle):
+    """Invalid input as this app's ``RequestValidationError`` and pydantic ``ValidationError`` handlers say it."""
 
-    status: int
-    body: bytes
-    headers: tuple[tuple[bytes, bytes], ...] = ()
+    def invalid(self, errors: list[dict[str, Any]], body: Any = None) -> Answer:
+        return _validation_failed(errors, body)
 
-
-def _json_answer(status: int, content: Any, headers: tuple[tuple[bytes, bytes], ...] = ()) -> _Answer:
-    """``content`` rendered exactly as Starlette's ``JSONResponse`` renders it."""
-    body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-    return _Answer(status, body, headers)
+    def failed(self, path: str, exc: Exception) -> Answer:
+        if isinstance(exc, ValidationError):
+            return _validation_failed(list(exc.errors()))
+        return super().failed(path, exc)
 
 
-def _validation_failed(errors: list[dict[str, Any]], body: Any = None) -> _Answer:
+def _validation_failed(errors: list[dict[str, Any]], body: Any = None) -> Answer:
     """The 422 for invalid input: ``detail`` names the fields, ``errors`` lists them."""
     content = {"detail": _format_validation_errors(errors, body), "errors": _jsonable_errors(errors)}
-    return _json_answer(422, content)
+    return json_answer(422, content)
 
 
-_ANY = TypeAdapter(Any)
 _DICT_BODY = TypeAdapter(dict[str, Any])
-_EMPTY = object()
-
-
-@dataclass(frozen=True)
-class _Route:
-    """A hot POST route served by :class:`_Front`: how its body is checked and how it is answered."""
-
-    body: TypeAdapter[Any]
-    call: Callable[[Any, Session], Awaitable[Any]]
-    default: Callable[[], Any] | None = None
-    """Body used when the request has none; None: a body is required."""
-    raw_json: bool = False
-    """The call returns JSON-ready content (rendered with ``json.dumps``), not a value to serialize."""
+_ERRORS = _ResourceErrors()
 
 
 class _Front:
@@ -298,13 +293,12 @@ class _Front:
     and everything else goes to FastAPI, which documents those routes too and answers them identically
     (``tests/server/test_fast_routes.py`` compares the two on good and bad input).
 
-    Why: FastAPI's request path (a dozen middleware layers, a ``Request``, dependency solving, two
-    response serializations) cost three quarters of a small request's CPU, and a rollout makes at
-    least two requests here.
+    Why: FastAPI's request path cost three quarters of a small request's CPU, and a rollout makes at
+    least two requests here (see :mod:`gym_bridge.fast_routes`).
     """
 
     def __init__(
-        self, app: Any, server: ResourcesServer, settings: ServerSettings, routes: dict[str, _Route]
+        self, app: Any, server: ResourcesServer, settings: ServerSettings, routes: dict[str, JsonRoute]
     ) -> None:
         self.app = app
         self.server = server
@@ -325,14 +319,14 @@ class _Front:
             elif key == b"authorization":
                 auth = value
         if declared is not None and _over(declared, self.max_bytes):
-            await _send(send, self._too_big())
+            await send_answer(send, self._too_big())
             return
         path = scope["path"]
         if path == "/health":
             await self.app(scope, receive, send)
             return
         if self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
-            await _send(send, _json_answer(401, {"detail": "missing or wrong bearer token"}))
+            await send_answer(send, json_answer(401, {"detail": "missing or wrong bearer token"}))
             return
         session, set_cookie = self._session(cookies)
         scope.setdefault("state", {})["session"] = session
@@ -341,16 +335,20 @@ class _Front:
         if method not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, _adding_headers(send, extra))
             return
-        body = await self._read_body(receive, send)
-        if body is None:
+        try:
+            body = await read_body(receive, self.max_bytes)
+        except BodyTooLarge:
+            await send_answer(send, self._too_big())
+            return
+        if body is None:  # the client went away
             return
         if _has_lone_surrogate(body):
             detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
-            await _send(send, _json_answer(400, {"detail": detail}), extra)
+            await send_answer(send, json_answer(400, {"detail": detail}), extra)
             return
         route = self.routes.get(path) if method == "POST" else None
         if route is not None:
-            await _send(send, await self._serve(route, path, body, session), extra)
+            await send_answer(send, await answer_route(route, path, body, session, _ERRORS), extra)
             return
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
@@ -365,67 +363,8 @@ class _Front:
         set_cookie = f"{SESSION_COOKIE}={session_id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
         return self.server.sessions.get_or_create(session_id), set_cookie
 
-    def _too_big(self) -> _Answer:
-        return _json_answer(413, {"detail": f"request body larger than the limit of {self.max_bytes} bytes"})
-
-    async def _read_body(self, receive: Any, send: Any) -> bytes | None:
-        """The whole body, or None when it went over the limit (answered 413) or the client left."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > self.max_bytes:
-                    await _send(send, self._too_big())
-                    return None
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    async def _serve(self, route: _Route, path: str, raw: bytes, session: Session) -> _Answer:
-        """Answer a hot route as FastAPI would: 422 naming bad fields, a guarded 500 for a crash."""
-        value: Any = _EMPTY
-        if raw:
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as e:
-                error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-                         "input": {}, "ctx": {"error": e.msg}}  # fmt: skip
-                return _validation_failed([error], e.doc)
-            except ValueError:  # not UTF-8/16/32 text at all
-                return _json_answer(400, {"detail": "There was an error parsing the body"})
-        if value is _EMPTY:
-            if route.default is None:
-                error = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
-                return _validation_failed([error], None)
-            args = route.default()
-        else:
-            try:
-                args = route.body.validate_python(value, from_attributes=True)
-            except ValidationError as exc:
-                errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
-                return _validation_failed(errors, value)
-        try:
-            result = await route.call(args, session)
-            if route.raw_json:
-                return _json_answer(200, result)
-            # As FastAPI serializes a route's value (its return annotation is ``Any``): pydantic's JSON.
-            return _Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
-        except HTTPException as exc:  # FastAPI's handler: the detail, and the exception's headers
-            headers = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items())
-            return _json_answer(exc.status_code, {"detail": exc.detail}, headers)
-        except RequestValidationError as exc:
-            return _validation_failed(list(exc.errors()), exc.body)
-        except ValidationError as exc:
-            return _validation_failed(list(exc.errors()))
-        except Exception as exc:
-            logger.exception("error while serving %s", path)
-            detail = f"internal error on {path}: {type(exc).__name__}: {exc}"
-            return _json_answer(500, {"detail": detail[:2000]})
+    def _too_big(self) -> Answer:
+        return json_answer(413, {"detail": f"request body larger than the limit of {self.max_bytes} bytes"})
 
 
 def _over(declared: bytes, limit: int) -> bool:
@@ -433,18 +372,6 @@ def _over(declared: bytes, limit: int) -> bool:
         return int(declared) > limit
     except ValueError:
         return False
-
-
-_JSON_CONTENT_TYPE = (b"content-type", b"application/json")
-
-
-async def _send(send: Any, answer: _Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    """An answer with the headers Starlette's ``JSONResponse`` sets, its own, then ``extra``."""
-    headers = [(b"content-length", str(len(answer.body)).encode()), _JSON_CONTENT_TYPE, *answer.headers]
-    if extra:
-        headers += extra
-    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-    await send({"type": "http.response.body", "body": answer.body})
 
 
 def _adding_headers(send: Any, extra: list[tuple[bytes, bytes]]) -> Any:
@@ -592,12 +519,12 @@ class ResourcesServer:
             return await asyncio.to_thread(self.aggregate_metrics, records)
 
         routes = {
-            "/seed_session": _Route(_DICT_BODY, self.seed_session, default=dict),
-            "/verify": _Route(TypeAdapter(verify_model), self._verify_content, raw_json=True),
+            "/seed_session": JsonRoute(_DICT_BODY, self.seed_session, default=dict),
+            "/verify": JsonRoute(TypeAdapter(verify_model), self._verify_content, raw_json=True),
         }
         for tool_name, fn in self.tools.items():
             args_model = self._add_tool_route(app, tool_name, fn)
-            routes[f"/{tool_name}"] = _Route(TypeAdapter(args_model), fn)
+            routes[f"/{tool_name}"] = JsonRoute(TypeAdapter(args_model), fn)
 
         @app.post("/{tool_name}")
         async def unknown_tool(tool_name: str) -> Any:

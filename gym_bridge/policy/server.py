@@ -27,6 +27,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from gym_bridge.chat import items_to_messages, tools_to_chat_tools
+from gym_bridge.fast_routes import (
+    Answer,
+    ErrorStyle,
+    JsonRoute,
+    answer_route,
+    json_answer,
+    read_body,
+    send_answer,
+)
 from gym_bridge.generation.backend import (
     GenerationBackend,
     GenerationRequest,
@@ -35,6 +44,7 @@ from gym_bridge.generation.backend import (
 )
 from gym_bridge.policy.batching import GenerationBatcher
 from gym_bridge.policy.continuation import on_policy_prompt
+from gym_bridge.policy.prompt_cache import RenderCache
 from gym_bridge.policy.tool_calls import completion_to_output_items, parse_completion
 from gym_bridge.schema import (
     FunctionCall,
@@ -47,7 +57,13 @@ from gym_bridge.schema import (
     input_items,
     new_id,
 )
-from gym_bridge.server import _CrashGuard, _format_validation_errors, _jsonable_errors, _JsonBodies
+from gym_bridge.server import (
+    _CrashGuard,
+    _format_validation_errors,
+    _has_lone_surrogate,
+    _jsonable_errors,
+    _JsonBodies,
+)
 
 __all__ = ["ChatCompletionRequest", "PolicySettings", "ResponsesRequest", "build_policy_app"]
 
@@ -200,13 +216,73 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-def _error_response(status: int, message: str, param: str | None = None, **extra: Any) -> JSONResponse:
+def _error_content(status: int, message: str, param: str | None = None, **extra: Any) -> dict[str, Any]:
+    """An error in OpenAI's shape (``error``) with FastAPI's ``detail`` beside it."""
     error = {
         "message": message,
         "type": "invalid_request_error" if status < 500 else "server_error",
         "param": param,
     }
-    return JSONResponse({"detail": message, "error": error, **extra}, status_code=status)
+    return {"detail": message, "error": error, **extra}
+
+
+def _error_response(status: int, message: str, param: str | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse(_error_content(status, message, param, **extra), status_code=status)
+
+
+def _invalid_content(errors: list[dict[str, Any]], body: Any) -> dict[str, Any]:
+    """A ``RequestValidationError`` as a 422: the first bad field as ``param``, all of them in ``errors``."""
+    first = errors[0].get("loc", ()) if errors else ()
+    param = ".".join(str(x) for x in first if x != "body") or None
+    message = _format_validation_errors(errors, body)
+    return _error_content(422, message, param, errors=_jsonable_errors(errors))
+
+
+class _PolicyErrors(ErrorStyle):
+    """What this app's exception handlers and crash guard answer, for the hot routes."""
+
+    def invalid(self, errors: list[dict[str, Any]], body: Any = None) -> Answer:
+        return json_answer(422, _invalid_content(errors, body))
+
+    def failed(self, path: str, exc: Exception) -> Answer:
+        if isinstance(exc, ApiError):
+            return json_answer(exc.status, _error_content(exc.status, exc.message, exc.param))
+        return super().failed(path, exc)
+
+    def crash(self, path: str, exc: Exception) -> Answer:
+        super().crash(path, exc)  # logs it
+        detail = f"internal error on {path}: {type(exc).__name__}: {exc}"[:2000]
+        return json_answer(500, _error_content(500, detail))
+
+
+_ERRORS = _PolicyErrors()
+
+
+class _PolicyFront:
+    """Serves the generation routes itself (:mod:`gym_bridge.fast_routes`); the rest goes to FastAPI.
+
+    Bodies are read as JSON whatever their content type, and a lone surrogate escape is a 400, as the
+    FastAPI app's own middleware does. ``state`` is the FastAPI app's (``state.batcher``, ``state.settings``).
+    """
+
+    def __init__(self, app: FastAPI, routes: dict[str, JsonRoute]) -> None:
+        self.app = app
+        self.routes = routes
+        self.state = app.state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        route = self.routes.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = await read_body(receive)
+        if body is None:  # the client went away
+            return
+        if _has_lone_surrogate(body):
+            detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
+            await send_answer(send, json_answer(400, {"detail": detail}))
+            return
+        await send_answer(send, await answer_route(route, scope["path"], body, None, _ERRORS))
 
 
 # --------------------------------------------------------------------------- prompt rendering
@@ -302,11 +378,15 @@ def build_policy_app(
     backend: GenerationBackend,
     model_name: str | None = None,
     settings: PolicySettings | None = None,
+    fast_routes: bool = True,
     **overrides: Any,
-) -> FastAPI:
-    """The FastAPI app serving ``backend``; ``overrides`` are :class:`PolicySettings` fields.
+) -> Any:
+    """The ASGI app serving ``backend``; ``overrides`` are :class:`PolicySettings` fields.
 
     ``app.state.batcher`` exposes the batcher (and its :class:`~gym_bridge.policy.batching.BatchStats`).
+    ``POST /v1/responses`` and ``/v1/chat/completions`` are served by a front that answers exactly as the
+    FastAPI app behind it would; ``fast_routes=False`` sends them through FastAPI too (the reference
+    behaviour the front is tested against).
     """
     settings = PolicySettings.model_validate({**(settings or PolicySettings()).model_dump(), **overrides})
     served_name = model_name or backend.model_name
@@ -317,6 +397,12 @@ def build_policy_app(
         {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     )
     batcher = GenerationBatcher(backend, settings.max_batch_size, settings.batch_wait_ms / 1000.0)
+    render = RenderCache(
+        lambda messages, tools, add_generation_prompt, param: render_prompt(
+            tokenizer, messages, tools, add_generation_prompt, param
+        ),
+        getattr(tokenizer, "chat_template", None),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
@@ -336,11 +422,7 @@ def build_policy_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        first = errors[0].get("loc", ()) if errors else ()
-        param = ".".join(str(x) for x in first if x != "body") or None
-        message = _format_validation_errors(errors, exc.body)
-        return _error_response(422, message, param, errors=_jsonable_errors(errors))
+        return JSONResponse(_invalid_content(list(exc.errors()), exc.body), status_code=422)
 
     @app.exception_handler(ApiError)
     async def _refused(_: Request, exc: ApiError) -> JSONResponse:
@@ -389,6 +471,8 @@ def build_policy_app(
 
     async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
         try:
+            if len(requests) == 1:
+                return [await batcher.submit(requests[0])]
             return await batcher.submit_many(requests)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
@@ -420,15 +504,14 @@ def build_policy_app(
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if body.messages is not None:
             messages = [_chat_message_for_template(m) for m in body.messages]
-            tokens = render_prompt(tokenizer, messages, _chat_tools(body.tools), body.add_generation_prompt)
+            tokens = render(messages, _chat_tools(body.tools), body.add_generation_prompt)
         elif body.prompt is not None:
             tokens = list(tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
         else:
             raise ApiError(422, "messages or prompt: one of them is required", "messages")
         return {"count": len(tokens), "max_model_len": max_context, "tokens": tokens}
 
-    @app.post("/v1/responses")
-    async def responses(body: ResponsesRequest) -> JSONResponse:
+    async def responses(body: ResponsesRequest, _: Any = None) -> dict[str, Any]:
         items = input_items(body)
         check_input_items(items)
         tools = _chat_tools(body.tools)
@@ -437,7 +520,7 @@ def build_policy_app(
 
         def render_items(prefix: list[Any], add_generation_prompt: bool = True) -> list[int]:
             messages = items_to_messages(prefix, body.instructions)
-            return render_prompt(tokenizer, messages, tools, add_generation_prompt, param="input")
+            return render(messages, tools, add_generation_prompt, param="input")
 
         prompt = on_policy_prompt(items, render_items, render_items(items), end_of_turn_ids)
         check_token_ids(prompt, "input")
@@ -479,15 +562,18 @@ def build_policy_app(
         )
         payload = response.model_dump(mode="json", by_alias=True)
         _tidy_training_fields(payload["output"])
-        return JSONResponse(payload)
+        return payload
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse:
+    @app.post("/v1/responses")
+    async def responses_route(body: ResponsesRequest) -> JSONResponse:
+        return JSONResponse(await responses(body))
+
+    async def chat_completions(body: ChatCompletionRequest, _: Any = None) -> dict[str, Any]:
         tools = _chat_tools(body.tools)
 
         def render_messages(prefix: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
             messages = [_chat_message_for_template(m) for m in prefix]
-            return render_prompt(tokenizer, messages, tools, add_generation_prompt)
+            return render(messages, tools, add_generation_prompt)
 
         prompt = on_policy_prompt(
             body.messages, render_messages, render_messages(body.messages), end_of_turn_ids
@@ -525,9 +611,19 @@ def build_policy_app(
         }
         if wants_ids:
             payload["prompt_token_ids"] = prompt
-        return JSONResponse(payload)
+        return payload
 
-    return app
+    @app.post("/v1/chat/completions")
+    async def chat_completions_route(body: ChatCompletionRequest) -> JSONResponse:
+        return JSONResponse(await chat_completions(body))
+
+    if not fast_routes:
+        return app
+    routes = {
+        "/v1/responses": JsonRoute(TypeAdapter(ResponsesRequest), responses, raw_json=True),
+        "/v1/chat/completions": JsonRoute(TypeAdapter(ChatCompletionRequest), chat_completions, raw_json=True),
+    }
+    return _PolicyFront(app, routes)
 
 
 def _chat_choice(

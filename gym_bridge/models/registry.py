@@ -111,8 +111,21 @@ def load_model_and_tokenizer(
             "Hub ids need network access or a local cache; offline, use a built-in name "
             f"({', '.join(sorted(BUILTIN_MODELS))}) or a local directory."
         ) from err
+    if source.gguf_file is not None:
+        _forget_gguf_quantization(model)
     model.to(device)
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _forget_gguf_quantization(model: PreTrainedModel) -> None:
+    """GGUF weights arrive dequantised into plain tensors, but transformers still marks the model as
+    GGUF-quantised and then refuses ``save_pretrained``: drop the mark, so checkpoints save (as the
+    plain safetensors they are)."""
+    model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config

@@ -3,6 +3,7 @@
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,7 +73,9 @@ def test_registry_import_is_cheap():
 
 
 @pytest.mark.timeout(300)
-def test_smollm2_loads_from_gguf_and_generates():
+def test_smollm2_loads_from_gguf_generates_and_saves(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
     model, tokenizer = load_model_and_tokenizer("smollm2-135m")
     assert model.dtype == torch.float32
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
@@ -86,3 +89,10 @@ def test_smollm2_loads_from_gguf_and_generates():
     new_tokens = out[0, enc["input_ids"].shape[1] :]
     assert 0 < len(new_tokens) <= 8
     assert "5" in tokenizer.decode(new_tokens)
+    # A checkpoint of it saves as plain safetensors (the weights are dequantised) and loads back as is.
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32)
+    for (name, saved), (_, original) in zip(
+        reloaded.state_dict().items(), model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(saved, original), name

@@ -31,6 +31,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import ValidationError
@@ -131,6 +132,11 @@ class Router:
             route, url = self.default
             return agent_name or route.key or route.target, url
         return None
+
+    def urls(self) -> list[str]:
+        """Every env URL a row can be routed to."""
+        found = [url for _, url in self.by_key.values()]
+        return found + ([self.default[1]] if self.default is not None else [])
 
     def describe(self) -> str:
         keys = ", ".join(sorted(self.by_key)) or "none"
@@ -320,11 +326,16 @@ class RunStats:
 
 
 class ClientPool:
-    """The run's HTTP client: one aiohttp session whose pool holds up to a connection per worker
-    (two when few workers: a rollout talks to the model and the env in turn), within ``connection_cap``."""
+    """The run's HTTP client: one aiohttp session with up to a connection per worker to each host.
 
-    def __init__(self, workers: int, connection_cap: int) -> None:
-        self.session = make_session(max_connections=max(4, min(2 * workers, connection_cap)))
+    A rollout makes one request at a time, so a worker never needs two connections to one host. The
+    session keeps idle connections per host, so its open connections are bounded per host:
+    ``connection_cap`` (what the open-file limit affords) is shared by the ``hosts`` it talks to.
+    """
+
+    def __init__(self, workers: int, connection_cap: int, hosts: int = 1) -> None:
+        per_host = max(2, min(workers, connection_cap // max(1, hosts)))
+        self.session = make_session(max_connections=per_host * max(1, hosts), max_per_host=per_host)
 
     def for_worker(self, i: int) -> aiohttp.ClientSession:
         return self.session
@@ -440,7 +451,8 @@ async def collect_async(
     skipped_rows = 0
     workers = config.concurrency
     queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
-    pool = ClientPool(workers, _connection_cap())
+    hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()]})
+    pool = ClientPool(workers, _connection_cap(), hosts)
 
     def record_failure(entry: dict[str, Any]) -> None:
         failures.write(entry)

@@ -583,7 +583,11 @@ def start_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: f
     """Serve an ASGI app from a daemon thread on a (by default free) loopback port; return its URL."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+    # backlog: a burst of thousands of new connections (collect at high concurrency) must not overflow
+    # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

@@ -837,12 +837,13 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         tokenizer.chat_template = policy.tokenizer.chat_template
     model.to(_dtype(policy.precision))
     threads, generation_threads = torch_threads(model)
-    # Ray replicas already sample outside the trainer's interpreter: no rollout process on top of them.
+    # The rollout process samples with transformers; Ray replicas and vLLM already run outside the
+    # trainer's interpreter, so async GRPO with them keeps its producer in-process.
     rollout_process = (
         online
         and grpo.async_grpo.enabled
         and grpo.async_grpo.rollout_process
-        and policy.generation.backend != "ray"
+        and policy.generation.backend == "transformers"
     )
     if rollout_process:
         # The rollout process samples on its own cores meanwhile: leave them to it.

@@ -89,14 +89,21 @@ def prefix_micro_batches(
     return batches
 
 
+def projects_hidden_states_plainly(model: Any) -> bool:
+    """Whether logits are just ``lm_head(hidden)`` (no soft-capping or scaling after it), so that only
+    the positions that are trained on need to go through the output layer."""
+    config = model.config
+    return all(
+        getattr(config, key, None) in (None, 1.0)
+        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+
+
 def shares_prefixes(model: Any) -> bool:
     """Whether ``model`` supports the shared-prompt pass: a decoder whose logits are ``lm_head(hidden)``
     and whose attention reads a plain growing KV cache (no sliding windows or recurrent state)."""
     config = model.config
-    plain_head = all(
-        getattr(config, key, None) in (None, 1.0)
-        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-    )
+    plain_head = projects_hidden_states_plainly(model)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     full_attention = all(t == "full_attention" for t in layer_types) and not getattr(
         config, "sliding_window", None

@@ -146,15 +146,6 @@ def _dtype(precision: str) -> Any:
 # ================================================================================================
 
 
-def _projects_hidden_states_plainly(model: Any) -> bool:
-    """Whether logits are just ``lm_head(hidden)`` (no soft-capping or scaling after it)."""
-    config = model.config
-    return all(
-        getattr(config, key, None) in (None, 1.0)
-        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
-    )
-
-
 def token_logprobs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -166,8 +157,9 @@ def token_logprobs(
     import torch
 
     from gym_bridge.train.loss import gather_token_logprobs
+    from gym_bridge.train.shared_prefix import projects_hidden_states_plainly
 
-    if not _projects_hidden_states_plainly(model):
+    if not projects_hidden_states_plainly(model):
         logprobs = gather_token_logprobs(
             model(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids
         )
@@ -193,7 +185,7 @@ class MicroBatch:
     generation_logprobs: torch.Tensor | None
     prefixes: PrefixPlan | None = None
     """Set when the rows' prompts run once each (:mod:`gym_bridge.train.shared_prefix`)."""
-    token_ids: list[list[int]] | None = None
+    token_ids: list[list[int]] = field(default_factory=list)
 
 
 def make_micro_batch(
@@ -228,7 +220,7 @@ def micro_batch_logprobs(model: Any, mb: MicroBatch, pad_token_id: int) -> torch
     """(b, T-1) next-token log-probs of a micro-batch, one prompt pass per distinct prompt if planned."""
     from gym_bridge.train.shared_prefix import shared_prefix_logprobs
 
-    if mb.prefixes is not None and mb.token_ids is not None:
+    if mb.prefixes is not None:
         return shared_prefix_logprobs(model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id)
     return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask)
 

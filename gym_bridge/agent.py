@@ -31,7 +31,6 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar
-from http.cookies import CookieError, SimpleCookie
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -55,6 +54,8 @@ __all__ = [
 RESERVED_ENV_PATHS = frozenset(
     {"seed_session", "verify", "aggregate_metrics", "health", "docs", "openapi.json"}
 )
+_COOKIE_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+"""An RFC 7230 token: what a cookie name may be."""
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -177,14 +178,16 @@ class _CookieJar:
         self._values: dict[str, str] = {}
 
     def update(self, result: HttpResult) -> None:
+        """Keep each ``Set-Cookie``'s name and value, parsed as RFC 6265 (5.2) tells user agents to.
+
+        The value is kept as sent (quotes included) and attributes are ignored: the jar lives for one
+        rollout, against one env. (``http.cookies`` took ~5% of a rollout's client CPU for the same.)
+        """
         for raw in result.header_values("set-cookie"):
-            parsed = SimpleCookie()
-            try:
-                parsed.load(raw)
-            except CookieError:
-                continue
-            for name, morsel in parsed.items():
-                self._values[name] = morsel.value
+            name, sep, value = raw.split(";", 1)[0].partition("=")
+            name = name.strip()
+            if sep and name and _COOKIE_NAME.match(name):
+                self._values[name] = value.strip()
 
     def header(self) -> dict[str, str]:
         if not self._values:

@@ -6,7 +6,6 @@ backend and the trainer's. Ray comes with the ``[dev]`` extra (as ``[ray]``).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,7 @@ import ray
 
 from gym_bridge.generation.backend import GenerationRequest, SamplingParams
 from gym_bridge.generation.ray_backend import split_by_prompt
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session
+from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -328,49 +326,24 @@ def test_gym_bridge_imports_without_ray() -> None:
 # ------------------------------------------------------------------------------- the trainer on Ray
 
 
-class ParityServer(ResourcesServer):
-    """Rewards completions of even character length: a signal a random model hits half the time."""
-
-    name = "parity"
-
-    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
-        text = assistant_text(body.response.output)
-        return VerifyResponse(**dump(body), reward=float(len(text) % 2 == 0))
-
-
 def _train(tmp_path: Path, model_dir: Path, backend: str, *extra: str) -> list[dict[str, Any]]:
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.trainer import train
 
-    rows = tmp_path / "parity.jsonl"
-    rows.write_text(
-        "".join(
-            json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"Say {i}."}]}})
-            + "\n"
-            for i in range(16)
-        )
-    )
+    rows = write_say_prompts(tmp_path / "parity.jsonl", 16)
     run = tmp_path / backend
     cfg = load_config(
         None,
         [
-            "grpo.num_prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            *SMALL_ONLINE_RUN,
             "grpo.max_num_steps=3",
-            "grpo.max_num_epochs=100",
             "grpo.val_period=0",
             "grpo.val_at_start=false",
             "grpo.val_at_end=true",
             "grpo.max_val_samples=8",
-            "loss_fn.reference_policy_kl_penalty=0.0",
             f"policy.model_name={model_dir}",
-            "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=16",
-            "policy.generation_batch_size=16",
-            "policy.max_total_sequence_length=64",
-            "policy.generation.max_new_tokens=6",
-            "policy.optimizer.kwargs.lr=3e-2",
             f"policy.generation.backend={backend}",
             "policy.generation.ray.num_workers=2",
             f"data.train.data_path={rows}",
@@ -378,7 +351,7 @@ def _train(tmp_path: Path, model_dir: Path, backend: str, *extra: str) -> list[d
             f"data.validation.data_path={ROOT / 'recipes/data/arith_val.jsonl'}",
             "data.validation.env_name=math",
             "env.math.server=math",
-            f"env.parity.server={__name__}:ParityServer",
+            f"env.parity.server={PARITY_SERVER}",
             "checkpointing.enabled=false",
             f"logger.log_dir={run / 'logs'}",
             "logger.tensorboard_enabled=false",

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session
 from gym_bridge.train.config import load_config
 from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.trainer import train
-from tests.train.helpers import save_random_tiny
+from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class ParityServer(ResourcesServer):
-    """Rewards completions of even character length: a signal a random model hits half the time."""
-
-    name = "parity"
-
-    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
-        text = assistant_text(body.response.output)
-        return VerifyResponse(**dump(body), reward=float(len(text) % 2 == 0))
 
 
 @pytest.fixture(scope="module")
@@ -36,36 +23,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_online_steps_through_agent_loop_policy_server_and_math_server(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    parity_rows = tmp_path / "parity.jsonl"
-    parity_rows.write_text(
-        "".join(
-            json.dumps(
-                {"responses_create_params": {"input": [{"role": "user", "content": f"Say something {i}."}]}}
-            )
-            + "\n"
-            for i in range(8)
-        )
-    )
+    parity_rows = write_say_prompts(tmp_path / "parity.jsonl", 8)
     cfg = load_config(
         None,
         [
-            "grpo.num_prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            *SMALL_ONLINE_RUN,
             "grpo.max_num_steps=3",
-            "grpo.max_num_epochs=100",
             "grpo.val_period=2",
             "grpo.val_at_start=true",
             "grpo.max_val_samples=8",
             "grpo.val_batch_size=8",
-            "loss_fn.reference_policy_kl_penalty=0.0",
             f"policy.model_name={tiny_model_dir}",
-            "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=8",
             "policy.logprob_batch_size=16",
-            "policy.generation_batch_size=16",
-            "policy.max_total_sequence_length=64",
-            "policy.generation.max_new_tokens=6",
-            "policy.optimizer.kwargs.lr=3e-2",
             "data.use_multiple_dataloader=true",
             "data.num_prompts_per_dataloader=2",
             f"data.train=[{{data_path: {ROOT / 'recipes/data/arith_train.jsonl'}, env_name: math}}, "
@@ -73,7 +43,7 @@ def test_online_steps_through_agent_loop_policy_server_and_math_server(
             f"data.validation.data_path={ROOT / 'recipes/data/arith_val.jsonl'}",
             "data.validation.env_name=math",
             "env.math.server=math",
-            f"env.parity.server={__name__}:ParityServer",
+            f"env.parity.server={PARITY_SERVER}",
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
             f"logger.log_dir={tmp_path / 'logs'}",
         ],
@@ -104,41 +74,26 @@ def test_online_steps_through_agent_loop_policy_server_and_math_server(
 
 
 def _async_run(tmp_path: Path, model_dir: Path, name: str, *, rollout_process: bool) -> list[dict]:
-    parity_rows = tmp_path / "parity.jsonl"
-    parity_rows.write_text(
-        "".join(
-            json.dumps({"responses_create_params": {"input": [{"role": "user", "content": f"Say {i}."}]}})
-            + "\n"
-            for i in range(16)
-        )
-    )
+    parity_rows = write_say_prompts(tmp_path / "parity.jsonl", 16)
     cfg = load_config(
         None,
         [
-            "grpo.num_prompts_per_step=4",
-            "grpo.num_generations_per_prompt=4",
+            *SMALL_ONLINE_RUN,
             "grpo.max_num_steps=4",
-            "grpo.max_num_epochs=100",
             "grpo.val_period=2",
             "grpo.max_val_samples=4",
             "grpo.async_grpo.enabled=true",
             "grpo.async_grpo.max_trajectory_age_steps=1",
             f"grpo.async_grpo.rollout_process={str(rollout_process).lower()}",
-            "loss_fn.reference_policy_kl_penalty=0.0",
             "loss_fn.use_importance_sampling_correction=true",
             f"policy.model_name={model_dir}",
-            "policy.train_global_batch_size=16",
             "policy.train_micro_batch_size=16",
-            "policy.generation_batch_size=16",
-            "policy.max_total_sequence_length=64",
-            "policy.generation.max_new_tokens=6",
-            "policy.optimizer.kwargs.lr=3e-2",
             f"data.train.data_path={parity_rows}",
             "data.train.env_name=parity",
             f"data.validation.data_path={ROOT / 'recipes/data/arith_val.jsonl'}",
             "data.validation.env_name=math",
             "env.math.server=math",
-            f"env.parity.server={__name__}:ParityServer",
+            f"env.parity.server={PARITY_SERVER}",
             f"checkpointing.checkpoint_dir={tmp_path / name / 'ckpt'}",
             "checkpointing.save_period=2",
             f"logger.log_dir={tmp_path / name / 'logs'}",

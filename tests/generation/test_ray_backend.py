@@ -22,24 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_llama(tokenizer: Any, seed: int) -> Any:
-    """A random LlamaForCausalLM (hidden 64, 2 layers) sized to the tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A random LlamaForCausalLM (hidden 64, 2 layers, max 256 positions) sized to the tokenizer."""
+    from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    shape = TinyRecipe(
+        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, max_position_embeddings=256
     )
-    return LlamaForCausalLM(config).eval()
+    return random_tiny_model(tokenizer, shape, seed=seed)
 
 
 @pytest.fixture(scope="module")

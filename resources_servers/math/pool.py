@@ -15,10 +15,11 @@ server: a replacement forks from an already-warm process in milliseconds, and no
 from the multi-threaded server. As with any non-``fork`` start method, a script that starts the pool
 must guard its entry point with ``if __name__ == "__main__":``.
 
-Start-up is in the background: :meth:`VerifierPool.start` returns at once and checks wait for the
-first warm worker. Warming one (importing SymPy and math-verify, one check) takes a second or more,
-while most answers never need a worker (plain numbers are compared in the server process), so the
-server answers from its first request. The server process itself never imports math-verify.
+Workers start when the first check needs one, in the background: warming one (importing SymPy and
+math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
+numbers are compared in the server process), so the server answers from its first request and a run
+of plain answers never pays for the pool. Checks wait for the first warm worker. The server process
+itself never imports math-verify.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class VerifierPool:
         self._closed = False
         self._abandon = threading.Event()
         """Set on close: worker starts still waiting for their worker give up (see :func:`_spawn_worker`)."""
+        self._launched = False
+        """Whether the workers were asked to start (by the first check)."""
         self._starting = 0
         """Workers of the initial start still warming up."""
         self._started: asyncio.Event | None = None
@@ -172,10 +175,11 @@ class VerifierPool:
         """No worker of the initial start came up: checks fail with :attr:`_start_error`."""
 
     def describe(self) -> dict[str, Any]:
-        """Size, live workers, whether the initial start is still going on, and counters, for ``/health``."""
+        """Size, live workers, whether they were started and are still warming up, counters; for ``/health``."""
         return {
             "size": self.size,
             "live_workers": len(self.pids),
+            "started": self._launched,
             "starting": self._starting > 0,
             **asdict(self.stats),
         }
@@ -186,21 +190,26 @@ class VerifierPool:
         return sorted(w.pid for w in self._workers if w.alive)
 
     async def start(self) -> None:
-        """Start every worker in the background (in parallel) and return at once.
-
-        Checks wait for the first warm worker; :meth:`wait_started` waits for all of them.
-        """
+        """Make the pool ready to take checks; its workers start (in the background, in parallel)
+        with the first check, or with :meth:`wait_started`."""
         self._loop = asyncio.get_running_loop()
         self._idle = asyncio.Queue()
         self._started = asyncio.Event()
+
+    def _launch(self) -> None:
+        """Start the workers (once)."""
+        if self._launched:
+            return
+        self._launched = True
         self._starting = self.size
         for _ in range(self.size):
             self._in_background(self._start_one())
 
     async def wait_started(self) -> None:
-        """Wait until the initial start is over; raise if no worker could be started."""
+        """Start the workers if no check has yet, and wait until they are up; raise if none could be."""
         if self._started is None:
             raise RuntimeError("the verifier pool was not started")
+        self._launch()
         await self._started.wait()
         if self._broken:
             raise RuntimeError(self._broken_message())
@@ -262,6 +271,7 @@ class VerifierPool:
         from the next idle worker (waiting for one when all are busy)."""
         if self._idle is None or self._loop is None or self._closed:
             raise RuntimeError("the verifier pool is not running")
+        self._launch()
         key = (expected, candidate)
         cached = self._cache.get(key)
         if cached is not None:

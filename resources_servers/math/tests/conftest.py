@@ -24,7 +24,7 @@ def reference_dir() -> Path:
 def math_server() -> Iterator[tuple[MathServer, str]]:
     server = MathServer(ServerSettings(auth_token=TOKEN, max_body_bytes=1024 * 1024), TEST_CONFIG)
     with start_in_thread(server.build_app()) as running:
-        wait_for_pool(running.url)
+        wait_for_pool(running.url, {"Authorization": f"Bearer {TOKEN}"})
         yield server, running.url
 
 

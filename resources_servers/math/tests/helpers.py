@@ -32,11 +32,15 @@ def verify_body(text: str | None, expected: Any, **extra: Any) -> dict[str, Any]
 
 
 def wait_for_pool(url: str, headers: dict[str, str] | None = None, timeout: float = 120.0) -> dict[str, Any]:
-    """The server's ``verifier_pool`` health once its workers have started (they start in the background)."""
+    """Start the server's verifier workers (with a check that needs one; they start on demand) and
+    return its ``verifier_pool`` health once they are all up."""
+    body = verify_body("\\boxed{\\sqrt{4}}", "2")
+    answer = httpx.post(f"{url}/verify", json=body, headers=headers, timeout=timeout)
+    assert answer.status_code == 200 and answer.json()["reward"] == 1.0, answer.text
     deadline = time.monotonic() + timeout
     while True:
         pool = httpx.get(f"{url}/health", headers=headers, timeout=30).json()["verifier_pool"]
-        if pool is not None and not pool["starting"]:
+        if pool["started"] and not pool["starting"] and pool["live_workers"] == pool["size"]:
             return pool
         if time.monotonic() > deadline:
             raise AssertionError(f"the verifier pool did not start: {pool}")

@@ -1,5 +1,6 @@
-"""The verifier pool starts in the background: plain answers are served at once, LaTeX ones wait for a
-worker, a pool that cannot start says why, and a server stopped mid-start leaves no worker behind."""
+"""The verifier workers start on demand: plain answers never start them, the first LaTeX answer does
+(and waits for a warm one), a pool that cannot start says why, and a server stopped while its workers
+warm up leaves none behind."""
 
 from __future__ import annotations
 
@@ -60,23 +61,31 @@ def _live_verifiers() -> set[int]:
     return {p.pid for p in multiprocessing.active_children() if p.name == "math-verifier" and p.pid}
 
 
-def test_plain_answers_are_served_while_the_workers_are_still_starting(held_spawns: HeldSpawns) -> None:
+def test_workers_start_with_the_first_answer_that_needs_one(held_spawns: HeldSpawns) -> None:
+    before = _live_verifiers()
     server = MathServer(config=MathConfig(pool_size=1))
     with start_in_thread(server.build_app()) as running, ThreadPoolExecutor(1) as background:
         url = running.url
-        assert _health(url)["starting"] is True and _health(url)["live_workers"] == 0
-        plain = httpx.post(f"{url}/verify", json=verify_body("\\boxed{42}", "42"), timeout=30).json()
-        assert plain["reward"] == 1.0 and plain["failure_kind"] is None
+        for n in range(5):  # plain answers: compared in the server, no worker started
+            plain = httpx.post(f"{url}/verify", json=verify_body(f"\\boxed{{{n}}}", str(n)), timeout=30).json()
+            assert plain["reward"] == 1.0 and plain["failure_kind"] is None
+        pool = _health(url)
+        assert (pool["started"], pool["starting"], pool["live_workers"]) == (False, False, 0)
+        assert not _live_verifiers() - before
         latex = background.submit(
             httpx.post, f"{url}/verify", json=verify_body("\\boxed{\\sqrt{4}}", "2"), timeout=120
         )
-        time.sleep(0.2)
-        assert not latex.done(), "a LaTeX answer needs a worker, and none is up yet"
+        deadline = time.monotonic() + 30
+        while not _health(url)["started"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _health(url)["starting"] is True and not latex.done(), "it waits for a warm worker"
+        plain = httpx.post(f"{url}/verify", json=verify_body("\\boxed{7}", "7"), timeout=30).json()
+        assert plain["reward"] == 1.0, "plain answers are still served meanwhile"
         held_spawns.set()
         answer = latex.result(timeout=120).json()
         assert answer["reward"] == 1.0 and answer["failure_kind"] is None
         pool = wait_for_pool(url)
-        assert pool["live_workers"] == 1 and pool["start_failures"] == 0
+        assert pool["live_workers"] == 1 and pool["start_failures"] == 0 and pool["checks"] >= 1
 
 
 def test_a_pool_that_cannot_start_names_the_reason() -> None:
@@ -97,6 +106,9 @@ def test_stopping_the_server_mid_start_leaves_no_worker_behind() -> None:
     before = _live_verifiers()
     server = MathServer(config=MathConfig(pool_size=2))
     running = start_in_thread(server.build_app())
+    body = verify_body("\\boxed{\\sqrt{9}}", "3")
+    asker = threading.Thread(target=_post_ignoring_errors, args=(f"{running.url}/verify", body), daemon=True)
+    asker.start()  # starts the workers, then waits for one
     deadline = time.monotonic() + 30
     while len(_live_verifiers() - before) < 2 and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -107,3 +119,11 @@ def test_stopping_the_server_mid_start_leaves_no_worker_behind() -> None:
     while warming & _live_verifiers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not warming & _live_verifiers()
+    asker.join(30)
+
+
+def _post_ignoring_errors(url: str, body: dict[str, Any]) -> None:
+    try:
+        httpx.post(url, json=body, timeout=60)
+    except httpx.HTTPError:
+        pass  # the server went away: expected

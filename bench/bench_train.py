@@ -46,6 +46,19 @@ WARMUP_STEPS = 2
 TRL_REFERENCE = "notes: TRL 1.16 on this machine kind, 0.22-0.26 s/step, ~2,100-2,400 generated tokens/s"
 
 
+def quiet_run(steps: int, log_dir: Path | str) -> list[str]:
+    """Overrides that run the recipe for ``steps`` steps with validation, checkpoints and TensorBoard off."""
+    return [
+        f"grpo.max_num_steps={steps}",
+        "grpo.val_period=0",
+        "grpo.val_at_start=false",
+        "grpo.val_at_end=false",
+        "checkpointing.enabled=false",
+        "logger.tensorboard_enabled=false",
+        f"logger.log_dir={log_dir}",
+    ]
+
+
 ASYNC_OVERRIDES = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
 SYNC_OVERRIDES = ["grpo.async_grpo.enabled=false"]
 
@@ -58,17 +71,7 @@ def _ours(steps: int, out: Path, seed: int, overrides: list[str]) -> dict[str, A
 
     cfg = load_config(
         RECIPE,
-        [
-            f"grpo.max_num_steps={steps}",
-            f"grpo.seed={seed}",
-            "grpo.val_period=0",
-            "grpo.val_at_start=false",
-            "grpo.val_at_end=false",
-            "checkpointing.enabled=false",
-            "logger.tensorboard_enabled=false",
-            f"logger.log_dir={out}",
-            *overrides,
-        ],
+        [*quiet_run(steps, out), f"grpo.seed={seed}", *overrides],
     )
     started = time.perf_counter()
     train(cfg, show_progress=False)

@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. grpo.seed=1")
     args = parser.parse_args()
 
+    from bench_train import quiet_run  # bench/ is on sys.path when this file runs as a script
+
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.trainer import train
@@ -44,13 +46,7 @@ def main() -> None:
         cfg = load_config(
             REPO / "recipes" / "grpo_math_tiny.yaml",
             [
-                f"grpo.max_num_steps={args.steps}",
-                "grpo.val_period=0",
-                "grpo.val_at_start=false",
-                "grpo.val_at_end=false",
-                "checkpointing.enabled=false",
-                "logger.tensorboard_enabled=false",
-                f"logger.log_dir={out}",
+                *quiet_run(args.steps, out),
                 f"data.train.data_path={REPO / 'recipes/data/arith_train.jsonl'}",
                 f"data.validation.data_path={REPO / 'recipes/data/arith_val.jsonl'}",
                 *args.overrides,

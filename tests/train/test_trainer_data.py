@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,20 +183,22 @@ def names(batch: list[Item]) -> list[str]:
     return [i.name for i in batch]
 
 
+def two_loaders(**kwargs: Any) -> TrainBatches:
+    """Letters and digits, two prompts from each per step, in file order."""
+    return TrainBatches(
+        two_datasets(),
+        num_prompts_per_step=4,
+        shuffle=False,
+        seed=0,
+        use_multiple_dataloader=True,
+        num_prompts_per_dataloader=2,
+        **kwargs,
+    )
+
+
 def test_one_dataloader_and_several_as_in_nemo_rls_guide() -> None:
     single = TrainBatches(two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0)
     assert [names(single.next_batch()) for _ in range(3)] == [list("abcd"), list("1234"), list("5678")]
-
-    def two_loaders() -> TrainBatches:
-        return TrainBatches(
-            two_datasets(),
-            num_prompts_per_step=4,
-            shuffle=False,
-            seed=0,
-            use_multiple_dataloader=True,
-            num_prompts_per_dataloader=2,
-        )
-
     several = two_loaders()
     got = [names(several.next_batch()) for _ in range(3)]
     assert got == [["a", "b", "1", "2"], ["c", "d", "3", "4"], ["a", "b", "5", "6"]]
@@ -212,26 +215,11 @@ def digits_only(loaders, num_prompts_per_dataloader, **records):
 
 
 def test_custom_dataloader_by_dotted_path_gets_the_records() -> None:
-    batches = TrainBatches(
-        two_datasets(),
-        num_prompts_per_step=4,
-        shuffle=False,
-        seed=0,
-        use_multiple_dataloader=True,
-        num_prompts_per_dataloader=2,
-        custom_dataloader=f"{__name__}.digits_only",
-    )
+    batches = two_loaders(custom_dataloader=f"{__name__}.digits_only")
     batches.set_records(reward=0.3)
     assert names(batches.next_batch()) == ["1", "2", "3", "4"]
     with pytest.raises(DataError, match="data.custom_dataloader: cannot import"):
-        TrainBatches(
-            two_datasets(),
-            num_prompts_per_step=4,
-            shuffle=False,
-            seed=0,
-            use_multiple_dataloader=True,
-            custom_dataloader="no.such.fn",
-        )
+        two_loaders(custom_dataloader="no.such.fn")
 
 
 # ---------------------------------------------------------------------------------------------- sequences

@@ -194,16 +194,7 @@ class _JsonBodies:
                 detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
                 await JSONResponse({"detail": detail}, status_code=400)(scope, receive, send)
                 return
-            replayed = False
-
-            async def replay() -> dict[str, Any]:
-                nonlocal replayed
-                if replayed:
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            await self.app(scope, replay, send)
+            await self.app(scope, _replay(body, receive), send)
             return
         await self.app(scope, receive, send)
 

@@ -20,6 +20,7 @@ import hmac
 import inspect
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -230,6 +231,20 @@ def _too_deep(value: Any, raw: bytes) -> bool:
     return False
 
 
+def _non_finite(value: Any) -> tuple[Any, ...] | None:
+    """Where the first NaN or Infinity sits in a parsed body (Python's JSON reads those bare words)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        node, here = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return here
+        if isinstance(node, dict):
+            stack.extend((v, (*here, k)) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((v, (*here, i)) for i, v in reversed(list(enumerate(node))))
+    return None
+
+
 def parse_body(raw: bytes, style: ErrorStyle) -> Any:
     """The JSON value of a request body (``_NO_BODY`` when empty); refusals raise :class:`_Refused`."""
     if not raw:
@@ -404,6 +419,12 @@ class JsonApp:
                 return json_answer(200, result)
             # As FastAPI serializes the value of a route annotated ``-> Any``: pydantic's JSON.
             return Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
+        except ValueError as exc:
+            where = _non_finite(value) if "JSON compliant" in str(exc) else None
+            if where is not None:  # the answer echoes a NaN/Infinity the request brought: the request's fault
+                error = {"type": "finite_number", "loc": ("body", *where), "msg": "Input should be a finite number"}
+                return self.errors.invalid([error], value)
+            return self.errors.failed(path, exc)
         except Exception as exc:
             return self.errors.failed(path, exc)
 

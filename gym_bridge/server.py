@@ -69,7 +69,11 @@ class Session:
 
 
 class SessionStore:
-    """Sessions by id with idle expiry and a size cap (least recently used goes first)."""
+    """Sessions by server-issued id, with idle expiry and a size cap (least recently used goes first).
+
+    Ids are 128-bit random tokens made here (:meth:`create`); :meth:`get` finds only those, so a client
+    cannot choose an id, nor reach a session whose id it was not given.
+    """
 
     def __init__(self, ttl_s: float, max_sessions: int) -> None:
         self._ttl = ttl_s
@@ -79,18 +83,24 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def get_or_create(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> Session | None:
+        """The live session with this id, or None (unknown, or idle past the TTL: then it is dropped)."""
         now = time.monotonic()
         session = self._sessions.get(session_id)
-        if session is not None and now - session.last_seen > self._ttl:
-            del self._sessions[session_id]
-            session = None
         if session is None:
-            session = Session(id=session_id)
-            self._sessions[session_id] = session
-            self._evict(now)
+            return None
+        if now - session.last_seen > self._ttl:
+            del self._sessions[session_id]
+            return None
         session.last_seen = now
         self._sessions.move_to_end(session_id)
+        return session
+
+    def create(self) -> Session:
+        """A new session under a fresh unguessable id."""
+        session = Session(id=secrets.token_urlsafe(16))
+        self._sessions[session.id] = session
+        self._evict(session.last_seen)
         return session
 
     def _evict(self, now: float) -> None:
@@ -122,6 +132,9 @@ class ResourcesServer:
     name: ClassVar[str] = "resources_server"
     verify_request_model: ClassVar[type[VerifyRequest]] = VerifyRequest
     """Subclasses may narrow this to require task fields (e.g. ``expected_answer``)."""
+    seed_request_model: ClassVar[type[BaseModel] | None] = None
+    """When set, ``/seed_session`` bodies are validated against it (422 naming the field) before
+    :meth:`seed_session` gets them as a dict; None: any JSON object (an empty body is ``{}``)."""
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
@@ -185,8 +198,8 @@ class ResourcesServer:
 
         routes = [
             Route("GET", "/health", health, open=True, raw_json=True, summary="Liveness and session count"),
-            Route("POST", "/seed_session", self.seed_session, body=dict[str, Any], default=dict,
-                  summary="Start a rollout's session from its task row"),
+            Route("POST", "/seed_session", self._seed, body=self.seed_request_model or dict[str, Any],
+                  default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
             Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
                   summary="Score a rollout"),
             Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts"),
@@ -197,20 +210,27 @@ class ResourcesServer:
         return routes
 
     def _session_of(self, cookies: list[bytes]) -> tuple[Session, list[tuple[bytes, bytes]]]:
-        """The session of the request's cookie; a request without one starts a session and sets its cookie."""
+        """The session of the request's cookie; without one this server issued (none, unknown, expired),
+        a new session whose cookie the answer sets. A client-chosen value is never adopted."""
         cookie_header = b"; ".join(cookies).decode("latin-1")
         session_id = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
-        if session_id and len(session_id) <= 128:
-            return self.sessions.get_or_create(session_id), []
-        session_id = secrets.token_urlsafe(16)
-        set_cookie = f"{SESSION_COOKIE}={session_id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
-        return self.sessions.get_or_create(session_id), [(b"set-cookie", set_cookie)]
+        session = self.sessions.get(session_id) if session_id else None
+        if session is not None:
+            return session, []
+        session = self.sessions.create()
+        set_cookie = f"{SESSION_COOKIE}={session.id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
+        return session, [(b"set-cookie", set_cookie)]
 
     def _unknown_tool(self, method: str, path: str) -> Answer | None:
         if method != "POST" or path.count("/") != 1:
             return None
         known = ", ".join(sorted(self.tools)) or "none"
         return json_answer(404, {"detail": f"unknown tool '{path[1:]}' (this server's tools: {known})"})
+
+    async def _seed(self, body: Any, session: Session) -> Any:
+        if isinstance(body, BaseModel):
+            body = body.model_dump(exclude_unset=True)
+        return await self.seed_session(body, session)
 
     async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
         return dump(await self.verify(body, session))

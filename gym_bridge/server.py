@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import secrets
 import threading
@@ -57,6 +58,10 @@ class ServerSettings(BaseModel):
     """Sessions untouched for this long are dropped."""
     max_sessions: int = 200_000
     """Oldest sessions are dropped beyond this many, so memory stays bounded."""
+    max_session_bytes: int = 64 * 1024 * 1024
+    """Total size of all sessions' state, counted as the JSON size of what ``/seed_session`` stored
+    (Python objects take a few times that in memory); past it the least recently used sessions are
+    dropped. One seeding larger than this alone is refused (413)."""
 
 
 @dataclass
@@ -66,6 +71,8 @@ class Session:
     id: str
     state: dict[str, Any] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
+    nbytes: int = 0
+    """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
 
 
 class SessionStore:
@@ -75,10 +82,13 @@ class SessionStore:
     cannot choose an id, nor reach a session whose id it was not given.
     """
 
-    def __init__(self, ttl_s: float, max_sessions: int) -> None:
+    def __init__(self, ttl_s: float, max_sessions: int, max_bytes: int | None = None) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
+        self._max_bytes = max_bytes
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.nbytes = 0
+        """Total state size of the live sessions."""
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -90,7 +100,7 @@ class SessionStore:
         if session is None:
             return None
         if now - session.last_seen > self._ttl:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         session.last_seen = now
         self._sessions.move_to_end(session_id)
@@ -103,14 +113,32 @@ class SessionStore:
         self._evict(session.last_seen)
         return session
 
+    def charge(self, session: Session, nbytes: int) -> None:
+        """Count ``nbytes`` as ``session``'s state size; drop least recently used others past the bound."""
+        if self._max_bytes is not None and nbytes > self._max_bytes:
+            raise HTTPException(
+                413, f"this session's state takes {nbytes} bytes, over the server's bound of {self._max_bytes} "
+                "bytes for all sessions (max_session_bytes)",
+            )  # fmt: skip
+        self.nbytes += nbytes - session.nbytes
+        session.nbytes = nbytes
+        while self._max_bytes is not None and self.nbytes > self._max_bytes:
+            oldest = next(iter(self._sessions))
+            if oldest == session.id:  # cannot happen while it is the most recently used, but never loop
+                break
+            self._drop(oldest)
+
+    def _drop(self, session_id: str) -> None:
+        self.nbytes -= self._sessions.pop(session_id).nbytes
+
     def _evict(self, now: float) -> None:
         while len(self._sessions) > self._max:
-            self._sessions.popitem(last=False)
+            self._drop(next(iter(self._sessions)))
         while self._sessions:
-            oldest = next(iter(self._sessions.values()))
+            oldest_id, oldest = next(iter(self._sessions.items()))
             if now - oldest.last_seen <= self._ttl:
                 break
-            self._sessions.popitem(last=False)
+            self._drop(oldest_id)
 
 
 ToolFn = Callable[[Any, BaseModel, Session], Awaitable[Any]]
@@ -138,7 +166,9 @@ class ResourcesServer:
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
-        self.sessions = SessionStore(self.settings.session_ttl_s, self.settings.max_sessions)
+        self.sessions = SessionStore(
+            self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes
+        )
         self.tools: dict[str, ToolFn] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
@@ -163,7 +193,7 @@ class ResourcesServer:
 
     def health(self) -> dict[str, Any]:
         """The ``GET /health`` answer; environments may add the state of their resources."""
-        return {"status": "ok", "server": self.name, "sessions": len(self.sessions)}
+        return {"status": "ok", "server": self.name, "sessions": len(self.sessions), "session_bytes": self.sessions.nbytes}
 
     async def startup(self) -> None:
         """Acquire resources (worker pools, sandboxes) when the server starts."""
@@ -230,10 +260,23 @@ class ResourcesServer:
     async def _seed(self, body: Any, session: Session) -> Any:
         if isinstance(body, BaseModel):
             body = body.model_dump(exclude_unset=True)
-        return await self.seed_session(body, session)
+        answer = await self.seed_session(body, session)
+        if session.state:
+            try:
+                self.sessions.charge(session, _state_bytes(session.state))
+            except HTTPException:
+                session.state.clear()
+                self.sessions.charge(session, 0)
+                raise
+        return answer
 
     async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
         return dump(await self.verify(body, session))
+
+
+def _state_bytes(state: dict[str, Any]) -> int:
+    """Size of a session's state as JSON (what the bound counts; unknown objects count as their repr)."""
+    return len(json.dumps(state, default=repr, ensure_ascii=False).encode())
 
 
 def _tool_args_model(tool_name: str, fn: ToolFn) -> type[BaseModel]:

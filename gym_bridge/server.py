@@ -54,6 +54,8 @@ class ServerSettings(BaseModel):
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 60.0
+    """A request body must arrive whole within this many seconds of its headers (else 408)."""
     session_ttl_s: float = 3600.0
     """Sessions untouched for this long are dropped."""
     max_sessions: int = 200_000
@@ -210,6 +212,7 @@ class ResourcesServer:
             self.routes(),
             title=f"gym-bridge resources server: {self.name}",
             max_body_bytes=self.settings.max_body_bytes,
+            body_timeout_s=self.settings.body_timeout_s,
             auth_token=self.settings.auth_token,
             context=self._session_of,
             not_found=self._unknown_tool,
@@ -327,15 +330,66 @@ class RunningServer:
         self.stop()
 
 
-def start_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> RunningServer:
+HEADER_TIMEOUT_S = 10.0
+"""A connection must deliver a request's whole header block this long after it opens (or after the
+request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``)."""
+
+
+def _protocol_with_header_deadline(header_timeout_s: float) -> type:
+    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time.
+
+    Why: uvicorn arms no timer on a new connection nor while headers trickle in, so 1,000 clients that
+    open connections and send a header byte now and then hold 1,000 descriptors forever.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
+        _deadline: Any = None
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def start_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0, header_timeout_s: float = HEADER_TIMEOUT_S
+) -> RunningServer:
     """Serve an ASGI app from a daemon thread on a (by default free) loopback port; return its URL."""
     import uvicorn
 
     # backlog: a burst of thousands of new connections (collect at high concurrency) must not overflow
     # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096
-    )
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096,
+        http=_protocol_with_header_deadline(header_timeout_s),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -349,10 +403,3 @@ def start_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: f
         time.sleep(0.002)  # start-up is ~5 ms: a coarse poll would dominate it
     bound_port = server.servers[0].sockets[0].getsockname()[1]
     return RunningServer(url=f"http://{host}:{bound_port}", _server=server, _thread=thread)
-
-
-def serve_forever(server: ResourcesServer) -> None:
-    """Run a resources server in the foreground (``gym-bridge serve NAME``)."""
-    import uvicorn
-
-    uvicorn.run(server.build_app(), host=server.settings.host, port=server.settings.port or 8000, log_level="info")

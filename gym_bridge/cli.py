@@ -1,4 +1,4 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``transform``, ``train``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``transform``, ``train``, ``view``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gym_bridge.commands import collect, serve, train, transform
+from gym_bridge.commands import collect, serve, train, transform, view
 
 app = typer.Typer(
     help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.",
@@ -19,6 +19,7 @@ app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.command("collect")(collect.collect)
 app.command("train")(train.train)
+app.command("view")(view.view)
 
 
 def main() -> None:

@@ -135,61 +135,62 @@ class RolloutIndex:
             return len(table) - 1
 
     def _scan(self) -> None:
+        """The one pass; hot for large files, so attribute look-ups are hoisted out of the loop."""
         fail_codes: dict[str, int] = {}
         env_codes: dict[str, int] = {}
-        offset = 0
-        with open(self.path, "rb") as f:
-            lineno = 0
+        task_ids = self._task_ids
+        add_offset, add_length, add_lineno = self.offsets.append, self.lengths.append, self.linenos.append
+        add_task, add_reward, add_failure = self.task_of.append, self.rewards.append, self.failure_codes.append
+        add_answer, add_in, add_out = self.answer_hashes.append, self.input_tokens.append, self.output_tokens.append
+        cap = 2**31 - 1
+        offset = lineno = 0
+        with open(self.path, "rb", buffering=1 << 20) as f:
+            readline = f.readline
             while offset < self.size:
-                raw = f.readline(MAX_LINE_BYTES + 1)
+                raw = readline(MAX_LINE_BYTES + 1)
                 if not raw:
                     break
                 lineno += 1
                 start = offset
                 offset += len(raw)
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    while raw and not raw.endswith(b"\n"):
-                        raw = f.readline(1024 * 1024)
+                if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
+                    while raw and raw[-1:] != b"\n":
+                        raw = readline(1024 * 1024)
                         offset += len(raw)
                     self._bad(lineno, f"line longer than {MAX_LINE_BYTES} bytes")
                     continue
-                if lineno % 4096 == 0:
+                if not lineno & 4095:
                     self.bytes_done, self.lines_done = offset, lineno
-                if not raw.strip():
-                    continue
                 try:
                     s = summarize(raw)
                 except DecodeError as e:
-                    self._bad(lineno, str(e))
+                    if raw.strip():
+                        self._bad(lineno, str(e))
                     continue
-                tid = self._task_ids.get(s.group_key)
+                tid = task_ids.get(s.group_key)
                 if tid is None:
-                    tid = self._task_ids[s.group_key] = len(self.task_prompt_keys)
+                    tid = task_ids[s.group_key] = len(self.task_prompt_keys)
                     self.task_prompt_keys.append(s.prompt_key)
                     self.task_index.append(s.task_index)
                     code = env_codes.get(s.env)
                     if code is None:
                         code = env_codes[s.env] = self._code(self.envs, s.env)
                     self.task_env.append(code)
-                self.offsets.append(start)
-                self.lengths.append(len(raw))
-                self.linenos.append(lineno)
-                self.task_of.append(tid)
-                self.rewards.append(s.reward)
+                add_offset(start)
+                add_length(len(raw))
+                add_lineno(lineno)
+                add_task(tid)
+                add_reward(s.reward)
                 if s.failure_kind is None:
-                    self.failure_codes.append(-1)
+                    add_failure(-1)
                 else:
                     code = fail_codes.get(s.failure_kind)
                     if code is None:
                         code = fail_codes[s.failure_kind] = self._code(self.failure_kinds, s.failure_kind)
-                    self.failure_codes.append(code)
-                if s.answer is None:
-                    self.answer_hashes.append(NO_ANSWER)
-                else:
-                    h = hash(s.answer) or 1
-                    self.answer_hashes.append(h)
-                self.input_tokens.append(min(s.input_tokens, 2**31 - 1))
-                self.output_tokens.append(min(s.output_tokens, 2**31 - 1))
+                    add_failure(code)
+                add_answer(NO_ANSWER if s.answer is None else hash(s.answer) or 1)
+                add_in(min(s.input_tokens, cap))
+                add_out(min(s.output_tokens, cap))
         self.bytes_done, self.lines_done = offset, lineno
 
     def _finish_tasks(self) -> None:

@@ -37,6 +37,8 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 100
 TOKEN_COOKIE = "gym_bridge_view_token"
 RAW_INLINE_LIMIT = 200_000
+GROUP_SHOWN = 64  # rollouts of one task shown side by side (a group larger than this is cut, and says so)
+MAX_ADVANTAGE_GROUP = 2048  # compute_advantages builds a (b, b) matrix: beyond this, no advantages
 SORT_KEYS = ("task", "env", "n", "reward", "pass1", "passk", "majority", "failures", "tokens")
 
 
@@ -248,9 +250,12 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             return waiting
         if not 0 <= tid < index.num_tasks:
             raise HTTPException(404, f"tid: no task {tid} in {index.name} (it has {index.num_tasks})")
-        rids = index.task_records(tid)
+        all_rids = index.task_records(tid)
+        rids = all_rids[:GROUP_SHOWN]
         records = [index.read(r) for r in rids]
-        computed = group_advantages([index.rewards[r] for r in rids])
+        computed = None
+        if len(all_rids) <= MAX_ADVANTAGE_GROUP:
+            computed = group_advantages([index.rewards[r] for r in all_rids])
         decode = _decoder(viewer)
         columns = []
         for i, (rid, rec) in enumerate(zip(rids, records, strict=True)):
@@ -280,7 +285,9 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             prompt=prompt_text(records[0], decode),
             kind=record_kind(records[0]),
             columns=columns,
-            torch_missing=computed is None,
+            torch_missing=computed is None and len(all_rids) <= MAX_ADVANTAGE_GROUP,
+            too_big=len(all_rids) > MAX_ADVANTAGE_GROUP,
+            hidden=len(all_rids) - len(rids),
             settings=ADVANTAGE_SETTINGS,
         )
 

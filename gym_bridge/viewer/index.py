@@ -13,6 +13,7 @@ The pass can run in a thread (:meth:`RolloutIndex.build`) while the app answers 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from array import array
@@ -29,6 +30,8 @@ __all__ = ["BadLine", "RolloutIndex", "TaskRow"]
 MAX_LINE_BYTES = 64 * 1024 * 1024
 KEPT_BAD_LINES = 50
 NO_ANSWER = 0  # answer-hash column value of "no extracted answer"
+DETAILS_KEPT = 1024  # per-task summaries cached (memory stays bounded whatever is browsed)
+MAJORITY_UNKNOWN = -1.0  # not computed yet (NaN: computed, no answers to vote on)
 
 
 @dataclass
@@ -232,21 +235,30 @@ class RolloutIndex:
         self.task_out_tokens = array("d", (out_tokens[t] / n[t] for t in range(n_tasks)))
         self.task_in_tokens = array("d", (in_tokens[t] / n[t] for t in range(n_tasks)))
         self._details: dict[int, dict[str, Any]] = {}
+        self._majority = array("d", [MAJORITY_UNKNOWN]) * n_tasks
         self._summary = self._file_summary()
 
     def task_details(self, tid: int) -> dict[str, Any]:
-        """:func:`~gym_bridge.viewer.groups.task_summary` of one task (computed on first use, then kept)."""
+        """:func:`~gym_bridge.viewer.groups.task_summary` of one task (the last few are kept)."""
         details = self._details.get(tid)
         if details is None:
             rids = self.task_records(tid)
             answers = [None if self.answer_hashes[r] == NO_ANSWER else str(self.answer_hashes[r]) for r in rids]
             details = task_summary([self.rewards[r] for r in rids], answers, [self._failure(r) for r in rids])
             self._details[tid] = details
+            if len(self._details) > DETAILS_KEPT:
+                self._details.pop(next(iter(self._details)))
         return details
 
     def majority(self, tid: int) -> float | None:
-        """majority@k of a task (k = its rollouts; None when no rollout reports an extracted answer)."""
-        return self.task_details(tid).get(f"majority@{self.task_n[tid]}")
+        """majority@k of a task (k = its rollouts; None when no rollout reports an extracted answer).
+
+        Kept per task once computed (sorting by it computes every task's once)."""
+        value = self._majority[tid]
+        if value == MAJORITY_UNKNOWN:
+            found = self.task_details(tid).get(f"majority@{self.task_n[tid]}")
+            value = self._majority[tid] = math.nan if found is None else found
+        return None if math.isnan(value) else value
 
     def task_row(self, tid: int) -> TaskRow:
         details = self.task_details(tid)
@@ -260,7 +272,7 @@ class RolloutIndex:
             mean_reward=self.task_mean_reward[tid],
             pass_1=self.task_pass_1[tid],
             pass_k=self.task_pass_k[tid],
-            majority_k=details.get(f"majority@{n}"),
+            majority_k=self.majority(tid),
             failures=details["failure_kinds"],
             mean_output_tokens=self.task_out_tokens[tid],
             mean_input_tokens=self.task_in_tokens[tid],

@@ -188,3 +188,24 @@ print("heavy:", heavy)
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "heavy: []" in out.stdout
+
+
+def test_a_huge_group_is_cut_on_its_page_and_says_so(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gym_bridge.viewer.app import GROUP_SHOWN, Viewer, build_app
+
+    recs = [rollout(0, r, float(r % 2), str(r % 3)) for r in range(GROUP_SHOWN + 6)]
+    viewer = Viewer.for_paths([write_jsonl(tmp_path / "big.jsonl", recs)])
+    viewer.files["a"].build()
+    client = TestClient(build_app(viewer))
+    page = client.get("/f/a/task/0").text
+    assert page.count('<article class="rollout') == GROUP_SHOWN
+    assert f"The first {GROUP_SHOWN} of {GROUP_SHOWN + 6} rollouts are shown." in page
+    for url, status, detail in [("/f/a/task/1", 404, "no task 1"), ("/f/a/task/-1", 404, "no task -1"),
+                                ("/f/zz", 404, "no file"), ("/f/a/rollout/999.json", 404, "no rollout 999"),
+                                ("/f/a?page=0", 422, "page"), ("/f/a?sort=nope", 422, "sort"),
+                                ("/compare", 404, "two rollout files"), ("/run", 404, "not viewing a training run")]:
+        answer = client.get(url)
+        assert answer.status_code == status, url
+        assert detail in answer.text, url

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.requests import cookie_parser
 
+from gym_bridge.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
 from gym_bridge.fast_routes import (
     Answer,
     BodyTooLarge,
@@ -50,7 +51,7 @@ from gym_bridge.fast_routes import (
     read_body,
     send_answer,
 )
-from gym_bridge.schema import RolloutRecord, VerifyRequest, VerifyResponse, dump
+from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
 
 SESSION_COOKIE = "gym_bridge_session"
 
@@ -418,8 +419,12 @@ class ResourcesServer:
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         raise NotImplementedError
 
+    reverify_mode: str = "unknown"
+    """NeMo Gym's ``ReverifyMode`` for ``GET /reverify_mode``: ``stateless`` when ``/verify`` needs only the
+    stored record (re-scoring a file is sound), ``unsupported`` when it needs the rollout's session state."""
+
     def aggregate_metrics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Metrics over verified rollouts (mean reward, pass@k, ...); environments may add their own."""
+        """The environment's own summary (mean reward, pass@k, ...), put into ``agent_metrics`` of the answer."""
         from gym_bridge.metrics import aggregate_rewards
 
         return aggregate_rewards(records)
@@ -496,18 +501,15 @@ class ResourcesServer:
 
         @app.post("/aggregate_metrics")
         async def aggregate_metrics(body: Any = Body(...)) -> Any:
-            records = body.get("verify_responses", body.get("rollouts")) if isinstance(body, dict) else body
-            if not isinstance(records, list):
-                raise HTTPException(422, "body must be a list of verify responses or {'verify_responses': [...]}")
-            for i, rec in enumerate(records):
-                if not isinstance(rec, dict):
-                    raise HTTPException(422, f"verify_responses.{i}: expected an object")
-                try:
-                    RolloutRecord.model_validate(rec)
-                except ValidationError as e:
-                    prefixed = [{**err, "loc": ("verify_responses", i, *err["loc"])} for err in e.errors()]
-                    raise HTTPException(422, _format_validation_errors(prefixed)) from None
-            return await asyncio.to_thread(self.aggregate_metrics, records)
+            try:
+                records = parse_aggregate_request(body)
+            except AggregateRequestError as e:
+                raise HTTPException(422, str(e)) from None
+            return await asyncio.to_thread(nemo_gym_aggregate, records, self.aggregate_metrics)
+
+        @app.get("/reverify_mode")
+        async def reverify_mode() -> str:
+            return self.reverify_mode
 
         routes = {
             "/seed_session": JsonRoute(_DICT_BODY, self.seed_session, default=dict),

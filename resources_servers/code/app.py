@@ -97,6 +97,7 @@ class CodeVerifyRequest(VerifyRequest):
 
 class CodeServer(ResourcesServer):
     name = "code"
+    reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = CodeVerifyRequest
 
     def __init__(self, settings: ServerSettings | None = None, config: CodeConfig | None = None) -> None:

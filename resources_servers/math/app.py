@@ -103,6 +103,7 @@ class MathServer(ResourcesServer):
     """Math answers checked with math-verify; see the module docstring."""
 
     name = "math"
+    reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = MathVerifyRequest
 
     def __init__(self, settings: ServerSettings | None = None, config: MathConfig | None = None) -> None:

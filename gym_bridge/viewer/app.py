@@ -9,6 +9,7 @@ record, ``/compare`` two files, ``/run`` a training run's curves and per-step sa
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import math
@@ -112,12 +113,19 @@ def _clip(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
-    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background)."""
-    app = FastAPI(title="gym-bridge view", docs_url=None, redoc_url=None, openapi_url=None)
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """The page templates, compiled once per process (every app shares them)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["fmt"] = _fmt
     templates.env.filters["clip"] = _clip
+    return templates
+
+
+def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
+    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background)."""
+    app = FastAPI(title="gym-bridge view", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = _templates()
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     expected = f"Bearer {token}" if token else None
 

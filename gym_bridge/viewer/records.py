@@ -114,7 +114,8 @@ class _Usage(msgspec.Struct):
 
 class _Response(msgspec.Struct):
     usage: _Usage | None = None
-    output: list[_OutputItem] = []
+    output: msgspec.Raw = msgspec.Raw(b"[]")
+    """Kept raw: decoded (by :data:`_OUTPUT_DECODER`) only when ``usage`` gives no output token count."""
 
 
 class _Line(msgspec.Struct):
@@ -142,8 +143,23 @@ class _Line(msgspec.Struct):
 
 
 _LINE_DECODER = msgspec.json.Decoder(_Line)
+_OUTPUT_DECODER = msgspec.json.Decoder(list[_OutputItem | list[Any] | str | int | float | bool | None])
+"""Output items; NeMo Gym's files hold some that are not objects (aviary), which pass through."""
 DecodeError = msgspec.DecodeError
 """Raised by :func:`summarize` for a line that is not a JSON object of a known shape (says where)."""
+
+
+def _generated_tokens(output: msgspec.Raw) -> int:
+    """Generated token ids over a response's output items (0 when ``output`` is not a list)."""
+    try:
+        items = _OUTPUT_DECODER.decode(output)
+    except msgspec.DecodeError:
+        return 0
+    return sum(
+        len(i.generation_token_ids)
+        for i in items
+        if i.__class__ is _OutputItem and isinstance(i.generation_token_ids, list)
+    )
 
 
 def _line_kind(line: _Line) -> str:
@@ -206,11 +222,7 @@ def summarize(raw: bytes) -> RecordSummary:
         if usage is not None:
             input_tokens, output_tokens = _count(usage.input_tokens), _count(usage.output_tokens)
         if not output_tokens:
-            output_tokens = sum(
-                len(i.generation_token_ids)
-                for i in response.output  # type: ignore[union-attr]
-                if isinstance(i.generation_token_ids, list)
-            )
+            output_tokens = _generated_tokens(response.output)  # type: ignore[union-attr]
     elif kind == "nemo_rl_tokens" and isinstance(line.token_loss_mask, list):
         output_tokens = sum(1 for m in line.token_loss_mask if m)
         input_tokens = len(line.token_loss_mask) - output_tokens

@@ -9,6 +9,7 @@ record, ``/compare`` two files, ``/run`` a training run's curves and per-step sa
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import math
@@ -37,6 +38,8 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 100
 TOKEN_COOKIE = "gym_bridge_view_token"
 RAW_INLINE_LIMIT = 200_000
+GROUP_SHOWN = 64  # rollouts of one task shown side by side (a group larger than this is cut, and says so)
+MAX_ADVANTAGE_GROUP = 2048  # compute_advantages builds a (b, b) matrix: beyond this, no advantages
 SORT_KEYS = ("task", "env", "n", "reward", "pass1", "passk", "majority", "failures", "tokens")
 
 
@@ -110,12 +113,19 @@ def _clip(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
-    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background)."""
-    app = FastAPI(title="gym-bridge view", docs_url=None, redoc_url=None, openapi_url=None)
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """The page templates, compiled once per process (every app shares them)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["fmt"] = _fmt
     templates.env.filters["clip"] = _clip
+    return templates
+
+
+def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
+    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background)."""
+    app = FastAPI(title="gym-bridge view", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = _templates()
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     expected = f"Bearer {token}" if token else None
 
@@ -248,9 +258,12 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             return waiting
         if not 0 <= tid < index.num_tasks:
             raise HTTPException(404, f"tid: no task {tid} in {index.name} (it has {index.num_tasks})")
-        rids = index.task_records(tid)
+        all_rids = index.task_records(tid)
+        rids = all_rids[:GROUP_SHOWN]
         records = [index.read(r) for r in rids]
-        computed = group_advantages([index.rewards[r] for r in rids])
+        computed = None
+        if len(all_rids) <= MAX_ADVANTAGE_GROUP:
+            computed = group_advantages([index.rewards[r] for r in all_rids])
         decode = _decoder(viewer)
         columns = []
         for i, (rid, rec) in enumerate(zip(rids, records, strict=True)):
@@ -280,7 +293,9 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             prompt=prompt_text(records[0], decode),
             kind=record_kind(records[0]),
             columns=columns,
-            torch_missing=computed is None,
+            torch_missing=computed is None and len(all_rids) <= MAX_ADVANTAGE_GROUP,
+            too_big=len(all_rids) > MAX_ADVANTAGE_GROUP,
+            hidden=len(all_rids) - len(rids),
             settings=ADVANTAGE_SETTINGS,
         )
 

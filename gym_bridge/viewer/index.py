@@ -13,6 +13,7 @@ The pass can run in a thread (:meth:`RolloutIndex.build`) while the app answers 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from array import array
@@ -29,6 +30,8 @@ __all__ = ["BadLine", "RolloutIndex", "TaskRow"]
 MAX_LINE_BYTES = 64 * 1024 * 1024
 KEPT_BAD_LINES = 50
 NO_ANSWER = 0  # answer-hash column value of "no extracted answer"
+DETAILS_KEPT = 1024  # per-task summaries cached (memory stays bounded whatever is browsed)
+MAJORITY_UNKNOWN = -1.0  # not computed yet (NaN: computed, no answers to vote on)
 
 
 @dataclass
@@ -135,61 +138,62 @@ class RolloutIndex:
             return len(table) - 1
 
     def _scan(self) -> None:
+        """The one pass; hot for large files, so attribute look-ups are hoisted out of the loop."""
         fail_codes: dict[str, int] = {}
         env_codes: dict[str, int] = {}
-        offset = 0
-        with open(self.path, "rb") as f:
-            lineno = 0
+        task_ids = self._task_ids
+        add_offset, add_length, add_lineno = self.offsets.append, self.lengths.append, self.linenos.append
+        add_task, add_reward, add_failure = self.task_of.append, self.rewards.append, self.failure_codes.append
+        add_answer, add_in, add_out = self.answer_hashes.append, self.input_tokens.append, self.output_tokens.append
+        cap = 2**31 - 1
+        offset = lineno = 0
+        with open(self.path, "rb", buffering=1 << 20) as f:
+            readline = f.readline
             while offset < self.size:
-                raw = f.readline(MAX_LINE_BYTES + 1)
+                raw = readline(MAX_LINE_BYTES + 1)
                 if not raw:
                     break
                 lineno += 1
                 start = offset
                 offset += len(raw)
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    while raw and not raw.endswith(b"\n"):
-                        raw = f.readline(1024 * 1024)
+                if len(raw) > MAX_LINE_BYTES and raw[-1:] != b"\n":
+                    while raw and raw[-1:] != b"\n":
+                        raw = readline(1024 * 1024)
                         offset += len(raw)
                     self._bad(lineno, f"line longer than {MAX_LINE_BYTES} bytes")
                     continue
-                if lineno % 4096 == 0:
+                if not lineno & 4095:
                     self.bytes_done, self.lines_done = offset, lineno
-                if not raw.strip():
-                    continue
                 try:
                     s = summarize(raw)
                 except DecodeError as e:
-                    self._bad(lineno, str(e))
+                    if raw.strip():
+                        self._bad(lineno, str(e))
                     continue
-                tid = self._task_ids.get(s.group_key)
+                tid = task_ids.get(s.group_key)
                 if tid is None:
-                    tid = self._task_ids[s.group_key] = len(self.task_prompt_keys)
+                    tid = task_ids[s.group_key] = len(self.task_prompt_keys)
                     self.task_prompt_keys.append(s.prompt_key)
                     self.task_index.append(s.task_index)
                     code = env_codes.get(s.env)
                     if code is None:
                         code = env_codes[s.env] = self._code(self.envs, s.env)
                     self.task_env.append(code)
-                self.offsets.append(start)
-                self.lengths.append(len(raw))
-                self.linenos.append(lineno)
-                self.task_of.append(tid)
-                self.rewards.append(s.reward)
+                add_offset(start)
+                add_length(len(raw))
+                add_lineno(lineno)
+                add_task(tid)
+                add_reward(s.reward)
                 if s.failure_kind is None:
-                    self.failure_codes.append(-1)
+                    add_failure(-1)
                 else:
                     code = fail_codes.get(s.failure_kind)
                     if code is None:
                         code = fail_codes[s.failure_kind] = self._code(self.failure_kinds, s.failure_kind)
-                    self.failure_codes.append(code)
-                if s.answer is None:
-                    self.answer_hashes.append(NO_ANSWER)
-                else:
-                    h = hash(s.answer) or 1
-                    self.answer_hashes.append(h)
-                self.input_tokens.append(min(s.input_tokens, 2**31 - 1))
-                self.output_tokens.append(min(s.output_tokens, 2**31 - 1))
+                    add_failure(code)
+                add_answer(NO_ANSWER if s.answer is None else hash(s.answer) or 1)
+                add_in(min(s.input_tokens, cap))
+                add_out(min(s.output_tokens, cap))
         self.bytes_done, self.lines_done = offset, lineno
 
     def _finish_tasks(self) -> None:
@@ -231,21 +235,30 @@ class RolloutIndex:
         self.task_out_tokens = array("d", (out_tokens[t] / n[t] for t in range(n_tasks)))
         self.task_in_tokens = array("d", (in_tokens[t] / n[t] for t in range(n_tasks)))
         self._details: dict[int, dict[str, Any]] = {}
+        self._majority = array("d", [MAJORITY_UNKNOWN]) * n_tasks
         self._summary = self._file_summary()
 
     def task_details(self, tid: int) -> dict[str, Any]:
-        """:func:`~gym_bridge.viewer.groups.task_summary` of one task (computed on first use, then kept)."""
+        """:func:`~gym_bridge.viewer.groups.task_summary` of one task (the last few are kept)."""
         details = self._details.get(tid)
         if details is None:
             rids = self.task_records(tid)
             answers = [None if self.answer_hashes[r] == NO_ANSWER else str(self.answer_hashes[r]) for r in rids]
             details = task_summary([self.rewards[r] for r in rids], answers, [self._failure(r) for r in rids])
             self._details[tid] = details
+            if len(self._details) > DETAILS_KEPT:
+                self._details.pop(next(iter(self._details)))
         return details
 
     def majority(self, tid: int) -> float | None:
-        """majority@k of a task (k = its rollouts; None when no rollout reports an extracted answer)."""
-        return self.task_details(tid).get(f"majority@{self.task_n[tid]}")
+        """majority@k of a task (k = its rollouts; None when no rollout reports an extracted answer).
+
+        Kept per task once computed (sorting by it computes every task's once)."""
+        value = self._majority[tid]
+        if value == MAJORITY_UNKNOWN:
+            found = self.task_details(tid).get(f"majority@{self.task_n[tid]}")
+            value = self._majority[tid] = math.nan if found is None else found
+        return None if math.isnan(value) else value
 
     def task_row(self, tid: int) -> TaskRow:
         details = self.task_details(tid)
@@ -259,7 +272,7 @@ class RolloutIndex:
             mean_reward=self.task_mean_reward[tid],
             pass_1=self.task_pass_1[tid],
             pass_k=self.task_pass_k[tid],
-            majority_k=details.get(f"majority@{n}"),
+            majority_k=self.majority(tid),
             failures=details["failure_kinds"],
             mean_output_tokens=self.task_out_tokens[tid],
             mean_input_tokens=self.task_in_tokens[tid],

@@ -107,9 +107,15 @@ class _OutputItem(msgspec.Struct):
     generation_token_ids: Any = None
 
 
+class _Usage(msgspec.Struct):
+    input_tokens: Any = None
+    output_tokens: Any = None
+
+
 class _Response(msgspec.Struct):
-    usage: Any = None
-    output: list[_OutputItem] = []
+    usage: _Usage | None = None
+    output: msgspec.Raw = msgspec.Raw(b"[]")
+    """Kept raw: decoded (by :data:`_OUTPUT_DECODER`) only when ``usage`` gives no output token count."""
 
 
 class _Line(msgspec.Struct):
@@ -137,8 +143,23 @@ class _Line(msgspec.Struct):
 
 
 _LINE_DECODER = msgspec.json.Decoder(_Line)
+_OUTPUT_DECODER = msgspec.json.Decoder(list[_OutputItem | list[Any] | str | int | float | bool | None])
+"""Output items; NeMo Gym's files hold some that are not objects (aviary), which pass through."""
 DecodeError = msgspec.DecodeError
 """Raised by :func:`summarize` for a line that is not a JSON object of a known shape (says where)."""
+
+
+def _generated_tokens(output: msgspec.Raw) -> int:
+    """Generated token ids over a response's output items (0 when ``output`` is not a list)."""
+    try:
+        items = _OUTPUT_DECODER.decode(output)
+    except msgspec.DecodeError:
+        return 0
+    return sum(
+        len(i.generation_token_ids)
+        for i in items
+        if i.__class__ is _OutputItem and isinstance(i.generation_token_ids, list)
+    )
 
 
 def _line_kind(line: _Line) -> str:
@@ -181,41 +202,41 @@ def summarize(raw: bytes) -> RecordSummary:
     kind = _line_kind(line)
     prompt_key = _prompt_key(line, kind)
     task_index = line._ng_task_index
-    task_index = task_index if isinstance(task_index, int) and not isinstance(task_index, bool) else -1
-    group_key = hash(("task", task_index)) if task_index >= 0 else prompt_key
-    if isinstance(line._gb_group, int):  # a training step's sample log: its GRPO group
+    if task_index.__class__ is not int or task_index < 0:
+        task_index = -1
+    if line._gb_group.__class__ is int:  # a training step's sample log: its GRPO group
         group_key = hash(("group", line._gb_group))
+    else:
+        group_key = hash(("task", task_index)) if task_index >= 0 else prompt_key
     reward = _float(line.rewards if kind == "nemo_rl_tokens" else line.reward)
     failure = line.failure_kind
-    env = ""
-    if isinstance(line.agent_ref, dict) and isinstance(line.agent_ref.get("name"), str):
-        env = line.agent_ref["name"]
+    agent = line.agent_ref
+    if agent.__class__ is dict and agent.get("name").__class__ is str:
+        env = agent["name"]
     else:
         env = next((v for v in (line.env, line.task_name, line.dataset_names) if isinstance(v, str)), "")
     input_tokens = output_tokens = 0
     response = line.response
-    if isinstance(response, _Response):
-        if isinstance(response.usage, dict):
-            input_tokens = _count(response.usage.get("input_tokens"))
-            output_tokens = _count(response.usage.get("output_tokens"))
+    if response.__class__ is _Response:
+        usage = response.usage  # type: ignore[union-attr]
+        if usage is not None:
+            input_tokens, output_tokens = _count(usage.input_tokens), _count(usage.output_tokens)
         if not output_tokens:
-            output_tokens = sum(
-                len(i.generation_token_ids) for i in response.output if isinstance(i.generation_token_ids, list)
-            )
+            output_tokens = _generated_tokens(response.output)  # type: ignore[union-attr]
     elif kind == "nemo_rl_tokens" and isinstance(line.token_loss_mask, list):
         output_tokens = sum(1 for m in line.token_loss_mask if m)
         input_tokens = len(line.token_loss_mask) - output_tokens
     answer = line.extracted_answer
     return RecordSummary(
-        group_key=group_key,
-        prompt_key=prompt_key,
-        task_index=task_index,
-        reward=reward,
-        failure_kind=failure if isinstance(failure, str) and failure else None,
-        env=env,
-        answer=None if answer is None else str(answer),
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
+        group_key,
+        prompt_key,
+        task_index,
+        reward,
+        failure if failure.__class__ is str and failure else None,
+        env,
+        None if answer is None else answer if answer.__class__ is str else str(answer),
+        input_tokens,
+        output_tokens,
     )
 
 

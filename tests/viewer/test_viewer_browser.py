@@ -32,7 +32,7 @@ def test_overview_shows_counts_and_filters(serve, page, tmp_path: Path) -> None:
     assert _task_labels(page) == ["#0", "#1", "#2", "#3"]
     page.click("#bad-line-list summary")
     bad = page.inner_text("#bad-line-list")
-    assert f"{a}:15" in bad and f"{a}:16" in bad and "expected a JSON object" not in bad or "array" in bad
+    assert f"{a}:15: JSON is malformed" in bad and f"{a}:16: Expected `object`, got `array`" in bad
     row0 = page.locator('#tasks tbody tr[data-tid="0"] td').all_inner_texts()
     assert row0[3:8] == ["4", "0.250", "0.250", "1.000", "0.000"]  # n, mean, pass@1, pass@4, majority@4
     page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)

@@ -1,4 +1,4 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``transform``, ``train``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``train``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from gym_bridge.commands import collect, serve, train, transform
+from gym_bridge.commands import collect, reverify, serve, train, transform
 
 app = typer.Typer(
     help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.",
@@ -18,6 +18,7 @@ app = typer.Typer(
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.command("collect")(collect.collect)
+app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)
 
 

@@ -1,4 +1,4 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``transform``, ``train``, ``view``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``train``, ``view``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
@@ -10,13 +10,14 @@ from typing import Annotated
 import typer
 
 import gym_bridge
-from gym_bridge.commands import collect, serve, train, transform, view
+from gym_bridge.commands import collect, reverify, serve, train, transform, view
 from gym_bridge.commands.typer_app import App
 
 app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.", no_args_is_help=True)
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.command("collect")(collect.collect)
+app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)
 app.command("view")(view.view)
 

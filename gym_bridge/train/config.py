@@ -627,11 +627,13 @@ class EnvConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     """Most agent steps (model calls) per rollout; null means grpo.max_rollout_turns. Default null."""
 
-    num_workers: int = Field(8, ge=1)
-    """Concurrent scoring requests. Default 8."""
+    num_workers: int | None = Field(None, ge=1)
+    """Worker pool of the built-in server (math: verifier processes; code: sandboxes at once); refused
+    for a url or a server without a pool. Null keeps the server's own (one per CPU core). Default null."""
 
     timeout_s: float = Field(60.0, gt=0.0)
-    """Seconds before a scoring request fails. Default 60."""
+    """Seconds one attempt of a request to this environment (session set-up, tool call, /verify) may
+    take; three attempts, then the rollout fails. Default 60."""
 
     config: dict[str, Any] = Field(default_factory=dict)
     """Settings passed to the built-in server. Default {}."""
@@ -790,6 +792,12 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
         )
     if policy.generation.backend == "vllm" and cfg.cluster.gpus_per_node < 1:
         problems.append("policy.generation.backend 'vllm' needs a GPU: set cluster.gpus_per_node >= 1")
+    for name, env in cfg.env.items():
+        if env.url is not None and env.num_workers is not None:
+            problems.append(
+                f"env.{name}.num_workers sizes a built-in server's worker pool; the server at "
+                f"env.{name}.url runs its own"
+            )
     if grpo.async_grpo.enabled and grpo.mode != "online":
         problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
     if cfg.data.use_multiple_dataloader:

@@ -44,7 +44,8 @@ from gym_bridge.train.data import (
     load_offline_groups,
     load_prompts,
 )
-from gym_bridge.train.logging import MetricsLogger, TerminalView, plot_curves
+from gym_bridge.train.logging import TerminalView, open_metrics_logger, plot_curves
+from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.rollouts import (
     RolloutJob,
     RolloutRunner,
@@ -520,12 +521,12 @@ class OnlineSampler:
         return sample
 
     def _hit_length_limit(self, token_ids: list[int], mask: list[int]) -> bool:
-        """The last turn ended without an end-of-turn token (and so was cut off)."""
-        eos = self.tokenizer.eos_token_id
+        """The last turn ended without an end-of-turn or stop token (and so was cut off)."""
+        stops = {self.tokenizer.eos_token_id, *(self.cfg.policy.generation.stop_token_ids or ())}
         generated = [t for t, m in zip(token_ids, mask, strict=True) if m]
         return (
             bool(generated)
-            and generated[-1] != eos
+            and generated[-1] not in stops
             and len(token_ids) >= self.cfg.policy.max_total_sequence_length
         )
 
@@ -652,6 +653,7 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
     from gym_bridge.envs import running_env
     from gym_bridge.policy.server import build_policy_app
     from gym_bridge.server import start_in_thread
+    from gym_bridge.train.config import ConfigError
 
     env_urls: dict[str, str] = {}
     max_steps: dict[str, int | None] = {}
@@ -659,7 +661,13 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
         if env.url is not None:
             env_urls[name] = env.url.rstrip("/")
         else:
-            env_urls[name] = stack.enter_context(running_env(env.server or name, **env.config))
+            try:
+                started = running_env(env.server or name, workers=env.num_workers, **env.config)
+                env_urls[name] = stack.enter_context(started)
+            except ValueError as err:
+                if env.num_workers is None or "worker pool" not in str(err):
+                    raise
+                raise ConfigError([f"env.{name}.num_workers: {err}"]) from None
         max_steps[name] = env.max_steps or cfg.grpo.max_rollout_turns
     generation = cfg.policy.generation
     app = build_policy_app(
@@ -690,6 +698,7 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
         max_steps=max_steps,
         overrides=overrides,
         max_concurrency=max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt),
+        env_timeouts_s={name: env.timeout_s for name, env in cfg.env.items()},
     )
     stack.callback(runner.close)
     return runner
@@ -852,6 +861,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
     from gym_bridge.train.loss import ClippedPGLossFn
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
+    check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
     grpo, policy = cfg.grpo, cfg.policy
     online = grpo.mode == "online"
 
@@ -937,9 +947,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         validations = list(restored["info"].get("validations", []))
 
     log_dir = Path(cfg.logger.log_dir)
-    logger = MetricsLogger(
-        log_dir, tensorboard=cfg.logger.tensorboard_enabled, resume_step=step if resume else None
-    )
+    logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     if resume is not None:
         view.print(f"resuming from {resume.path} (step {step})")
@@ -969,6 +977,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 "model_name": "policy",
                 "seed": grpo.seed,
                 "max_context": policy.max_total_sequence_length,
+                "stop_token_ids": policy.generation.stop_token_ids or (),
             }
             if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
                 from gym_bridge.generation.ray_backend import RayBackend
@@ -983,6 +992,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 generator = VllmBackend(
                     resolve_model(policy.model_name).path,
                     model_name="policy",
+                    stop_token_ids=policy.generation.stop_token_ids or (),
                     tensor_parallel_size=engine.tensor_parallel_size,
                     gpu_memory_utilization=engine.gpu_memory_utilization,
                     max_model_len=engine.max_model_len or policy.max_total_sequence_length,

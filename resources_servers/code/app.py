@@ -98,6 +98,8 @@ class CodeVerifyRequest(VerifyRequest):
 class CodeServer(ResourcesServer):
     name = "code"
     verify_request_model = CodeVerifyRequest
+    workers_setting = "max_concurrency"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (sandboxes at once)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: CodeConfig | None = None) -> None:
         super().__init__(settings)

@@ -104,6 +104,8 @@ class MathServer(ResourcesServer):
 
     name = "math"
     verify_request_model = MathVerifyRequest
+    workers_setting = "pool_size"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (verifier worker processes)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: MathConfig | None = None) -> None:
         super().__init__(settings)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +132,7 @@ def open_wandb_run(cfg: MasterConfig, log_dir: Path, *, resuming: bool) -> Any:
     id_file = log_dir / WANDB_RUN_ID_FILE
     run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
     if not run_id:
-        run_id = wandb.util.generate_id()
+        run_id = secrets.token_hex(4)  # W&B run ids: lower-case letters and digits
         id_file.write_text(run_id + "\n")
     return wandb.init(
         project=cfg.logger.wandb.project,

@@ -44,7 +44,7 @@ def train(
 
     try:
         result = run_training(cfg, show_progress=not quiet)
-    except (DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
+    except (ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")

@@ -117,6 +117,8 @@ class MathServer(ResourcesServer):
     reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = MathVerifyRequest
     seed_request_model = MathSeedRequest
+    workers_setting = "pool_size"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (verifier worker processes)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: MathConfig | None = None) -> None:
         super().__init__(settings)

@@ -10,13 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gym_bridge.schema import content_text, dump
+from gym_bridge.schema import content_text, item_dict
 
 _ROLE_MAP = {"developer": "system"}
-
-
-def _as_dict(item: Any) -> dict[str, Any]:
-    return item if isinstance(item, dict) else dump(item)
 
 
 def _parse_arguments(arguments: Any) -> Any:
@@ -32,13 +28,16 @@ def _parse_arguments(arguments: Any) -> Any:
 def items_to_messages(items: list[Any], instructions: str | None = None) -> list[dict[str, Any]]:
     """Responses input/output items to chat messages; consecutive tool calls join one assistant turn.
 
-    ``reasoning`` items are dropped (chat templates do not take them); unknown item types too.
+    ``reasoning`` items are dropped (chat templates do not take them); unknown item types too, and
+    entries that are not item objects at all.
     """
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for raw in items:
-        item = _as_dict(raw)
+        item = item_dict(raw)
+        if item is None:
+            continue
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             role = _ROLE_MAP.get(item.get("role", "user"), item.get("role", "user"))

@@ -32,12 +32,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
-from gym_bridge.json_http import Answer, JsonApp, Route, format_validation_errors, json_answer
-from gym_bridge.schema import RolloutRecord, VerifyRequest, VerifyResponse, dump
+from gym_bridge.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
+from gym_bridge.json_http import Answer, JsonApp, Route, json_answer
+from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
 
 SESSION_COOKIE = "gym_bridge_session"
 
@@ -187,8 +188,12 @@ class ResourcesServer:
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         raise NotImplementedError
 
+    reverify_mode: str = "unknown"
+    """NeMo Gym's ``ReverifyMode`` for ``GET /reverify_mode``: ``stateless`` when ``/verify`` needs only the
+    stored record (re-scoring a file is sound), ``unsupported`` when it needs the rollout's session state."""
+
     def aggregate_metrics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Metrics over verified rollouts (mean reward, pass@k, ...); environments may add their own."""
+        """The environment's own summary (mean reward, pass@k, ...), put into ``agent_metrics`` of the answer."""
         from gym_bridge.metrics import aggregate_rewards
 
         return aggregate_rewards(records)
@@ -227,7 +232,14 @@ class ResourcesServer:
             return self.health()
 
         async def aggregate(body: Any, _: Any) -> Any:
-            return await asyncio.to_thread(self.aggregate_metrics, _rollout_records(body))
+            try:
+                records = parse_aggregate_request(body)
+            except AggregateRequestError as e:
+                raise HTTPException(422, str(e)) from None
+            return await asyncio.to_thread(nemo_gym_aggregate, records, self.aggregate_metrics)
+
+        async def reverify_mode(_: None, __: Any) -> str:
+            return self.reverify_mode
 
         routes = [
             Route("GET", "/health", health, open=True, raw_json=True, summary="Liveness and session count"),
@@ -236,6 +248,7 @@ class ResourcesServer:
             Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
                   summary="Score a rollout"),
             Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts"),
+            Route("GET", "/reverify_mode", reverify_mode, open=True, summary="NeMo Gym's ReverifyMode of /verify"),
         ]  # fmt: skip
         for tool_name, fn in self.tools.items():
             summary = (fn.__doc__ or tool_name).strip().splitlines()[0]
@@ -290,22 +303,6 @@ def _tool_args_model(tool_name: str, fn: ToolFn) -> type[BaseModel]:
     if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
         raise TypeError(f"tool {tool_name}: first parameter must be annotated with a pydantic model")
     return args_model
-
-
-def _rollout_records(body: Any) -> list[dict[str, Any]]:
-    """``/aggregate_metrics``'s records (a list, or ``{"verify_responses": [...]}``), each validated."""
-    records = body.get("verify_responses", body.get("rollouts")) if isinstance(body, dict) else body
-    if not isinstance(records, list):
-        raise HTTPException(422, "body must be a list of verify responses or {'verify_responses': [...]}")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            raise HTTPException(422, f"verify_responses.{i}: expected an object")
-        try:
-            RolloutRecord.model_validate(rec)
-        except ValidationError as e:
-            prefixed = [{**err, "loc": ("verify_responses", i, *err["loc"])} for err in e.errors()]
-            raise HTTPException(422, format_validation_errors(prefixed)) from None
-    return records
 
 
 # --------------------------------------------------------------------------- running

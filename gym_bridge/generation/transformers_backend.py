@@ -11,6 +11,7 @@ batch (GRPO's G samples per prompt) is prefilled once; rows that finish are drop
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,15 @@ from gym_bridge.generation.backend import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TransformersBackend"]
+__all__ = ["TransformersBackend", "checked_stop_token_ids"]
+
+
+def checked_stop_token_ids(stop_token_ids: Sequence[int], vocab_size: int) -> frozenset[int]:
+    """The backend-wide stop ids, or a ValueError naming the ones the model cannot emit."""
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids {bad} are outside the model's vocabulary 0..{vocab_size - 1}")
+    return frozenset(stop_token_ids)
 
 
 @dataclass
@@ -47,6 +56,8 @@ class TransformersBackend(GenerationBackend):
 
     ``lock`` is held for every ``generate`` and ``update_weights``: a trainer that steps the shared model
     in place while a policy server may be generating holds it around ``optimizer.step()``.
+    ``stop_token_ids`` end every completion, as the EOS ids do, besides each request's own
+    (``policy.generation.stop_token_ids`` of a training run).
     """
 
     def __init__(
@@ -56,6 +67,7 @@ class TransformersBackend(GenerationBackend):
         model_name: str | None = None,
         seed: int = 0,
         max_context: int | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         import torch
 
@@ -67,6 +79,7 @@ class TransformersBackend(GenerationBackend):
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self._seed_source = torch.Generator().manual_seed(seed)
         self.lock = threading.RLock()
 
@@ -132,7 +145,7 @@ class TransformersBackend(GenerationBackend):
         return _Row(
             request=request,
             max_new_tokens=max_new,
-            stop_ids=frozenset(self.eos_token_ids) | frozenset(params.stop_token_ids),
+            stop_ids=frozenset(self.eos_token_ids) | self.stop_token_ids | frozenset(params.stop_token_ids),
             uniforms=uniforms,
             token_ids=[],
             logprobs=[],

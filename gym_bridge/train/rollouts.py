@@ -211,6 +211,8 @@ class RolloutRunner:
 
     ``env_urls`` maps env names to resources-server base URLs; ``model_url`` is the policy's
     OpenAI-compatible base URL (``.../v1``). ``overrides`` go into every request (sampling settings).
+    ``timeout_s`` bounds one attempt of a model request, and of an environment request unless
+    ``env_timeouts_s`` names that environment (session set-up, tool calls and ``/verify``).
     """
 
     def __init__(
@@ -222,12 +224,14 @@ class RolloutRunner:
         overrides: dict[str, Any] | None = None,
         max_concurrency: int = 256,
         timeout_s: float = 600.0,
+        env_timeouts_s: dict[str, float] | None = None,
     ) -> None:
         from gym_bridge.agent import AgentConfig
         from gym_bridge.retry import RetryPolicy
 
         self.env_urls = dict(env_urls)
         retry = RetryPolicy(max_attempts=3, request_timeout=timeout_s)
+        env_timeouts = env_timeouts_s or {}
         steps = max_steps if isinstance(max_steps, dict) else dict.fromkeys(env_urls, max_steps)
         self.configs = {
             name: AgentConfig(
@@ -235,7 +239,7 @@ class RolloutRunner:
                 max_steps=steps.get(name, 1),
                 overrides=dict(overrides or {}),
                 model_retry=retry,
-                env_retry=retry,
+                env_retry=RetryPolicy(max_attempts=3, request_timeout=env_timeouts.get(name, timeout_s)),
             )
             for name in env_urls
         }

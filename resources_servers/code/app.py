@@ -103,8 +103,11 @@ class CodeSeedRequest(TaskRow):
 
 class CodeServer(ResourcesServer):
     name = "code"
+    reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = CodeVerifyRequest
     seed_request_model = CodeSeedRequest
+    workers_setting = "max_concurrency"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (sandboxes at once)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: CodeConfig | None = None) -> None:
         super().__init__(settings)

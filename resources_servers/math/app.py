@@ -114,8 +114,11 @@ class MathServer(ResourcesServer):
     """Math answers checked with math-verify; see the module docstring."""
 
     name = "math"
+    reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = MathVerifyRequest
     seed_request_model = MathSeedRequest
+    workers_setting = "pool_size"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (verifier worker processes)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: MathConfig | None = None) -> None:
         super().__init__(settings)

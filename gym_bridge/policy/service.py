@@ -159,7 +159,8 @@ class PolicyService:
             return self.render(items_to_messages(prefix, body.instructions), tools, add_generation_prompt, "input")
 
         prompt = await self._off_loop(
-            size, lambda: on_policy_prompt(items, render_items, render_items(items), self.end_of_turn_ids)
+            size,
+            lambda: on_policy_prompt(items, render_items, self.render(messages, tools, True, "input"), self.end_of_turn_ids),
         )
         self._check_token_ids(prompt, "input")
         top = body.top_logprobs or 0

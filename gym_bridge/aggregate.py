@@ -72,6 +72,8 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
             raise AggregateRequestError(f"verify_responses.{i}: expected an object")
         if not _finite_number(record.get("reward")):
             raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        if record.get("response") is not None and not isinstance(record["response"], dict):
+            raise AggregateRequestError(f"verify_responses.{i}.response: expected an object, got {record['response']!r}")
         for key in (TASK_INDEX, ROLLOUT_INDEX):
             value = record.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

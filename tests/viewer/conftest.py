@@ -67,17 +67,17 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def serve() -> Iterator[object]:
-    """``serve(*args)`` runs ``gym-bridge view ARGS --port 0`` and returns its URL once it is listening."""
+    """``serve(*args)`` runs ``gym-bridge view --port 0 ARGS`` and returns its URL once it is listening."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> Served:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gym_bridge.cli", "view", *args, "--port", "0"],
+            [sys.executable, "-m", "gym_bridge.cli", "view", "--port", "0", *args],  # a later --port wins
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
         )
         procs.append(proc)
         line = proc.stdout.readline()  # type: ignore[union-attr]
-        match = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+        match = re.search(r"(http://[\d.]+:\d+)/", line)
         if not match:
             proc.kill()
             pytest.fail(f"view did not print its URL: {line!r} {proc.stderr.read()}")  # type: ignore[union-attr]

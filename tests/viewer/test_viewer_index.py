@@ -240,3 +240,19 @@ def test_every_nemo_gym_example_rollout_file_indexes_and_renders() -> None:
         group = client.get("/f/a/task/0").text
         assert group.count('<article class="rollout') == index.task_n[0]
     assert placeholders >= 1
+
+
+def test_host_and_port_options_bind_where_they_say(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    f = write_jsonl(tmp_path / "a.jsonl", run_a())
+    served = serve(str(f), "--host", "127.0.0.2", "--port", str(port))  # the last --port wins over the fixture's 0
+    assert served.url == f"http://127.0.0.2:{port}"
+    assert httpx.get(served.url + "/health").status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health")

@@ -256,3 +256,20 @@ def test_host_and_port_options_bind_where_they_say(serve, tmp_path: Path) -> Non
     assert httpx.get(served.url + "/health").status_code == 200
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health")
+
+
+def test_progress_page_shows_running_totals_while_indexing(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gym_bridge.viewer.app import Viewer, build_app
+
+    f = write_jsonl(tmp_path / "a.jsonl", run_a(), [b"oops\n"])
+    viewer = Viewer.for_paths([f])
+    index = viewer.files["a"]
+    index._scan()  # scanned, not finished: what the app sees mid-way
+    client = TestClient(build_app(viewer))
+    page = client.get("/f/a").text
+    assert "Indexing a.jsonl" in page and 'http-equiv="refresh"' in page
+    totals = index.running_totals()
+    assert totals == {"records": 14, "tasks": 4, "bad_lines": 1, "mean_reward": pytest.approx(6 / 14)}
+    assert ">14<" in page and ">4<" in page and f">{6 / 14:.3f}<" in page

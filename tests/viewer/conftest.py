@@ -44,7 +44,7 @@ def browser() -> Iterator[object]:
 def page(browser, tmp_path: Path) -> Iterator[object]:  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     p = context.new_page()
-    p.set_default_timeout(15_000)
+    p.set_default_timeout(90_000)  # a wait limit, not a speed check: the machine may be loaded
     dialogs: list[str] = []
     p.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     p.dialogs = dialogs  # type: ignore[attr-defined]
@@ -93,7 +93,7 @@ def serve() -> Iterator[object]:
             proc.wait()
 
 
-def wait_ready(page, url: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+def wait_ready(page, url: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
     """Open ``url`` and wait until the file behind it is indexed (the progress page refreshes itself)."""
     page.goto(url)
     deadline = time.monotonic() + timeout

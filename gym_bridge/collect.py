@@ -416,7 +416,7 @@ def _connection_cap() -> int:
         return 512
 
 
-class _LazyWriter:
+class LazyWriter:
     """A JSONL writer that creates its file only when the first line comes (no empty failure files)."""
 
     def __init__(self, path: Path, append: bool) -> None:
@@ -436,21 +436,24 @@ class _LazyWriter:
             self.writer.close()
 
 
-def _prepare_output(config: CollectConfig) -> None:
-    out = config.output_path
+def prepare_output(out: Path, resume: bool, overwrite: bool, side_files: tuple[Path, ...]) -> None:
+    """Refuse to clobber a finished output unless told to resume or overwrite (which clears its side files)."""
     if out.exists() and out.is_dir():
         raise CollectError(f"{out} is a directory; give a .jsonl file path with -o")
-    if config.resume and config.overwrite:
+    if resume and overwrite:
         raise CollectError("--resume and --overwrite contradict each other; pick one")
     nonempty = out.exists() and out.stat().st_size > 0
-    if nonempty and not (config.resume or config.overwrite):
+    if nonempty and not (resume or overwrite):
         raise CollectError(
             f"{out} already holds rollouts; use --resume to finish that run or --overwrite to replace it"
         )
-    if config.overwrite:
-        side_files = (failures_path_for(out), metrics_path_for(out), materialized_path_for(out))
-        for p in (out, *side_files, aggregate_metrics_path_for(out)):
+    if overwrite:
+        for p in (out, *side_files):
             p.unlink(missing_ok=True)
+
+
+def _side_files(out: Path) -> tuple[Path, ...]:
+    return (failures_path_for(out), metrics_path_for(out), materialized_path_for(out), aggregate_metrics_path_for(out))
 
 
 def _check_config(config: CollectConfig) -> None:
@@ -492,8 +495,8 @@ async def collect_async(
     materialized_path = materialized_path_for(output)
     materialized_done = read_keys(materialized_path, report) if config.resume else set()
     writer = JsonlWriter(output, append=True)
-    failures = _LazyWriter(failures_path, append=config.resume)
-    materialized = _LazyWriter(materialized_path, append=config.resume)
+    failures = LazyWriter(failures_path, append=config.resume)
+    materialized = LazyWriter(materialized_path, append=config.resume)
     retry = config.retry_policy()
     agent_config = AgentConfig(
         model_url=model_url,
@@ -616,7 +619,7 @@ async def collect_async(
 
     aggregate: list[dict[str, Any]] = []
     try:
-        await _run_all([produce(), *(work(i) for i in range(workers))])
+        await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
         aggregate = await env_aggregate_metrics(pool.session, output, router.url_of, report)
     finally:
@@ -685,11 +688,15 @@ def _materialized_row(job: _Job, config: CollectConfig, agent_config: AgentConfi
 
 
 async def env_aggregate_metrics(
-    session: aiohttp.ClientSession, output: Path, url_of: dict[str, str], report: Callable[[str], None]
+    session: aiohttp.ClientSession,
+    output: Path,
+    url_of: dict[str, str],
+    report: Callable[[str], None],
+    env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
-    Records are stripped as NeMo Gym strips them and grouped by ``_ng_environment_server``; the answer
+    Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
     (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
     """
@@ -697,7 +704,7 @@ async def env_aggregate_metrics(
     agent_of: dict[str, str] = {}
     if output.exists():
         for _, record in iter_jsonl(output, strict=False):
-            env = record.get(ENV_SERVER)
+            env = env_of(record)
             if env in url_of and isinstance(record.get("reward"), int | float):
                 by_env.setdefault(env, []).append(strip_for_aggregation(record))
                 agent_ref = record.get("agent_ref")
@@ -732,7 +739,7 @@ async def env_aggregate_metrics(
     return entries
 
 
-async def _run_all(coros: list[Any]) -> None:
+async def run_all(coros: list[Any]) -> None:
     """Run coroutines together; if one fails, cancel the others and raise its error."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -773,7 +780,7 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
         running.stop()
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
+def new_event_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
     except ImportError:
@@ -793,7 +800,7 @@ def collect(
     ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar).
     """
     _check_config(config)
-    _prepare_output(config)
+    prepare_output(config.output_path, config.resume, config.overwrite, _side_files(config.output_path))
     routes = parse_env_args(config.envs)
     if config.strict:
         try:
@@ -821,5 +828,5 @@ def collect(
         )
         if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
             return asyncio.run(main)
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(main)

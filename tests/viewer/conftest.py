@@ -30,8 +30,10 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """One Chromium per test module: Playwright's sync API keeps an event loop marked running on this
+    thread while it is open, so it must be closed before other modules call ``asyncio.run``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

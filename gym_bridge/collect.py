@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -37,10 +36,12 @@ import aiohttp
 from pydantic import ValidationError
 
 from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout
+from gym_bridge.event_loop import new_event_loop
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl, repair_torn_tail
 from gym_bridge.metrics import aggregate_rewards, latency_summary
 from gym_bridge.retry import RetryPolicy
 from gym_bridge.schema import TaskRow
+from gym_bridge.seeding import rollout_seed
 
 __all__ = [
     "CollectConfig",
@@ -190,12 +191,6 @@ def failures_path_for(output: Path) -> Path:
 
 def metrics_path_for(output: Path) -> Path:
     return output.with_name(output.stem + "_metrics.json")
-
-
-def rollout_seed(seed: int, task_index: int, rollout_index: int) -> int:
-    """A reproducible per-rollout sampling seed in [0, 2**31): differs across tasks and repeats."""
-    digest = hashlib.blake2b(f"{seed}:{task_index}:{rollout_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % (2**31)
 
 
 # --------------------------------------------------------------------------- reading tasks and results
@@ -630,14 +625,6 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
         running.stop()
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def collect(
     config: CollectConfig,
     *,
@@ -678,5 +665,5 @@ def collect(
         )
         if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
             return asyncio.run(main)
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(main)

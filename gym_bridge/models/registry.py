@@ -86,9 +86,19 @@ def resolve_model(name_or_path: str) -> ModelSource:
 
 
 def load_model_and_tokenizer(
-    name_or_path: str, dtype: torch.dtype | str | None = None, device: str = "cpu"
+    name_or_path: str,
+    dtype: torch.dtype | str | None = None,
+    device: str = "cpu",
+    *,
+    tokenizer_name: str | None = None,
+    chat_template: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer (float32 on CPU by default; GGUF weights are dequantised)."""
+    """Load a causal LM and its tokenizer (float32 on CPU by default; GGUF weights are dequantised).
+
+    The one model loader: the trainer, the rollout process, the policy server and the generation
+    backends all load through it. ``tokenizer_name`` loads another tokenizer (a name or directory
+    other than the model's); ``chat_template`` replaces the tokenizer's chat template.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,6 +125,10 @@ def load_model_and_tokenizer(
         _forget_gguf_quantization(model)
     model.to(device)
     model.eval()
+    if tokenizer_name not in (None, name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+    if chat_template:
+        tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -11,7 +11,6 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gym_bridge.train import config as config_module
 from gym_bridge.train.config import (
     ConfigError,
     MasterConfig,
@@ -21,6 +20,9 @@ from gym_bridge.train.config import (
     load_config,
     validate_config,
 )
+from gym_bridge.train.config import policy as config_policy
+from gym_bridge.train.config import schema as config_schema
+from gym_bridge.train.config.base import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))
@@ -365,10 +367,9 @@ def test_env_without_server_or_url_uses_its_own_name() -> None:
 def _section_models() -> list[type[BaseModel]]:
     return [
         obj
-        for obj in vars(config_module).values()
-        if isinstance(obj, type)
-        and issubclass(obj, config_module._Section)
-        and obj is not config_module._Section
+        for module in (config_policy, config_schema)
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Section) and obj is not Section
     ]
 
 

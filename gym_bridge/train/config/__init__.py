@@ -11,6 +11,9 @@ Every field is documented with an attribute docstring (read them with
 
 YAML extras, as in NeMo RL:
 
+- Relative data paths (``data.*.data_path``) and output directories (``checkpointing.checkpoint_dir``,
+  ``logger.log_dir``) in a YAML file are relative to that file's folder; on the command line, to the
+  working directory.
 - ``defaults: base.yaml`` (or a list) inherits from other files, relative to the including file;
   mappings merge key by key, and a mapping holding ``_override_: true`` replaces instead.
 - ``${dotted.key}`` refers to another value (e.g. ``tokenizer.name: ${policy.model_name}``).

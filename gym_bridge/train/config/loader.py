@@ -60,6 +60,42 @@ def _strip_markers(value: Any) -> Any:
     return value
 
 
+# Keys holding file or directory paths: relative ones in a recipe mean relative to the recipe's folder.
+_PATH_KEYS = {
+    "data": ("data_path", "prompt_file", "system_prompt_file"),
+    "checkpointing": ("checkpoint_dir",),
+    "logger": ("log_dir",),
+}
+
+
+def _anchor(value: Any, folder: Path) -> Any:
+    if not isinstance(value, str) or not value or "${" in value:
+        return value
+    path = Path(value).expanduser()
+    return value if path.is_absolute() else str((folder / path).resolve())
+
+
+def _anchor_paths(tree: dict[str, Any], folder: Path) -> None:
+    """Make the recipe's relative data paths and output directories relative to ``folder`` (its own
+    folder), so a recipe runs from any working directory. Command-line overrides stay CWD-relative."""
+    for section in ("checkpointing", "logger"):
+        node = tree.get(section)
+        if isinstance(node, dict):
+            for key in _PATH_KEYS[section]:
+                if key in node:
+                    node[key] = _anchor(node[key], folder)
+    data = tree.get("data")
+    if not isinstance(data, dict):
+        return
+    for which in ("train", "validation", "default"):
+        datasets = data.get(which)
+        for dataset in datasets if isinstance(datasets, list) else [datasets]:
+            if isinstance(dataset, dict):
+                for key in _PATH_KEYS["data"]:
+                    if key in dataset:
+                        dataset[key] = _anchor(dataset[key], folder)
+
+
 def _load_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = path.resolve()
     if path in chain:
@@ -75,6 +111,7 @@ def _load_tree(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         tree = {}
     if not isinstance(tree, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections"])
+    _anchor_paths(tree, path.parent)
     parents = tree.pop("defaults", None)
     if parents is None:
         return _strip_markers(tree)

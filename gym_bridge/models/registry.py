@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gym_bridge.models.progress import waiting
 
 if TYPE_CHECKING:
     import torch
@@ -108,9 +111,15 @@ def load_model_and_tokenizer(
         kwargs["gguf_file"] = source.gguf_file
     if _hub_offline():
         kwargs["local_files_only"] = True
+    loading = (
+        waiting(f"loading and de-quantising {source.gguf_file} (about 1-2 minutes on CPU)")
+        if source.gguf_file is not None
+        else nullcontext()
+    )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype or torch.float32, **kwargs)
+        with loading:
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype or torch.float32, **kwargs)
     except (OSError, ValueError) as err:
         if Path(source.path).exists():
             raise ModelNotFoundError(

@@ -36,13 +36,23 @@ def projects_hidden_states_plainly(model: Any) -> bool:
 
 
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_mask: torch.Tensor
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere."""
+    """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere.
+
+    Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
+    """
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     if not projects_hidden_states_plainly(model):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logits = model(**inputs).logits[:, :-1].float()
         return gather_logprobs(logits, input_ids[:, 1:]) * token_mask
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
     where = token_mask.bool()
     picked = hidden_logprobs(model, hidden[where], input_ids[:, 1:][where])
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=picked.device)

@@ -31,8 +31,9 @@ from transformers.utils import logging as hf_logging
 from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
-from gym_bridge.train.logging import MetricsLogger, TerminalView, plot_curves
+from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.metrics import step_summary, validate
+from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.sampling import Sampler, produce_step, sample_step
 from gym_bridge.train.sequences import per_sample_logprobs
 from gym_bridge.train.setup import (
@@ -67,6 +68,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     :class:`~gym_bridge.train.setup.RunAlreadyComplete` when that checkpoint is the last step."""
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
     grpo, policy = cfg.grpo, cfg.policy
+    check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
     checkpoints, resume = find_resume_point(cfg, fresh=fresh)
     learner, generation_threads = build_learner(cfg, resume, rollout_process=uses_rollout_process(cfg))
     model = learner.model
@@ -79,7 +81,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
         step = int(restored["info"]["step"])
         validations = list(restored["info"].get("validations", []))
     log_dir = Path(cfg.logger.log_dir)
-    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard_enabled, resume_step=step if resume else None)
+    logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     view.print(_where_outputs_go(cfg))
     if resume is not None:

@@ -33,7 +33,7 @@ from gym_bridge.retry import RetryPolicy
 from gym_bridge.seeding import rollout_seed
 from gym_bridge.server import start_in_thread
 from gym_bridge.train.advantages import samples_in_groups_with_variance
-from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
 from gym_bridge.train.rollouts import (
     Sample,
@@ -138,7 +138,13 @@ class OnlineSampler:
             if env.url is not None:
                 self.env_urls[name] = env.url.rstrip("/")
             else:
-                self.env_urls[name] = self._services.enter_context(running_env(env.server or name, **env.config))
+                try:
+                    started = running_env(env.server or name, workers=env.num_workers, **env.config)
+                    self.env_urls[name] = self._services.enter_context(started)
+                except ValueError as err:
+                    if env.num_workers is None or "worker pool" not in str(err):
+                        raise
+                    raise ConfigError([f"env.{name}.num_workers: {err}"]) from None
         generation = cfg.policy.generation
         app = build_policy_app(
             self.timer,
@@ -162,14 +168,16 @@ class OnlineSampler:
             overrides["top_k"] = generation.top_k
         if generation.stop_strings:
             overrides["stop"] = generation.stop_strings
-        retry = RetryPolicy(max_attempts=3, request_timeout=600.0)
+        # One attempt of a model request may take 600 s; of an environment request (session set-up,
+        # tool calls, /verify), env.<name>.timeout_s. Three attempts each, then the rollout fails.
+        model_retry = RetryPolicy(max_attempts=3, request_timeout=600.0)
         self.agent_configs = {
             name: AgentConfig(
                 model_url=f"{policy_server.url}/v1",
                 max_steps=env.max_steps or cfg.grpo.max_rollout_turns,
                 overrides=dict(overrides),
-                model_retry=retry,
-                env_retry=retry,
+                model_retry=model_retry,
+                env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
             )
             for name, env in cfg.env.items()
         }
@@ -268,12 +276,12 @@ class OnlineSampler:
         return sample
 
     def _hit_length_limit(self, token_ids: list[int], mask: list[int]) -> bool:
-        """The last turn ended without an end-of-turn token (and so was cut off)."""
-        eos = self.tokenizer.eos_token_id
+        """The last turn ended without an end-of-turn or stop token (and so was cut off)."""
+        stops = {self.tokenizer.eos_token_id, *(self.cfg.policy.generation.stop_token_ids or ())}
         generated = [t for t, m in zip(token_ids, mask, strict=True) if m]
         return (
             bool(generated)
-            and generated[-1] != eos
+            and generated[-1] not in stops
             and len(token_ids) >= self.cfg.policy.max_total_sequence_length
         )
 

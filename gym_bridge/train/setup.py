@@ -30,6 +30,7 @@ from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
 from gym_bridge.train.loss import ClippedPGLossFn
+from gym_bridge.train.packing import require_packing_support
 from gym_bridge.train.rollout_worker import ProcessSampler
 from gym_bridge.train.rollouts import render_prompt
 from gym_bridge.train.sampling import OfflineSampler, OnlineSampler, Sampler
@@ -153,6 +154,8 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
         policy.model_name, tokenizer_name=policy.tokenizer.name, chat_template=policy.tokenizer.chat_template
     )
     model.to(DTYPES[policy.precision])
+    if policy.sequence_packing.enabled:
+        require_packing_support(model, policy.model_name)
     threads, generation_threads = torch_threads(model)
     if rollout_process:  # the rollout process samples on its own cores meanwhile: leave them to it
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
@@ -215,7 +218,12 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
     """The in-process generation backend ``policy.generation.backend`` names, refit with ``load_weights``."""
     policy, grpo = cfg.policy, cfg.grpo
     model, tokenizer = learner.model, learner.tokenizer
-    local = {"model_name": "policy", "seed": grpo.seed, "max_context": policy.max_total_sequence_length}
+    local = {
+        "model_name": "policy",
+        "seed": grpo.seed,
+        "max_context": policy.max_total_sequence_length,
+        "stop_token_ids": policy.generation.stop_token_ids or (),
+    }
     if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
         generator = RayBackend(model, tokenizer, **local, **policy.generation.ray.model_dump())
         stack.callback(generator.close)
@@ -225,6 +233,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         generator = VllmBackend(
             resolve_model(policy.model_name).path,
             model_name="policy",
+            stop_token_ids=policy.generation.stop_token_ids or (),
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,
             max_model_len=engine.max_model_len or policy.max_total_sequence_length,

@@ -24,6 +24,7 @@ from gym_bridge.train.sequences import (
     make_micro_batch,
     micro_batch_logprobs,
     micro_batches,
+    packing_layout,
     pad_rows,
     shares_prompts,
 )
@@ -101,12 +102,14 @@ def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict
     """Optimizer steps over the batch's samples, ``train_global_batch_size`` at a time; their metrics."""
     model, samples, sample_mask = learner.model, batch.samples, batch.sample_mask
     model.train()
-    share = shares_prompts(cfg, model)
+    share, packing = shares_prompts(cfg, model), packing_layout(cfg)
     max_norm = cfg.policy.max_grad_norm if cfg.policy.max_grad_norm is not None else math.inf
     step_metrics: list[dict[str, float]] = []
     for batch_index in optimizer_batches(cfg, len(samples)):
         groups = micro_batches(cfg, samples, batch_index, for_logprobs=False, share_prompts=share)
-        mbs = [make_micro_batch(samples, g, learner.pad_token_id, share_prompts=share) for g in groups]
+        mbs = [
+            make_micro_batch(samples, g, learner.pad_token_id, share_prompts=share, packing=packing) for g in groups
+        ]
         valid_toks = sum(float((mb.token_mask * sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in mbs)
         valid_seqs = float(sample_mask[batch_index].sum())
         if valid_toks == 0:  # nothing to learn from: no optimizer step, but the schedule moves on

@@ -110,18 +110,21 @@ class DynamicBatchingConfig(Section):
 
 
 class SequencePackingConfig(Section):
-    """Pack several sequences into one row under a token budget (first-fit decreasing)."""
+    """Pack several sequences into one row under a token budget (first-fit decreasing), each with its
+    own position ids and attending only to itself (:mod:`gym_bridge.train.packing`)."""
 
     enabled: bool = False
-    """Pack sequences instead of padding them. Default false."""
+    """Pack sequences instead of padding them (same log-probs and gradients, less padding). Refused at
+    start-up for a model whose attention would mix packed sequences. Default false."""
 
     train_mb_tokens: int | None = Field(None, ge=1)
-    """Tokens per packed training row; null means max_total_sequence_length x train_micro_batch_size.
-    Default null."""
+    """Tokens per packed training micro-batch: rows of up to max_total_sequence_length tokens, each
+    holding several sequences, as many rows as fit; null means max_total_sequence_length x
+    train_micro_batch_size. Default null."""
 
     logprob_mb_tokens: int | None = Field(None, ge=1)
-    """Tokens per packed log-prob row; null means max_total_sequence_length x logprob_batch_size.
-    Default null."""
+    """Tokens per packed log-prob micro-batch (as train_mb_tokens); null means
+    max_total_sequence_length x logprob_batch_size. Default null."""
 
     algorithm: Literal["first_fit_decreasing"] = "first_fit_decreasing"
     """Bin-packing algorithm. Default first_fit_decreasing."""
@@ -185,7 +188,8 @@ class GenerationConfig(Section):
     """Sample only among the k most likely tokens; null disables. Default null."""
 
     stop_token_ids: list[int] | None = None
-    """Extra token ids that end a completion (the EOS token always does). Default null."""
+    """Extra token ids that end a completion, kept as its last token (the EOS token always does);
+    every generation backend applies them. Default null."""
 
     stop_strings: list[str] | None = None
     """Strings that end a completion. Default null."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing
+from transformers.utils import logging as hf_logging
 
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.models.registry import load_model_and_tokenizer
@@ -93,6 +94,7 @@ def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -
     """The child: build the policy copy and the services, then answer the parent's calls."""
     sampler = None
     try:
+        hf_logging.disable_progress_bar()  # no loading bars between the trainer's lines
         torch.set_num_threads(threads)
         policy = cfg.policy
         model, tokenizer = load_model_and_tokenizer(

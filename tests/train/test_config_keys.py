@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,9 @@ def test_wandb_receives_every_record_offline(tmp_path: Path, monkeypatch: pytest
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     logger.close()
     (written,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    deadline = time.monotonic() + 30  # W&B's service process writes the file behind the run
+    while b"val/accuracy" not in written.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     data = written.read_bytes()
     assert b"train/reward_mean" in data and b"val/accuracy" in data and b"keys-test" in data
 

@@ -49,6 +49,7 @@ __all__ = [
     "make_client",
     "make_session",
     "run_rollout",
+    "task_as_run",
 ]
 
 RESERVED_ENV_PATHS = frozenset(
@@ -274,6 +275,15 @@ async def _call_tool(
     return result.text
 
 
+def task_as_run(row: dict[str, Any], config: AgentConfig, extra_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row as the rollout runs it: ``config.overrides`` then ``extra_params`` merged over its request."""
+    params = dict(row.get("responses_create_params") or {})
+    params.update(config.overrides)
+    if extra_params:
+        params.update(extra_params)
+    return {**row, "responses_create_params": params}
+
+
 async def run_rollout(
     client: Client,
     row: dict[str, Any],
@@ -292,11 +302,8 @@ async def run_rollout(
     started = time.perf_counter()
     env_url = env_url.rstrip("/")
     model_url = config.model_url.rstrip("/")
-    params = dict(row.get("responses_create_params") or {})
-    params.update(config.overrides)
-    if extra_params:
-        params.update(extra_params)
-    task = {**row, "responses_create_params": params}
+    task = task_as_run(row, config, extra_params)
+    params = task["responses_create_params"]
     jar = _CookieJar()
     stage = "seed_session"
     try:

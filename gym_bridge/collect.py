@@ -14,6 +14,14 @@
   is its own key, so ``--env math`` is ``math=math``), a row goes to the env keyed by its ``env`` field,
   else by its ``agent_ref.name``, else by that name without a ``_simple_agent``/``_agent`` suffix, else to
   the env keyed ``default`` (or the one env given as a bare URL). A row that matches none is a bad row.
+* **NeMo Gym's side files.** Beside ``OUT`` go the files NeMo Gym's ``gym eval run`` writes, in its
+  shapes, so its tools (``gym eval profile``, ``gym eval reverify``) read a run of ours:
+  ``<out stem>_materialized_inputs.jsonl`` (each (task, repeat) as it was run: the row with its merged
+  ``responses_create_params``, indices, ``agent_ref``, ``_ng_environment_server``) and
+  ``<out stem>_aggregate_metrics.json`` (one entry per env: the env's own ``/aggregate_metrics`` answer on
+  the records stripped as NeMo Gym strips them). Each rollout names its env in ``_ng_environment_server``
+  (the ``--env`` key) and its result type in ``_ng_result_type`` (``legacy_agent``: a verify response
+  from an agent loop, as NeMo Gym labels such records).
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import ValidationError
 
-from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout
+from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout, task_as_run
+from gym_bridge.aggregate import strip_for_aggregation
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl, repair_torn_tail
 from gym_bridge.metrics import aggregate_rewards, latency_summary
 from gym_bridge.retry import RetryPolicy
@@ -48,9 +57,11 @@ __all__ = [
     "CollectResult",
     "EnvRoute",
     "Router",
+    "aggregate_metrics_path_for",
     "collect",
     "collect_async",
     "failures_path_for",
+    "materialized_path_for",
     "metrics_path_for",
     "parse_env_args",
     "rollout_seed",
@@ -59,6 +70,10 @@ __all__ = [
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 FAILURE_CLASS = "_ng_failure_class"
+ENV_SERVER = "_ng_environment_server"
+RESULT_TYPE = "_ng_result_type"
+AGENT_LOOP_RESULT = "legacy_agent"
+"""NeMo Gym's ``_ng_result_type`` for a verify response made by an agent loop (its ``legacy_agent`` server)."""
 
 
 class CollectError(Exception):
@@ -108,6 +123,8 @@ class Router:
 
     def __init__(self, routes: list[EnvRoute], urls: list[str]) -> None:
         self.by_key = {r.key: (r, url) for r, url in zip(routes, urls, strict=True) if r.key is not None}
+        self.url_of = {r.key or r.target: url for r, url in zip(routes, urls, strict=True)}
+        """Env name (its ``--env`` key, or the URL of a bare-URL env) -> URL."""
         self.default: tuple[EnvRoute, str] | None = None
         if len(routes) == 1:
             self.default = (routes[0], urls[0])
@@ -116,8 +133,8 @@ class Router:
                 if route.key is None or route.key == "default":
                     self.default = (route, url)
 
-    def route(self, row: dict[str, Any]) -> tuple[str, str] | None:
-        """``(agent name, env URL)`` for a row, or None when no env fits."""
+    def route(self, row: dict[str, Any]) -> tuple[str, str, str] | None:
+        """``(agent name, env URL, env name)`` for a row, or None when no env fits."""
         agent_name = (
             (row.get("agent_ref") or {}).get("name") if isinstance(row.get("agent_ref"), dict) else None
         )
@@ -127,10 +144,10 @@ class Router:
         for key in candidates:
             if isinstance(key, str) and key in self.by_key:
                 route, url = self.by_key[key]
-                return agent_name or key, url
+                return agent_name or key, url, key
         if self.default is not None:
             route, url = self.default
-            return agent_name or route.key or route.target, url
+            return agent_name or route.key or route.target, url, route.key or route.target
         return None
 
     def urls(self) -> list[str]:
@@ -182,6 +199,7 @@ class CollectResult:
     failed: int
     skipped_rows: int
     already_done: int
+    aggregate_metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
 def failures_path_for(output: Path) -> Path:
@@ -190,6 +208,16 @@ def failures_path_for(output: Path) -> Path:
 
 def metrics_path_for(output: Path) -> Path:
     return output.with_name(output.stem + "_metrics.json")
+
+
+def materialized_path_for(output: Path) -> Path:
+    """NeMo Gym's name: ``rollouts.jsonl`` -> ``rollouts_materialized_inputs.jsonl``."""
+    return output.with_name(output.stem + "_materialized_inputs.jsonl")
+
+
+def aggregate_metrics_path_for(output: Path) -> Path:
+    """NeMo Gym's name: ``rollouts.jsonl`` -> ``rollouts_aggregate_metrics.json``."""
+    return output.with_name(output.stem + "_aggregate_metrics.json")
 
 
 def rollout_seed(seed: int, task_index: int, rollout_index: int) -> int:
@@ -269,17 +297,42 @@ def _slim(record: dict[str, Any]) -> dict[str, Any]:
     return keep
 
 
+def _keyed_records(
+    path: Path, warn: Callable[[str], None]
+) -> Iterator[tuple[int, tuple[int, int] | None, dict[str, Any]]]:
+    """``(line, (task, repeat) or None, record)`` of a JSONL file of rows or rollouts, after cutting a torn tail."""
+    cut = repair_torn_tail(path)
+    if cut:
+        warn(f"{path}: removed a torn last line ({cut} bytes) left by an interrupted run")
+    if not path.exists():
+        return
+    for lineno, record in iter_jsonl(path, strict=False, on_error=lambda e: warn(f"{e}; ignored")):
+        key = (record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
+        ok = all(isinstance(x, int) and not isinstance(x, bool) for x in key)
+        yield lineno, (key if ok else None), record  # type: ignore[misc]
+
+
+def read_keys(path: Path, warn: Callable[[str], None]) -> set[tuple[int, int]]:
+    """The (task, repeat) pairs of a JSONL file of rows or rollouts."""
+    return {key for _, key, _ in _keyed_records(path, warn) if key is not None}
+
+
 def read_finished(
     output: Path, warn: Callable[[str], None]
 ) -> tuple[set[tuple[int, int]], list[dict[str, Any]]]:
     """The (task, repeat) pairs already in ``output`` and their slim records (after cutting a torn tail)."""
-    cut = repair_torn_tail(output)
-    if cut:
-        warn(f"{output}: removed a torn last line ({cut} bytes) left by an interrupted run")
     done: set[tuple[int, int]] = set()
     slim: list[dict[str, Any]] = []
-    if not output.exists():
-        return done, slim
+    for lineno, key, record in _keyed_records(output, warn):
+        if key is None:
+            warn(f"{output}:{lineno}: no {TASK_INDEX}/{ROLLOUT_INDEX}; ignored for resuming")
+            continue
+        if key in done:
+            warn(f"{output}:{lineno}: duplicate rollout {key}; counted once")
+            continue
+        done.add(key)
+        slim.append(_slim(record))
+    return done, slim
     for lineno, record in iter_jsonl(output, strict=False, on_error=lambda e: warn(f"{e}; ignored")):
         key = (record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
         if not all(isinstance(x, int) for x in key):
@@ -303,6 +356,7 @@ class _Job:
     row: dict[str, Any]
     agent_name: str
     env_url: str
+    env_name: str
 
 
 @dataclass
@@ -362,7 +416,7 @@ def _connection_cap() -> int:
         return 512
 
 
-class _LazyWriter:
+class LazyWriter:
     """A JSONL writer that creates its file only when the first line comes (no empty failure files)."""
 
     def __init__(self, path: Path, append: bool) -> None:
@@ -382,20 +436,24 @@ class _LazyWriter:
             self.writer.close()
 
 
-def _prepare_output(config: CollectConfig) -> None:
-    out = config.output_path
+def prepare_output(out: Path, resume: bool, overwrite: bool, side_files: tuple[Path, ...]) -> None:
+    """Refuse to clobber a finished output unless told to resume or overwrite (which clears its side files)."""
     if out.exists() and out.is_dir():
         raise CollectError(f"{out} is a directory; give a .jsonl file path with -o")
-    if config.resume and config.overwrite:
+    if resume and overwrite:
         raise CollectError("--resume and --overwrite contradict each other; pick one")
     nonempty = out.exists() and out.stat().st_size > 0
-    if nonempty and not (config.resume or config.overwrite):
+    if nonempty and not (resume or overwrite):
         raise CollectError(
             f"{out} already holds rollouts; use --resume to finish that run or --overwrite to replace it"
         )
-    if config.overwrite:
-        for p in (out, failures_path_for(out), metrics_path_for(out)):
+    if overwrite:
+        for p in (out, *side_files):
             p.unlink(missing_ok=True)
+
+
+def _side_files(out: Path) -> tuple[Path, ...]:
+    return (failures_path_for(out), metrics_path_for(out), materialized_path_for(out), aggregate_metrics_path_for(out))
 
 
 def _check_config(config: CollectConfig) -> None:
@@ -434,8 +492,11 @@ async def collect_async(
         rows = rows if config.limit is None else min(rows, config.limit)
         planned = rows * config.num_repeats
         on_start(max(0, planned - sum(1 for t, r in done if t < rows and r < config.num_repeats)))
+    materialized_path = materialized_path_for(output)
+    materialized_done = read_keys(materialized_path, report) if config.resume else set()
     writer = JsonlWriter(output, append=True)
-    failures = _LazyWriter(failures_path, append=config.resume)
+    failures = LazyWriter(failures_path, append=config.resume)
+    materialized = LazyWriter(materialized_path, append=config.resume)
     retry = config.retry_policy()
     agent_config = AgentConfig(
         model_url=model_url,
@@ -485,11 +546,14 @@ async def collect_async(
                         ),
                     )
                     continue
-                agent_name, env_url = routed
+                agent_name, env_url, env_name = routed
                 for rollout_index in range(config.num_repeats):
                     if (task_index, rollout_index) in done:
                         continue
-                    await queue.put(_Job(task_index, rollout_index, row, agent_name, env_url))
+                    job = _Job(task_index, rollout_index, row, agent_name, env_url, env_name)
+                    if (task_index, rollout_index) not in materialized_done:
+                        materialized.write(_materialized_row(job, config, agent_config))
+                    await queue.put(job)
         finally:
             for _ in range(workers):
                 await queue.put(None)
@@ -516,6 +580,8 @@ async def collect_async(
             record[TASK_INDEX] = job.task_index
             record[ROLLOUT_INDEX] = job.rollout_index
             record["agent_ref"] = agent_ref
+            record[ENV_SERVER] = job.env_name
+            record[RESULT_TYPE] = AGENT_LOOP_RESULT
             writer.write(record)
             metrics_run["rollout"].append(m.total_s)
             slim.append(_slim(record))
@@ -546,20 +612,20 @@ async def collect_async(
     async def work(i: int) -> None:
         client = pool.for_worker(i)
         while (job := await queue.get()) is not None:
-            extra = (
-                {"seed": rollout_seed(config.seed, job.task_index, job.rollout_index)}
-                if config.seed is not None
-                else None
-            )
             task = {**job.row, TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
+            extra = _rollout_params(job, config)
             rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
             finish(job, rollout)
 
+    aggregate: list[dict[str, Any]] = []
     try:
-        await _run_all([produce(), *(work(i) for i in range(workers))])
+        await run_all([produce(), *(work(i) for i in range(workers))])
+        writer.close()
+        aggregate = await env_aggregate_metrics(pool.session, output, router.url_of, report)
     finally:
         writer.close()
         failures.close()
+        materialized.close()
         await pool.aclose()
 
     elapsed = time.perf_counter() - stats.started
@@ -581,15 +647,99 @@ async def collect_async(
         "num_repeats": config.num_repeats,
     }
     metrics_path = metrics_path_for(output)
-    tmp = metrics_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    os.replace(tmp, metrics_path)
+    _write_json(metrics_path, metrics)
+    if aggregate:
+        _write_json(aggregate_metrics_path_for(output), aggregate)
     return CollectResult(
-        output, failures_path, metrics_path, metrics, stats.done, stats.failed, skipped_rows, already_done
+        output,
+        failures_path,
+        metrics_path,
+        metrics,
+        stats.done,
+        stats.failed,
+        skipped_rows,
+        already_done,
+        aggregate,
     )
 
 
-async def _run_all(coros: list[Any]) -> None:
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _rollout_params(job: _Job, config: CollectConfig) -> dict[str, Any] | None:
+    """This rollout's own request parameters (its sampling ``seed``), merged over the run's overrides."""
+    if config.seed is None:
+        return None
+    return {"seed": rollout_seed(config.seed, job.task_index, job.rollout_index)}
+
+
+def _materialized_row(job: _Job, config: CollectConfig, agent_config: AgentConfig) -> dict[str, Any]:
+    """A (task, repeat) as NeMo Gym's ``_materialized_inputs.jsonl`` holds it: the row exactly as it is run."""
+    row = task_as_run(job.row, agent_config, _rollout_params(job, config))
+    if not isinstance(row.get("agent_ref"), dict):
+        row["agent_ref"] = {"name": job.agent_name}
+    row[TASK_INDEX] = job.task_index
+    row[ROLLOUT_INDEX] = job.rollout_index
+    row[ENV_SERVER] = job.env_name
+    return row
+
+
+async def env_aggregate_metrics(
+    session: aiohttp.ClientSession,
+    output: Path,
+    url_of: dict[str, str],
+    report: Callable[[str], None],
+    env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
+) -> list[dict[str, Any]]:
+    """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
+
+    Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
+    (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
+    An env that cannot answer is reported and left out; the rollouts are already safe on disk.
+    """
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    agent_of: dict[str, str] = {}
+    if output.exists():
+        for _, record in iter_jsonl(output, strict=False):
+            env = env_of(record)
+            if env in url_of and isinstance(record.get("reward"), int | float):
+                by_env.setdefault(env, []).append(strip_for_aggregation(record))
+                agent_ref = record.get("agent_ref")
+                if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
+                    agent_of.setdefault(env, agent_ref["name"])
+    entries = []
+    for env, records in by_env.items():
+        url = url_of[env].rstrip("/") + "/aggregate_metrics"
+        try:
+            async with session.post(url, json={"verify_responses": records}) as resp:
+                body = await resp.json(content_type=None)
+                if resp.status != 200 or not isinstance(body, dict):
+                    raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            report(f"env '{env}': /aggregate_metrics failed ({e}); no aggregate metrics for it")
+            continue
+        entries.append(
+            {
+                "agent_ref": {"name": agent_of.get(env, env)},
+                ENV_SERVER: env,
+                **{
+                    key: body.get(key, default)
+                    for key, default in (
+                        ("agent_metrics", {}),
+                        ("key_metrics", {}),
+                        ("group_level_metrics", []),
+                        ("repeat_level_metrics", []),
+                    )
+                },
+            }
+        )
+    return entries
+
+
+async def run_all(coros: list[Any]) -> None:
     """Run coroutines together; if one fails, cancel the others and raise its error."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -630,7 +780,7 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
         running.stop()
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
+def new_event_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
     except ImportError:
@@ -650,7 +800,7 @@ def collect(
     ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar).
     """
     _check_config(config)
-    _prepare_output(config)
+    prepare_output(config.output_path, config.resume, config.overwrite, _side_files(config.output_path))
     routes = parse_env_args(config.envs)
     if config.strict:
         try:
@@ -678,5 +828,5 @@ def collect(
         )
         if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
             return asyncio.run(main)
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(main)

@@ -37,6 +37,7 @@ __all__ = [
     "assistant_text",
     "dump",
     "input_items",
+    "item_dict",
     "last_user_text",
     "new_id",
 ]
@@ -238,20 +239,29 @@ def content_text(content: Any) -> str:
 def last_user_text(params: ResponsesCreateParams | dict[str, Any]) -> str:
     """Text of the last user message of a request ("" when there is none)."""
     for item in reversed(input_items(params)):
-        if item.get("role") == "user":
+        if isinstance(item, dict) and item.get("role") == "user":
             return content_text(item.get("content"))
     return ""
 
 
-def _as_dict(item: Any) -> dict[str, Any]:
-    return item if isinstance(item, dict) else dump(item)
+def item_dict(item: Any) -> dict[str, Any] | None:
+    """An input/output item as a dict (models dumped); None for anything that is not an item object.
+
+    Real NeMo Gym rollouts carry output entries that are not items (one environment stores each turn as
+    a list of items); readers skip them, as NeMo Gym's own readers skip item types they do not know.
+    """
+    if isinstance(item, dict):
+        return item
+    if isinstance(item, BaseModel):
+        return dump(item)
+    return None
 
 
 def assistant_text(output: list[Any], sep: str = " ") -> str:
-    """All assistant message text of a response's ``output``, messages joined by ``sep``."""
+    """All assistant message text of a response's ``output``, messages joined by ``sep``; other entries skipped."""
     texts = []
     for item in output:
-        d = _as_dict(item)
-        if d.get("type") == "message" and d.get("role", "assistant") == "assistant":
+        d = item_dict(item)
+        if d is not None and d.get("type") == "message" and d.get("role", "assistant") == "assistant":
             texts.append(content_text(d.get("content")))
     return sep.join(texts)

@@ -4,8 +4,9 @@ Output is all or nothing: records go to a temporary file beside ``OUT`` that is 
 the run succeeds, so a failed or interrupted run (``--strict`` on a bad line, Ctrl-C, a full disk) leaves
 no half-written file and an existing ``OUT`` untouched.
 
-Bad input (not JSON, not UTF-8, a missing field) is reported with ``file:line``; it is skipped and
-counted, or with ``strict`` it stops the run with :class:`gym_bridge.jsonl.JsonlError`.
+Bad input (not JSON, not UTF-8, a missing field, a record of a shape a conversion cannot read) is
+reported with ``file:line``; it is skipped and counted, or with ``strict`` it stops the run with
+:class:`gym_bridge.jsonl.JsonlError`. One odd record never ends a run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = ["TransformReport", "atomic_writer", "run_grouped", "run_records"]
 
 Converted = dict[str, Any] | list[dict[str, Any]] | None
 ErrorSink = Callable[[JsonlError], None]
+
+_UNUSABLE = (RecordError, AttributeError, TypeError, KeyError, IndexError, ValueError)
+"""What a conversion raises on a record of a shape no check foresaw: that record is reported and skipped."""
 
 
 @dataclass
@@ -73,7 +77,9 @@ def _convert_or_report(
 ) -> Converted | RecordError:
     try:
         return convert(arg)
-    except RecordError as e:
+    except _UNUSABLE as e:
+        if not isinstance(e, RecordError):
+            e = RecordError(f"unusable record ({type(e).__name__}: {e})")
         err = JsonlError(path, lineno, str(e))
         if strict:
             raise err from None

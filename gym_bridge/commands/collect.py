@@ -233,5 +233,10 @@ def _print_summary(console: Any, result: Any) -> None:
     console.print(table)
     console.print(f"rollouts: {result.output_path}")
     console.print(f"metrics:  {result.metrics_path}")
+    from gym_bridge.collect import aggregate_metrics_path_for, materialized_path_for
+
+    console.print(f"NeMo Gym: {materialized_path_for(result.output_path)}")
+    if result.aggregate_metrics:
+        console.print(f"NeMo Gym: {aggregate_metrics_path_for(result.output_path)}")
     if result.failed:
         console.print(f"failures: {result.failures_path} (rerun with --resume to retry them)")

@@ -22,7 +22,12 @@ def train(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or per-step lines.")] = False,
 ) -> None:
-    """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts."""
+    """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts.
+
+    The recipe uses NeMo RL's config layout. Every key, with its meaning and default, is documented in
+    gym_bridge/train/config.py (the schema's field docstrings); recipes/ holds working examples. An
+    unknown or mistyped key fails at start-up naming its full path.
+    """
     from gym_bridge.train.config import ConfigError, load_config
 
     try:

@@ -48,6 +48,7 @@ class _Row:
     logprobs: list[float]
     finish_reason: FinishReason | None = None
     text: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class TransformersBackend(GenerationBackend):
@@ -116,6 +117,7 @@ class TransformersBackend(GenerationBackend):
                 logprobs=row.logprobs,
                 finish_reason=row.finish_reason or "length",
                 text=row.text if row.text is not None else self._decode_text(row.token_ids),
+                top_logprobs=row.top_logprobs,
             )
             for row in rows
         ]
@@ -148,6 +150,7 @@ class TransformersBackend(GenerationBackend):
             token_ids=[],
             logprobs=[],
             finish_reason="length" if max_new == 0 else None,
+            top_logprobs=[] if params.top_logprobs > 0 else None,
         )
 
     def _decode(self, rows: list[_Row]) -> None:
@@ -175,11 +178,15 @@ class TransformersBackend(GenerationBackend):
         while True:
             tokens, logprobs = _sample(logits, temperature, top_p, top_k, uniforms[:, step])
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            top = _top_logprobs(logits, [rows[i].request.params.top_logprobs for i in active])
             keep: list[int] = []
             for j, i in enumerate(active):
                 row = rows[i]
                 row.token_ids.append(token_list[j])
                 row.logprobs.append(logprob_list[j])
+                if row.top_logprobs is not None and top is not None:
+                    k = row.request.params.top_logprobs
+                    row.top_logprobs.append(list(zip(top[1][j][:k], top[0][j][:k], strict=True)))
                 if not self._finished(row):
                     keep.append(j)
             step += 1
@@ -304,6 +311,18 @@ def _sample(
         chosen = torch.where(greedy, chosen, sampled)
     logprobs = logits.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return chosen, logprobs
+
+
+def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:
+    """The ``max(ks)`` most likely tokens of each row under the raw distribution: (log-probs, ids); None
+    when no row asked."""
+    import torch
+
+    k = min(max(ks, default=0), logits.shape[-1])
+    if k <= 0:
+        return None
+    values, ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    return values.tolist(), ids.tolist()
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ class VllmBackend(GenerationBackend):
             seed=p.seed,
             stop=list(p.stop_strings) or None,
             stop_token_ids=sorted({*self.stop_token_ids, *p.stop_token_ids}) or None,
-            logprobs=0,  # the sampled token's log-probability only
+            logprobs=p.top_logprobs,  # the sampled token's log-probability, and the top ones when asked
             skip_special_tokens=True,
         )
 
@@ -86,6 +86,13 @@ class VllmBackend(GenerationBackend):
             logprobs = [
                 step[token].logprob for token, step in zip(token_ids, completion.logprobs or [], strict=False)
             ]
+            top = None
+            if request.params.top_logprobs > 0:
+                k = request.params.top_logprobs
+                top = [
+                    sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda pair: -pair[1])[:k]
+                    for step in completion.logprobs or []
+                ]
             results.append(
                 GenerationResult(
                     prompt_token_ids=list(request.prompt_token_ids),
@@ -93,6 +100,7 @@ class VllmBackend(GenerationBackend):
                     logprobs=logprobs,
                     finish_reason="length" if completion.finish_reason == "length" else "stop",
                     text=completion.text,
+                    top_logprobs=top,
                 )
             )
         return results

@@ -107,6 +107,7 @@ def _initial_state(row: dict[str, Any]) -> dict[str, Any]:
 
 class ToolUseServer(ResourcesServer):
     name = "tool_use"
+    reverify_mode = "unsupported"  # /verify scores the session's final store
     verify_request_model = ToolUseVerifyRequest
 
     def __init__(self, settings: ServerSettings | None = None, config: ToolUseConfig | None = None) -> None:

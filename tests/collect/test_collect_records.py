@@ -61,7 +61,10 @@ def test_records_are_nemo_gym_rollouts_in_aabbcc_order(tmp_path, boxed_env):
     ]  # fmt: skip
     for rec in records:
         RolloutRecord.model_validate(rec)  # NeMo Gym-readable
-        assert list(rec)[-3:] == ["_ng_task_index", "_ng_rollout_index", "agent_ref"]
+        assert list(rec)[-5:] == [
+            "_ng_task_index", "_ng_rollout_index", "agent_ref", "_ng_environment_server", "_ng_result_type",
+        ]  # fmt: skip
+        assert rec["_ng_environment_server"] == env_url and rec["_ng_result_type"] == "legacy_agent"
         assert rec["responses_create_params"]["temperature"] == 0.5
         assert rec["response"]["output"][-1]["type"] == "message"
         assert rec["response"]["usage"]["output_tokens"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,6 +90,33 @@ def test_sessions_are_separate_per_cookie(server_url: str, client: httpx.Client)
         assert other.post("/add", json={"step": 3}).json() == {"count": 3}
         assert other.cookies[SESSION_COOKIE] != client.cookies[SESSION_COOKIE]
     assert client.post("/add", json={"step": 1}).json() == {"count": 11}
+
+
+def test_a_client_chosen_session_id_is_never_adopted(server_url: str) -> None:
+    """Session fixation: two clients sending the same made-up cookie each get their own new session."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Cookie": f"{SESSION_COOKIE}=chosen-by-client"}
+    with httpx.Client(base_url=server_url, headers=headers) as a, httpx.Client(base_url=server_url, headers=headers) as b:
+        seeded_a = a.post("/seed_session", json={"start": 100})
+        seeded_b = b.post("/add", json={"step": 1})
+        issued_a, issued_b = seeded_a.cookies[SESSION_COOKIE], seeded_b.cookies[SESSION_COOKIE]
+        assert "chosen-by-client" not in (issued_a, issued_b) and issued_a != issued_b
+        assert seeded_b.json() == {"count": 1}  # b did not land in a's session (count 100)
+        assert len(issued_a) >= 22  # 128 random bits
+    # the id the server issued works when sent back (what NeMo Gym's agent and ours do)
+    with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {TOKEN}"}) as again:
+        again.cookies.set(SESSION_COOKIE, issued_a)
+        answer = again.post("/add", json={"step": 1})
+        assert answer.json() == {"count": 101} and "set-cookie" not in answer.headers
+
+
+def test_an_unknown_or_stale_session_id_starts_a_new_session_with_a_fresh_cookie() -> None:
+    settings = ServerSettings(session_ttl_s=0.2)
+    with start_in_thread(CountingServer(settings).build_app()) as running, httpx.Client(base_url=running.url) as client:
+        first = client.post("/seed_session", json={"start": 5}).cookies[SESSION_COOKIE]
+        time.sleep(0.4)
+        answer = client.post("/add", json={"step": 1})
+        assert answer.json() == {"count": 1}  # the expired session's state is gone
+        assert answer.cookies[SESSION_COOKIE] != first
 
 
 def test_overlong_session_cookie_gets_a_fresh_session(client: httpx.Client) -> None:
@@ -205,9 +233,11 @@ def test_aggregate_metrics_validates_records(client: httpx.Client) -> None:
     records = [{**verify_body(), "reward": r, "_ng_task_index": 0} for r in (1.0, 0.0)]
     ok = client.post("/aggregate_metrics", json={"verify_responses": records})
     assert ok.status_code == 200
-    assert ok.json()["mean_reward"] == 0.5 and ok.json()["num_tasks"] == 1
-    assert client.post("/aggregate_metrics", json=records).json()["num_rollouts"] == 2
+    assert ok.json()["agent_metrics"]["mean/reward"] == 0.5 and ok.json()["agent_metrics"]["num_tasks"] == 1
+    assert client.post("/aggregate_metrics", json=records).json()["agent_metrics"]["num_rollouts"] == 2
     not_list = client.post("/aggregate_metrics", json={"verify_responses": 3})
     assert not_list.status_code == 422 and "list of verify responses" in not_list.json()["detail"]
-    bad = client.post("/aggregate_metrics", json=[records[0], {"reward": 1.0}])
-    assert bad.status_code == 422 and "verify_responses.1.responses_create_params" in bad.json()["detail"]
+    stripped = client.post("/aggregate_metrics", json=[records[0], {"reward": 1.0}])  # NeMo Gym strips the request
+    assert stripped.status_code == 200 and stripped.json()["agent_metrics"]["num_rollouts"] == 2
+    bad = client.post("/aggregate_metrics", json=[records[0], {"_ng_task_index": 1}])
+    assert bad.status_code == 422 and "verify_responses.1.reward" in bad.json()["detail"]

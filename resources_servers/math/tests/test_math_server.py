@@ -250,7 +250,7 @@ def test_aggregate_metrics(client: httpx.Client) -> None:
         verify(client, "\\boxed{5}", "4", _ng_task_index=1),
         verify(client, "no idea", "4", _ng_task_index=1),
     ]
-    metrics = client.post("/aggregate_metrics", json={"verify_responses": records}).json()
+    metrics = client.post("/aggregate_metrics", json={"verify_responses": records}).json()["agent_metrics"]
     assert metrics["mean_reward"] == 0.5 and metrics["pass@2"] == 0.5
     assert metrics["extraction_methods"] == {"boxed": 2, "final_answer": 1, "none": 1}
     assert metrics["no_answer_rate"] == 0.25 and metrics["verifier_timeout_rate"] == 0.0

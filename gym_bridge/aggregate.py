@@ -1,0 +1,138 @@
+"""``/aggregate_metrics`` as NeMo Gym speaks it: its request body in, its ``AggregateMetrics`` shape out.
+
+NeMo Gym's collector (``nemo_gym/rollout_collection.py``) posts ``{"verify_responses": [...]}`` with each
+record stripped of ``responses_create_params`` and of ``response`` except ``response.usage`` and
+``response.incomplete_details``; it reads the answer with its ``AggregateMetrics`` model::
+
+    {"group_level_metrics": [per task], "agent_metrics": {...}, "key_metrics": {...},
+     "repeat_level_metrics": [per repeat]}
+
+Statistics follow NeMo Gym's ``RewardProfiler`` naming: ``mean/X``, ``max/X``, ``min/X``, ``median/X``,
+``std/X`` (sample standard deviation, 0 for one value) over every numeric field X of the records (top-level
+numbers not starting with ``_``, booleans as 0/1, and ``response.usage`` counts). Per task
+(``_ng_task_index``) in ``group_level_metrics``; per repeat (``_ng_rollout_index``, only when there are
+several) in ``repeat_level_metrics``; over all records in ``agent_metrics``, which also carries the
+environment's own summary (pass@1, pass@k, majority@k, failure kinds ...: ``ResourcesServer.aggregate_metrics``).
+``key_metrics`` holds the headline figures: ``mean/reward``, token means, pass@1, pass@k, majority@k.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["AggregateRequestError", "nemo_gym_aggregate", "parse_aggregate_request", "strip_for_aggregation"]
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+_STATS: dict[str, Callable[[list[float]], float]] = {
+    "mean": statistics.fmean,
+    "max": max,
+    "min": min,
+    "median": statistics.median,
+    "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0,
+}
+_HEADLINE = ("mean/reward", "mean/input_tokens", "mean/output_tokens")
+
+
+class AggregateRequestError(ValueError):
+    """A body that is not a list of verify responses; the message names the field."""
+
+
+def strip_for_aggregation(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as NeMo Gym sends it to ``/aggregate_metrics``: no request, ``response`` cut to usage/incomplete_details."""
+    heavy = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory")
+    entry = {k: v for k, v in record.items() if k not in heavy}
+    response = record.get("response")
+    if isinstance(response, dict):
+        kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k) is not None}
+        if kept:
+            entry["response"] = kept
+    return entry
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
+    """The records of an ``/aggregate_metrics`` body (NeMo Gym's ``{"verify_responses": [...]}`` or a bare list).
+
+    Each record needs a numeric ``reward``; ``_ng_task_index``/``_ng_rollout_index``, when present, must
+    be non-negative integers. Anything else (the request, the response) is optional, as NeMo Gym strips it.
+    """
+    records = body.get("verify_responses") if isinstance(body, dict) else body
+    if not isinstance(records, list):
+        raise AggregateRequestError("verify_responses: expected a list of verify responses")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise AggregateRequestError(f"verify_responses.{i}: expected an object")
+        if not _finite_number(record.get("reward")):
+            raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        for key in (TASK_INDEX, ROLLOUT_INDEX):
+            value = record.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise AggregateRequestError(f"verify_responses.{i}.{key}: expected a non-negative integer, got {value!r}")
+    return records
+
+
+def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers NeMo Gym's profiler describes: top-level (not ``_``-prefixed) and ``response.usage``."""
+    out: dict[str, float] = {}
+    response = record.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    sources = [usage if isinstance(usage, dict) else {}, record]
+    for source in sources:
+        for key, value in source.items():
+            if key.startswith("_") or key == "response":
+                continue
+            if isinstance(value, bool):
+                out[key] = float(value)
+            elif _finite_number(value):
+                out[key] = float(value)
+    return out
+
+
+def _describe(rows: list[dict[str, float]], stats: tuple[str, ...] = tuple(_STATS)) -> dict[str, float]:
+    columns: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for key, value in row.items():
+            columns[key].append(value)
+    return {f"{stat}/{key}": _STATS[stat](values) for stat in stats for key, values in columns.items()}
+
+
+def nemo_gym_aggregate(
+    records: list[dict[str, Any]], summary: Callable[[list[dict[str, Any]]], dict[str, Any]]
+) -> dict[str, Any]:
+    """NeMo Gym's ``AggregateMetrics`` for ``records``; ``summary`` is the environment's own metrics (merged in)."""
+    if not records:
+        return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
+    numbers = [_numeric_fields(r) for r in records]
+    by_task: dict[int, list[dict[str, float]]] = defaultdict(list)
+    by_repeat: dict[int, list[tuple[int, dict[str, float]]]] = defaultdict(list)
+    for record, row in zip(records, numbers, strict=True):
+        task = record.get(TASK_INDEX) or 0
+        by_task[task].append(row)
+        by_repeat[record.get(ROLLOUT_INDEX) or 0].append((task, row))
+    groups = [
+        {TASK_INDEX: task, **_describe(rows), "num_rollouts": len(rows)} for task, rows in sorted(by_task.items())
+    ]
+    repeats = []
+    if len(by_repeat) > 1:
+        for repeat, entries in sorted(by_repeat.items()):
+            present = len({task for task, _ in entries})
+            repeats.append(
+                {
+                    ROLLOUT_INDEX: repeat,
+                    "sample_count": present,
+                    "missing_count": len(by_task) - present,
+                    **_describe([row for _, row in entries]),
+                }
+            )
+    agent = {**_describe(numbers), "num_repeats": len(by_repeat), **summary(records)}
+    key = {name: agent[name] for name in _HEADLINE if name in agent}
+    key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
+    return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key, "repeat_level_metrics": repeats}

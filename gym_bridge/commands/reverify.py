@@ -1,0 +1,82 @@
+"""``gym-bridge reverify``: re-score a stored rollout file with the current verifier (NeMo Gym's ``gym eval reverify``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def reverify(
+    rollouts: Annotated[Path, typer.Argument(help="Rollout JSONL to re-score (ours or NeMo Gym's).", show_default=False)],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Re-scored rollouts JSONL to write.", show_default=False)
+    ],
+    env: Annotated[
+        str,
+        typer.Option(
+            "--env", help="The verifier: a built-in server name (math, code, ...; started for the run) or a URL."
+        ),
+    ],
+    concurrency: Annotated[int, typer.Option(help="/verify requests in flight at once.")] = 16,
+    limit: Annotated[int | None, typer.Option(help="Re-score only the first N stored rollouts.")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue an interrupted run: re-score only the rollouts the output lacks.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output (and its side files).")] = False,
+    strict: Annotated[bool, typer.Option(help="Stop at the first unusable stored line instead of skipping it.")] = False,
+    request_timeout: Annotated[float, typer.Option(help="Seconds for one /verify attempt.")] = 300.0,
+    max_retries: Annotated[int, typer.Option(help="Retries per /verify on 429/5xx/timeouts/connection errors.")] = 3,
+    examples: Annotated[int, typer.Option(help="How many changed rewards to show.")] = 5,
+) -> None:
+    """Re-verify ROLLOUTS against --env without calling a model; write -o, print how many rewards changed."""
+    from rich.console import Console
+
+    from gym_bridge.collect import CollectError
+    from gym_bridge.reverify import ReverifyConfig
+    from gym_bridge.reverify import reverify as run_reverify
+
+    console = Console(stderr=True, soft_wrap=True)
+    config = ReverifyConfig(
+        rollouts_path=rollouts,
+        output_path=output,
+        env=env,
+        concurrency=concurrency,
+        resume=resume,
+        overwrite=overwrite,
+        strict=strict,
+        limit=limit,
+        request_timeout=request_timeout,
+        max_retries=max_retries,
+        max_examples=examples,
+    )
+
+    def log(message: str) -> None:
+        console.print(message, style="yellow", highlight=False, markup=False)
+
+    try:
+        result = run_reverify(config, report=log)
+    except CollectError as e:
+        console.print(f"[bold red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(f"interrupted: re-scored rollouts are in {output}; rerun with --resume to do the rest")
+        raise typer.Exit(130) from None
+    out = Console(soft_wrap=True)
+    out.print(
+        f"re-verified {result.total} rollouts ({result.verified} this run, {result.already_done} already done): "
+        f"{result.changed} rewards changed ({result.raised} up, {result.lowered} down); "
+        f"{result.failed} failed, {result.skipped} stored lines skipped",
+        highlight=False,
+    )
+    for change in result.examples:
+        out.print(
+            f"  task {change.task_index} repeat {change.rollout_index}: reward {change.old} -> {change.new}",
+            highlight=False,
+        )
+    out.print(f"rollouts: {result.output_path}", highlight=False)
+    if result.failed:
+        out.print(f"failures: {result.failures_path} (rerun with --resume to retry them)", highlight=False)
+    if result.failed:
+        raise typer.Exit(1)

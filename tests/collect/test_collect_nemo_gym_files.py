@@ -1,0 +1,201 @@
+"""collect writes what NeMo Gym's ``gym eval run`` writes: materialized inputs, the aggregate file, record stamps.
+
+Against the built-in math server over loopback HTTP; the shapes are NeMo Gym 0.7.0's
+(``nemo_gym/rollout_collection.py``, ``nemo_gym/path_utils.py``, ``AggregateMetrics``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from collect_helpers import BoxedAnswerEnv, read_jsonl, write_rows
+from fake_model import FakeModel, arithmetic_row, solve_arithmetic
+
+from gym_bridge.aggregate import strip_for_aggregation
+from gym_bridge.collect import (
+    CollectConfig,
+    aggregate_metrics_path_for,
+    collect,
+    materialized_path_for,
+)
+from gym_bridge.envs import running_env
+from gym_bridge.server import start_in_thread
+
+ENTRY_KEYS = [
+    "agent_ref",
+    "_ng_environment_server",
+    "agent_metrics",
+    "key_metrics",
+    "group_level_metrics",
+    "repeat_level_metrics",
+]
+
+
+def one_wrong(request, n):
+    if "4 + 4" in json.dumps(request) and n == 1:
+        return "I think the answer is \\boxed{9}."
+    return solve_arithmetic(request, n)
+
+
+def _collect(tmp_path, model, **kw):
+    rows = [arithmetic_row(2, 3), arithmetic_row(4, 4), arithmetic_row(1, 0)]
+    tasks = write_rows(tmp_path / "tasks.jsonl", rows)
+    config = CollectConfig(
+        tasks, tmp_path / "r.jsonl", ["math"], model_url=model.url, num_repeats=2, concurrency=2,
+        progress=False, overrides={"temperature": 0.7}, seed=3, **kw,
+    )  # fmt: skip
+    messages: list[str] = []
+    return collect(config, report=messages.append), messages
+
+
+def test_collect_writes_nemo_gym_side_files(tmp_path):
+    with FakeModel(one_wrong) as model:
+        result, messages = _collect(tmp_path, model)
+    records = read_jsonl(result.output_path)
+    assert len(records) == 6
+    assert {(r["_ng_environment_server"], r["_ng_result_type"]) for r in records} == {("math", "legacy_agent")}
+
+    materialized = read_jsonl(materialized_path_for(result.output_path))
+    assert materialized_path_for(result.output_path).name == "r_materialized_inputs.jsonl"
+    keys = [(m["_ng_task_index"], m["_ng_rollout_index"]) for m in materialized]
+    assert sorted(keys) == sorted((r["_ng_task_index"], r["_ng_rollout_index"]) for r in records)
+    assert len(set(keys)) == len(keys) == 6
+    by_key = {(m["_ng_task_index"], m["_ng_rollout_index"]): m for m in materialized}
+    for rec in records:
+        row = by_key[(rec["_ng_task_index"], rec["_ng_rollout_index"])]
+        assert row["responses_create_params"] == rec["responses_create_params"]  # as run: overrides, seed
+        assert row["responses_create_params"]["temperature"] == 0.7 and "seed" in row["responses_create_params"]
+        assert row["agent_ref"] == rec["agent_ref"] and row["_ng_environment_server"] == "math"
+        assert row["expected_answer"] == rec["expected_answer"]
+        assert "response" not in row and "reward" not in row
+
+    path = aggregate_metrics_path_for(result.output_path)
+    assert path.name == "r_aggregate_metrics.json"
+    aggregate = json.loads(path.read_text())
+    assert aggregate == result.aggregate_metrics
+    assert [list(entry) for entry in aggregate] == [ENTRY_KEYS]
+    entry = aggregate[0]
+    assert entry["agent_ref"] == {"name": "math"} and entry["_ng_environment_server"] == "math"
+    agent = entry["agent_metrics"]
+    assert agent["mean/reward"] == pytest.approx(5 / 6)
+    assert agent["min/reward"] == 0.0 and agent["max/reward"] == 1.0 and agent["num_repeats"] == 2
+    assert agent["pass@2"] == 1.0 and agent["majority@2"] == pytest.approx(2 / 3)
+    assert agent["mean/output_tokens"] > 0
+    assert entry["key_metrics"]["mean/reward"] == agent["mean/reward"]
+    assert entry["key_metrics"]["pass@2"] == 1.0
+    groups = entry["group_level_metrics"]
+    assert [g["_ng_task_index"] for g in groups] == [0, 1, 2]
+    assert [g["mean/reward"] for g in groups] == [1.0, 0.5, 1.0]
+    assert groups[1]["std/reward"] == pytest.approx(2**-0.5)
+    repeats = entry["repeat_level_metrics"]
+    assert [(r["_ng_rollout_index"], r["sample_count"], r["missing_count"]) for r in repeats] == [(0, 3, 0), (1, 3, 0)]
+    assert [r["mean/reward"] for r in repeats] == [pytest.approx(2 / 3), 1.0]
+    assert not any("aggregate_metrics failed" in m for m in messages)
+
+
+def test_resume_after_a_crash_keeps_one_materialized_row_per_rollout(tmp_path):
+    with FakeModel(one_wrong) as model:
+        result, _ = _collect(tmp_path, model)
+        lines = result.output_path.read_text().splitlines(keepends=True)
+        result.output_path.write_text("".join(lines[:3]) + lines[3][:20])  # two lost, one torn
+        aggregate_metrics_path_for(result.output_path).unlink()
+        resumed, _ = _collect(tmp_path, model, resume=True)
+    assert resumed.already_done == 3 and resumed.written == 3
+    materialized = read_jsonl(materialized_path_for(result.output_path))
+    keys = [(m["_ng_task_index"], m["_ng_rollout_index"]) for m in materialized]
+    assert sorted(keys) == [(t, r) for t in range(3) for r in range(2)]
+    assert json.loads(aggregate_metrics_path_for(result.output_path).read_text())[0]["agent_metrics"][
+        "num_rollouts"
+    ] == 6
+
+
+class NoAggregation(BoxedAnswerEnv):
+    def aggregate_metrics(self, records):
+        raise RuntimeError("no aggregation here")
+
+
+def test_an_env_whose_aggregation_fails_costs_only_the_aggregate_file(tmp_path):
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(2, 3)])
+    messages: list[str] = []
+    with start_in_thread(NoAggregation().build_app()) as env, FakeModel() as model:
+        result = collect(
+            CollectConfig(tasks, tmp_path / "r.jsonl", [env.url], model_url=model.url, progress=False),
+            report=messages.append,
+        )
+    assert result.written == 1 and result.aggregate_metrics == []
+    assert not aggregate_metrics_path_for(result.output_path).exists()
+    assert [m for m in messages if "/aggregate_metrics failed (HTTP 500" in m]
+    assert len(read_jsonl(materialized_path_for(result.output_path))) == 1
+
+
+# --------------------------------------------------------------------------- the server side, over HTTP
+
+
+@pytest.fixture(scope="module")
+def math_url():
+    with running_env("math") as url:
+        yield url
+
+
+def _verified(url, answer, expected, task, repeat):
+    body = {
+        "responses_create_params": {"input": [{"role": "user", "content": "q"}]},
+        "response": {
+            "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}],
+            "usage": {"input_tokens": 10, "output_tokens": 5 + task, "total_tokens": 15 + task},
+            "incomplete_details": None,
+        },
+        "expected_answer": expected,
+        "_ng_task_index": task,
+        "_ng_rollout_index": repeat,
+    }
+    return httpx.post(f"{url}/verify", json=body, timeout=30).json()
+
+
+def test_server_takes_what_nemo_gym_posts_and_answers_its_aggregate_shape(math_url):
+    records = [
+        _verified(math_url, "\\boxed{4}", "4", 0, 0),
+        _verified(math_url, "\\boxed{5}", "4", 0, 1),
+        _verified(math_url, "\\boxed{2}", "2", 1, 0),
+        _verified(math_url, "\\boxed{2}", "2", 1, 1),
+    ]
+    stripped = [strip_for_aggregation(r) for r in records]
+    assert all("responses_create_params" not in s and set(s["response"]) == {"usage"} for s in stripped)
+    answer = httpx.post(f"{math_url}/aggregate_metrics", json={"verify_responses": stripped}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert set(body) == {"group_level_metrics", "agent_metrics", "key_metrics", "repeat_level_metrics"}
+    agent = body["agent_metrics"]
+    assert agent["mean/reward"] == 0.75 and agent["pass@1"] == 0.75 and agent["pass@2"] == 1.0
+    assert agent["mean/output_tokens"] == 5.5 and agent["mean/library_reward"] == 0.75
+    assert agent["extraction_methods"] == {"boxed": 4}
+    assert body["key_metrics"] == {
+        "mean/reward": 0.75, "mean/input_tokens": 10.0, "mean/output_tokens": 5.5,
+        "pass@1": 0.75, "pass@2": 1.0, "majority@2": 1.0,
+    }  # fmt: skip
+    assert [g["mean/reward"] for g in body["group_level_metrics"]] == [0.5, 1.0]
+    assert [r["mean/reward"] for r in body["repeat_level_metrics"]] == [1.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"verify_responses": 3}, "verify_responses: expected a list"),
+        ({"verify_responses": [{"reward": 1.0}, {"_ng_task_index": 0}]}, "verify_responses.1.reward"),
+        ({"verify_responses": [{"reward": "1"}]}, "verify_responses.0.reward"),
+        ({"verify_responses": [{"reward": 1.0, "_ng_task_index": -1}]}, "verify_responses.0._ng_task_index"),
+        ({"verify_responses": ["x"]}, "verify_responses.0: expected an object"),
+    ],
+)
+def test_aggregate_refuses_what_it_cannot_score_naming_the_field(math_url, body, detail):
+    answer = httpx.post(f"{math_url}/aggregate_metrics", json=body, timeout=30)
+    assert answer.status_code == 422 and detail in answer.json()["detail"]
+
+
+def test_reverify_mode_as_nemo_gym_asks_for_it():
+    for name, mode in (("math", "stateless"), ("code", "stateless"), ("tool_use", "unsupported")):
+        with running_env(name) as url:
+            answer = httpx.get(f"{url}/reverify_mode", timeout=30)
+        assert answer.status_code == 200 and answer.json() == mode, name

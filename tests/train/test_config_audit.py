@@ -247,3 +247,17 @@ def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
         metrics = validate(cfg_with(f"logger.num_val_samples_to_print={count}"), Sampler(), prompts, 1, view)
         assert metrics["num_samples"] == 5
         assert sum("[val sample]" in line for line in view.lines) == count
+
+
+def test_packing_logprob_budget_sets_the_log_prob_passes_rows() -> None:
+    from gym_bridge.train.trainer import micro_batches
+
+    samples = [sample(0, 1.0, length=n) for n in (30, 30, 30, 30, 20, 20, 10, 10)]
+    index = list(range(8))
+    common = ["policy.sequence_packing.enabled=true", "policy.max_total_sequence_length=64"]
+    small = cfg_with(*common, "policy.generation.max_new_tokens=8", "policy.sequence_packing.logprob_mb_tokens=64")
+    large = cfg_with(*common, "policy.generation.max_new_tokens=8", "policy.sequence_packing.logprob_mb_tokens=256")
+    assert len(micro_batches(small, samples, index, for_logprobs=True)) == 3  # one 60-64 token row each
+    assert len(micro_batches(large, samples, index, for_logprobs=True)) == 1  # three rows in one pass
+    # the training budget is a separate key
+    assert len(micro_batches(small, samples, index, for_logprobs=False)) == 1

@@ -8,7 +8,8 @@ writes ``train.jsonl`` and ``validation.jsonl`` in NeMo Gym's row shape (its ``c
 ``responses_create_params.input`` = the question as the user message (plus ``--suffix``), and the
 entry's ``question``, ``answer``, ``metadata`` (``source_dataset`` names the family). Several families
 (``--family a,b``) are mixed evenly with reasoning-gym's ``composite`` dataset. Validation is drawn from
-another seed and holds no question that train has, so accuracy on it is not memorisation.
+another seed and holds no question that train has, so accuracy on it is not memorisation (unless
+``--allow-overlap``: for a family whose whole problem space is small).
 """
 
 from __future__ import annotations
@@ -68,8 +69,13 @@ def generate(
     seed: int,
     config: dict[str, Any] | None = None,
     suffix: str = "",
+    allow_overlap: bool = False,
 ) -> dict[str, int]:
-    """Write ``train.jsonl`` and ``validation.jsonl``; returns the row counts written."""
+    """Write ``train.jsonl`` and ``validation.jsonl``; returns the row counts written.
+
+    ``allow_overlap`` lets validation repeat train questions (a family whose whole problem space is
+    small, e.g. single-digit sums, has no unseen question left once train is large).
+    """
     _dataset(families, 1, seed, dict(config or {}))  # unknown families and options fail before any file
     out_dir.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
@@ -84,7 +90,7 @@ def generate(
         for row in task_rows(families, 4 * validation_size, seed + VALIDATION_SEED_OFFSET, config, suffix):
             if counts["validation"] >= validation_size:
                 break
-            if row["question"] in seen:
+            if row["question"] in seen and not allow_overlap:
                 continue
             seen.add(row["question"])
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -101,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--config", default="{}", help="Family options as JSON (per family when several).")
     parser.add_argument("--suffix", default="", help="Text appended to each question in the prompt.")
+    parser.add_argument(
+        "--allow-overlap", action="store_true", help="Validation may repeat train questions (small problem spaces)."
+    )
     args = parser.parse_args(argv)
     try:
         config = json.loads(args.config)
@@ -112,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--train-size and --validation-size must not be negative")
     families = [f.strip() for f in args.family.split(",") if f.strip()]
     try:
-        counts = generate(families, args.out_dir, args.train_size, args.validation_size, args.seed, config, args.suffix)
+        counts = generate(
+            families, args.out_dir, args.train_size, args.validation_size, args.seed, config, args.suffix,
+            args.allow_overlap,
+        )  # fmt: skip
     except (ValueError, TypeError, AssertionError) as e:  # reasoning-gym checks its options with assert
         parser.error(f"{type(e).__name__}: {e}")
     print(f"wrote {counts['train']} train and {counts['validation']} validation rows to {args.out_dir}")

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import builtin_server, figure, tree_cpu_seconds, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "reference" / "nemo_gym"
+REFERENCE = REPO / "tests" / "data" / "nemo_gym"  # NeMo Gym records, vendored
 NEMO_GYM_MATH_ROLLOUTS_PER_S = 12.0
 
 

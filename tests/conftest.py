@@ -1,4 +1,4 @@
-"""Shared fixtures: where the NeMo Gym reference records live (../shared beside the checkout)."""
+"""Shared fixtures: where the NeMo Gym reference records live (vendored in tests/data/nemo_gym)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE_DIR = REPO.parent / "shared" / "reference" / "nemo_gym"
+REFERENCE_DIR = REPO / "tests" / "data" / "nemo_gym"
 
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     if not REFERENCE_DIR.is_dir():
-        pytest.fail(f"NeMo Gym reference records not found at {REFERENCE_DIR} (../shared must sit beside the checkout)")
+        pytest.fail(f"NeMo Gym reference records not found at {REFERENCE_DIR}")
     return REFERENCE_DIR

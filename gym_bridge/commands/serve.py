@@ -6,15 +6,21 @@ from typing import Annotated
 
 import typer
 
+from gym_bridge.commands.typer_app import App
 from gym_bridge.envs import BUILTIN_SERVERS
 
-app = typer.Typer(help="Run a resources server (math, code, tool_use) or the embedded policy server.", no_args_is_help=True)
+# Each built-in server has its own default port, so all of them and the policy server (8000) can run at
+# once without --port; the resources servers' READMEs use the same numbers.
+DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003, "reasoning_gym": 8004}
+POLICY_PORT = 8000
+
+app = App(help="Run a resources server (math, code, tool_use, reasoning_gym) or the embedded policy server.", no_args_is_help=True)
 
 
 def _env_command(env_name: str) -> None:
     def run(
         host: Annotated[str, typer.Option(help="Interface to bind; loopback by default.")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8001,
+        port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = DEFAULT_PORTS[env_name],
         token: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer TOKEN'.")] = None,
     ) -> None:
         from gym_bridge.envs import load_server_class
@@ -37,9 +43,15 @@ for _name in BUILTIN_SERVERS:
 
 @app.command("policy")
 def policy(
-    model: Annotated[str, typer.Option(help="Built-in model name (tiny, smollm2-135m) or a local model directory.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Built-in model name (tiny, smollm2-135m), a local Hugging Face model directory, or a .gguf "
+            "file (de-quantised to float32 on load)."
+        ),
+    ],
     host: Annotated[str, typer.Option(help="Interface to bind; loopback by default.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8000,
+    port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = POLICY_PORT,
     max_batch_size: Annotated[int, typer.Option(help="Most requests generated in one batch.")] = 64,
     batch_wait_ms: Annotated[float, typer.Option(help="How long a request waits for others to batch with.")] = 5.0,
     max_output_tokens: Annotated[int, typer.Option(help="Server cap on max_output_tokens / max_tokens.")] = 1024,

@@ -22,7 +22,12 @@ def train(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or per-step lines.")] = False,
 ) -> None:
-    """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts."""
+    """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts.
+
+    The recipe uses NeMo RL's config layout. Every key, with its meaning and default, is documented in
+    gym_bridge/train/config.py (the schema's field docstrings); recipes/ holds working examples. An
+    unknown or mistyped key fails at start-up naming its full path.
+    """
     from gym_bridge.train.config import ConfigError, load_config
 
     try:
@@ -39,7 +44,7 @@ def train(
 
     try:
         result = run_training(cfg, show_progress=not quiet)
-    except (DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
+    except (ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gym_bridge.commands.typer_app import App
 from gym_bridge.jsonl import JsonlError
 from transforms.common import in_reward_range, reward_of
 from transforms.dpo import dpo_pairs
@@ -24,7 +25,7 @@ from transforms.pipeline import run_grouped, run_records
 from transforms.ranked import check_ranked, ranked_to_grpo, to_ranked
 from transforms.sft import to_sft
 
-app = typer.Typer(
+app = App(
     help="Turn rollout JSONL into NeMo RL training data: grpo, sft, dpo, ranked (and ranked-to-grpo).",
     no_args_is_help=True,
 )
@@ -237,7 +238,7 @@ def ranked_to_grpo_command(
     reward_key: RewardKey = "reward",
     strict: Strict = False,
 ) -> None:
-    """Ranked groups -> GRPO records with reward (worst - rank) / (worst - best): 1.0 best ... 0.0 worst."""
+    """Ranked groups -> GRPO records with reward (worst - rank) / (worst - best): 1.0 for the best, 0.0 for the worst."""
 
     def convert(record: dict[str, Any]) -> list[dict[str, Any]]:
         return ranked_to_grpo(record, input_key=input_key, output_key=output_key, reward_key=reward_key)

@@ -122,11 +122,12 @@ class RayBackend(GenerationBackend):
         threads_per_worker: int = 1,
         object_store_memory_mb: int = 200,
         start_timeout_s: float = 300.0,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         ray = import_ray()
         import torch
 
-        from gym_bridge.generation.transformers_backend import _eos_ids
+        from gym_bridge.generation.transformers_backend import _eos_ids, checked_stop_token_ids
 
         if num_workers < 1 or threads_per_worker < 1:
             raise ValueError("num_workers and threads_per_worker must be >= 1")
@@ -136,6 +137,7 @@ class RayBackend(GenerationBackend):
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self.num_workers = num_workers
         self.threads_per_worker = threads_per_worker
         self._seed_source = torch.Generator().manual_seed(seed)  # as TransformersBackend draws them
@@ -159,7 +161,11 @@ class RayBackend(GenerationBackend):
                     getattr(model, "generation_config", None),
                     dtype,
                     threads_per_worker,
-                    {"model_name": self.model_name, "max_context": self.max_context},
+                    {
+                        "model_name": self.model_name,
+                        "max_context": self.max_context,
+                        "stop_token_ids": sorted(self.stop_token_ids),
+                    },
                 )
                 for _ in range(num_workers)
             ]

@@ -11,6 +11,7 @@ batch (GRPO's G samples per prompt) is prefilled once; rows that finish are drop
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,15 @@ from gym_bridge.generation.backend import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TransformersBackend"]
+__all__ = ["TransformersBackend", "checked_stop_token_ids"]
+
+
+def checked_stop_token_ids(stop_token_ids: Sequence[int], vocab_size: int) -> frozenset[int]:
+    """The backend-wide stop ids, or a ValueError naming the ones the model cannot emit."""
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids {bad} are outside the model's vocabulary 0..{vocab_size - 1}")
+    return frozenset(stop_token_ids)
 
 
 @dataclass
@@ -39,6 +48,7 @@ class _Row:
     logprobs: list[float]
     finish_reason: FinishReason | None = None
     text: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class TransformersBackend(GenerationBackend):
@@ -46,6 +56,8 @@ class TransformersBackend(GenerationBackend):
 
     ``lock`` is held for every ``generate`` and ``update_weights``: a trainer that steps the shared model
     in place while a policy server may be generating holds it around ``optimizer.step()``.
+    ``stop_token_ids`` end every completion, as the EOS ids do, besides each request's own
+    (``policy.generation.stop_token_ids`` of a training run).
     """
 
     def __init__(
@@ -55,6 +67,7 @@ class TransformersBackend(GenerationBackend):
         model_name: str | None = None,
         seed: int = 0,
         max_context: int | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         import torch
 
@@ -66,6 +79,7 @@ class TransformersBackend(GenerationBackend):
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self._seed_source = torch.Generator().manual_seed(seed)
         self.lock = threading.RLock()
 
@@ -103,6 +117,7 @@ class TransformersBackend(GenerationBackend):
                 logprobs=row.logprobs,
                 finish_reason=row.finish_reason or "length",
                 text=row.text if row.text is not None else self._decode_text(row.token_ids),
+                top_logprobs=row.top_logprobs,
             )
             for row in rows
         ]
@@ -130,11 +145,12 @@ class TransformersBackend(GenerationBackend):
         return _Row(
             request=request,
             max_new_tokens=max_new,
-            stop_ids=frozenset(self.eos_token_ids) | frozenset(params.stop_token_ids),
+            stop_ids=frozenset(self.eos_token_ids) | self.stop_token_ids | frozenset(params.stop_token_ids),
             uniforms=uniforms,
             token_ids=[],
             logprobs=[],
             finish_reason="length" if max_new == 0 else None,
+            top_logprobs=[] if params.top_logprobs > 0 else None,
         )
 
     def _decode(self, rows: list[_Row]) -> None:
@@ -162,11 +178,15 @@ class TransformersBackend(GenerationBackend):
         while True:
             tokens, logprobs = _sample(logits, temperature, top_p, top_k, uniforms[:, step])
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            top = _top_logprobs(logits, [rows[i].request.params.top_logprobs for i in active])
             keep: list[int] = []
             for j, i in enumerate(active):
                 row = rows[i]
                 row.token_ids.append(token_list[j])
                 row.logprobs.append(logprob_list[j])
+                if row.top_logprobs is not None and top is not None:
+                    k = row.request.params.top_logprobs
+                    row.top_logprobs.append(list(zip(top[1][j][:k], top[0][j][:k], strict=True)))
                 if not self._finished(row):
                     keep.append(j)
             step += 1
@@ -291,6 +311,18 @@ def _sample(
         chosen = torch.where(greedy, chosen, sampled)
     logprobs = logits.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return chosen, logprobs
+
+
+def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:
+    """The ``max(ks)`` most likely tokens of each row under the raw distribution: (log-probs, ids); None
+    when no row asked."""
+    import torch
+
+    k = min(max(ks, default=0), logits.shape[-1])
+    if k <= 0:
+        return None
+    values, ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    return values.tolist(), ids.tolist()
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

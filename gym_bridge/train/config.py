@@ -350,18 +350,21 @@ class DynamicBatchingConfig(_Section):
 
 
 class SequencePackingConfig(_Section):
-    """Pack several sequences into one row under a token budget (first-fit decreasing)."""
+    """Pack several sequences into one row under a token budget (first-fit decreasing), each with its
+    own position ids and attending only to itself (:mod:`gym_bridge.train.packing`)."""
 
     enabled: bool = False
-    """Pack sequences instead of padding them. Default false."""
+    """Pack sequences instead of padding them (same log-probs and gradients, less padding). Refused at
+    start-up for a model whose attention would mix packed sequences. Default false."""
 
     train_mb_tokens: int | None = Field(None, ge=1)
-    """Tokens per packed training row; null means max_total_sequence_length x train_micro_batch_size.
-    Default null."""
+    """Tokens per packed training micro-batch: rows of up to max_total_sequence_length tokens, each
+    holding several sequences, as many rows as fit; null means max_total_sequence_length x
+    train_micro_batch_size. Default null."""
 
     logprob_mb_tokens: int | None = Field(None, ge=1)
-    """Tokens per packed log-prob row; null means max_total_sequence_length x logprob_batch_size.
-    Default null."""
+    """Tokens per packed log-prob micro-batch (as train_mb_tokens); null means
+    max_total_sequence_length x logprob_batch_size. Default null."""
 
     algorithm: Literal["first_fit_decreasing"] = "first_fit_decreasing"
     """Bin-packing algorithm. Default first_fit_decreasing."""
@@ -425,7 +428,8 @@ class GenerationConfig(_Section):
     """Sample only among the k most likely tokens; null disables. Default null."""
 
     stop_token_ids: list[int] | None = None
-    """Extra token ids that end a completion (the EOS token always does). Default null."""
+    """Extra token ids that end a completion, kept as its last token (the EOS token always does);
+    every generation backend applies them. Default null."""
 
     stop_strings: list[str] | None = None
     """Strings that end a completion. Default null."""
@@ -627,11 +631,13 @@ class EnvConfig(_Section):
     max_steps: int | None = Field(None, ge=1)
     """Most agent steps (model calls) per rollout; null means grpo.max_rollout_turns. Default null."""
 
-    num_workers: int = Field(8, ge=1)
-    """Concurrent scoring requests. Default 8."""
+    num_workers: int | None = Field(None, ge=1)
+    """Worker pool of the built-in server (math: verifier processes; code: sandboxes at once); refused
+    for a url or a server without a pool. Null keeps the server's own (one per CPU core). Default null."""
 
     timeout_s: float = Field(60.0, gt=0.0)
-    """Seconds before a scoring request fails. Default 60."""
+    """Seconds one attempt of a request to this environment (session set-up, tool call, /verify) may
+    take; three attempts, then the rollout fails. Default 60."""
 
     config: dict[str, Any] = Field(default_factory=dict)
     """Settings passed to the built-in server. Default {}."""
@@ -693,13 +699,15 @@ class LoggerConfig(_Section):
     """Write TensorBoard event files under log_dir. Default false."""
 
     wandb_enabled: bool = False
-    """Log to Weights & Biases (needs wandb installed and network). Default false."""
+    """Log every record to Weights & Biases (the ``[wandb]`` extra; refused at start-up without it;
+    ``WANDB_MODE=offline`` needs no network). Default false."""
 
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     """W&B settings."""
 
     monitor_gpus: bool = False
-    """Log GPU utilisation and memory. Default false."""
+    """Add each GPU's utilisation and memory to every train record (NVML, the ``[gpu]`` extra);
+    refused at start-up where no NVIDIA GPU is visible. Default false."""
 
     num_val_samples_to_print: int = Field(0, ge=0)
     """Validation samples printed to the terminal after each validation. Default 0."""
@@ -712,7 +720,8 @@ class ClusterConfig(_Section):
     """Hardware. gym-bridge runs on one node; GPUs are optional."""
 
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs to use; 0 runs on CPU. Default 0."""
+    """GPUs for the vllm generation backend (refused at start-up when torch sees fewer); 0 runs on CPU.
+    Default 0."""
 
     num_nodes: Literal[1] = 1
     """Nodes; only 1 is supported. Default 1."""
@@ -790,6 +799,12 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
         )
     if policy.generation.backend == "vllm" and cfg.cluster.gpus_per_node < 1:
         problems.append("policy.generation.backend 'vllm' needs a GPU: set cluster.gpus_per_node >= 1")
+    for name, env in cfg.env.items():
+        if env.url is not None and env.num_workers is not None:
+            problems.append(
+                f"env.{name}.num_workers sizes a built-in server's worker pool; the server at "
+                f"env.{name}.url runs its own"
+            )
     if grpo.async_grpo.enabled and grpo.mode != "online":
         problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
     if cfg.data.use_multiple_dataloader:

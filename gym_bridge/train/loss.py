@@ -6,8 +6,9 @@ The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
     actor_t   = max(-A_i * r_t, -A_i * clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
     actor_t   = min(actor_t, -A_i * c)           only where A_i < 0 and ratio_clip_c = c is set (dual clip)
     actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS)
-    kl_t      = beta * KL_k(logp_t, logp_ref_t)  Schulman's k1/k2/k3 with input/output clamps
-    kl_t     *= exp(logp_t - logp_gen_t)         with use_on_policy_kl_approximation (detached)
+    w_t       = exp(logp_t - logp_gen_t)         with use_on_policy_kl_approximation
+    w_t       = exp(logp_t - sg(logp_t))         otherwise (value 1; sg = stop-gradient)
+    kl_t      = beta * clamp_out(w_t * k(clamp_in(logp_ref_t - logp_t)))   Schulman's k1/k2/k3
     loss      = reduce(actor) + reduce(kl)
 
 ``reduce`` is, with ``token_level_loss``, the sum over valid tokens divided by the number of valid
@@ -24,6 +25,25 @@ logits and shifts by one internally; here :func:`gather_token_logprobs` does tha
 Metrics use NeMo RL's names. Like NeMo RL's, the mean metrics are divided by the global counts, so
 summing them over micro-batches gives the full-batch value; :func:`reduce_microbatch_metrics` does
 that (sum, except ``*_min`` / ``*_max``).
+
+Why the KL weight carries the gradient (NeMo RL's "fix: KL backward in GRPO", its PR 2506). The term
+is beta * KL(pi || pi_ref) = beta * E_{y~pi}[k(y)], with k one of Schulman's estimators of
+log r = log pi_ref - log pi. Its samples come from the policy being trained, so its gradient has a
+score-function part besides the gradient of k::
+
+    grad E_{y~pi}[k(y)] = E_{y~pi}[grad k(y) + k(y) grad log pi(y)]
+
+Written over samples of pi_gen with w = pi / pi_gen kept in the graph, grad(w k) = w (grad k +
+k grad log pi), which is both parts; without the approximation the samples are taken as pi's own and
+w = exp(logp - sg(logp)) is 1 in value and grad log pi in gradient. For the unbiased k1 and k3,
+E_pi[k] = KL(pi || pi_ref), so the expected gradient is exactly grad KL(pi || pi_ref) (for k2 it is
+the gradient of E_pi[(log r)^2 / 2]). A detached weight drops the second part: in expectation k1 then
+gives no gradient at all (E_pi[grad log pi] = 0) and k3 gives grad KL(pi_ref || pi), the forward KL
+(tests/train/test_loss_kl.py sums over every outcome of a small categorical policy to check this).
+
+Clamps, in the order of NeMo RL's ``calculate_kl``: the weight multiplies k before the output clamp,
+so a token whose w * k is clamped has no gradient; where the input clamp on log r is active the
+weight is detached, so such a token has no gradient either (k of a constant is a constant).
 """
 
 from __future__ import annotations
@@ -65,16 +85,25 @@ def calculate_kl(
     kl_type: str = "k3",
     input_clamp_value: float | None = 20.0,
     output_clamp_value: float | None = 10.0,
+    importance_sampling_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020), with log r = ref - pi.
 
     k1 = -log r, k2 = (log r)^2 / 2, k3 = exp(log r) - 1 - log r; log r is clamped to
     ``[-input_clamp_value, input_clamp_value]`` and the result to ``[-output_clamp_value,
-    output_clamp_value]`` (None disables either clamp).
+    output_clamp_value]`` (None disables either clamp). ``importance_sampling_weights`` multiply
+    the estimate before the output clamp, and are detached where the input clamp is active, so a
+    clamped token passes no gradient through its weight either (NeMo RL's order, see the module
+    docstring).
     """
     log_ratio = logprobs_reference - logprobs
     if input_clamp_value is not None:
-        log_ratio = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+        clamped = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+        if importance_sampling_weights is not None:
+            importance_sampling_weights = torch.where(
+                log_ratio == clamped, importance_sampling_weights, importance_sampling_weights.detach()
+            )
+        log_ratio = clamped
     if kl_type == "k1":
         kl = -log_ratio
     elif kl_type == "k2":
@@ -83,6 +112,8 @@ def calculate_kl(
         kl = torch.exp(log_ratio) - 1 - log_ratio
     else:
         raise ValueError(f"invalid KL type {kl_type!r}: expected k1, k2 or k3")
+    if importance_sampling_weights is not None:
+        kl = importance_sampling_weights * kl
     if output_clamp_value is not None:
         kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
     return kl
@@ -220,21 +251,19 @@ class ClippedPGLossFn:
         if self.reference_policy_kl_penalty != 0:
             if reference_logprobs is None:
                 raise ValueError("reference_logprobs are required when reference_policy_kl_penalty != 0")
+            # The weight stays in the graph: it carries the score-function part of the gradient.
             if self.use_on_policy_kl_approximation:
-                kl_weights = torch.exp(curr_logprobs - generation_logprobs).detach()
-                kl_weights = torch.nan_to_num(kl_weights, nan=0.0, posinf=0.0, neginf=0.0)
+                kl_weights = torch.exp(curr_logprobs - generation_logprobs)
             else:
-                kl_weights = torch.ones_like(curr_logprobs)
-            kl_per_token = (
-                kl_weights
-                * self.reference_policy_kl_penalty
-                * calculate_kl(
-                    curr_logprobs,
-                    reference_logprobs.to(curr_logprobs.dtype),
-                    kl_type=self.reference_policy_kl_type,
-                    input_clamp_value=self.kl_input_clamp_value,
-                    output_clamp_value=self.kl_output_clamp_value,
-                )
+                kl_weights = torch.exp(curr_logprobs - curr_logprobs.detach())
+            kl_weights = torch.nan_to_num(kl_weights, nan=0.0, posinf=0.0, neginf=0.0)
+            kl_per_token = self.reference_policy_kl_penalty * calculate_kl(
+                curr_logprobs,
+                reference_logprobs.to(curr_logprobs.dtype),
+                kl_type=self.reference_policy_kl_type,
+                input_clamp_value=self.kl_input_clamp_value,
+                output_clamp_value=self.kl_output_clamp_value,
+                importance_sampling_weights=kl_weights,
             )
             kl = self._reduce(
                 kl_per_token, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs

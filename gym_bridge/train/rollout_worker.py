@@ -107,6 +107,7 @@ def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -
                 model_name="policy",
                 seed=cfg.grpo.seed,
                 max_context=policy.max_total_sequence_length,
+                stop_token_ids=policy.generation.stop_token_ids or (),
             ),
             threads=threads,
         )

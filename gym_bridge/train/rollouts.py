@@ -22,6 +22,8 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_bridge.chat import render_prompt
+
 __all__ = [
     "RolloutRunner",
     "Sample",
@@ -117,27 +119,11 @@ def sequence_from_items(
     return token_ids, mask, logprobs, len(turns)
 
 
-def _render(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
-) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-    """Token ids of a prompt through the chat template, ready for the assistant's answer."""
-    return _render(tokenizer, messages, tools, add_generation_prompt=True)
-
-
 def sequence_from_text(
     tokenizer: Any, messages: list[dict[str, Any]], text: str, tools: Any = None
 ) -> tuple[list[int], list[int]]:
     """Prompt through the chat template, then the completion's tokens and the end-of-turn token."""
-    prompt = _render(tokenizer, messages, tools, add_generation_prompt=True)
+    prompt = render_prompt(tokenizer, messages, tools, add_generation_prompt=True)
     completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return prompt + completion, [0] * len(prompt) + [1] * len(completion)
 
@@ -153,7 +139,7 @@ def sequence_from_chat(
     """
     eos = tokenizer.eos_token_id
     history = list(messages)
-    token_ids = _render(
+    token_ids = render_prompt(
         tokenizer,
         history,
         tools,
@@ -164,12 +150,12 @@ def sequence_from_chat(
         history.append(message)
         is_assistant = message.get("role") == "assistant"
         next_is_assistant = i + 1 < len(completion) and completion[i + 1].get("role") == "assistant"
-        full = _render(
+        full = render_prompt(
             tokenizer, history, tools, add_generation_prompt=not is_assistant and next_is_assistant
         )
         if full[: len(token_ids)] != token_ids:
-            whole = _render(tokenizer, list(messages) + list(completion), tools, add_generation_prompt=False)
-            prompt_len = len(_render(tokenizer, list(messages), tools, add_generation_prompt=True))
+            whole = render_prompt(tokenizer, list(messages) + list(completion), tools, add_generation_prompt=False)
+            prompt_len = len(render_prompt(tokenizer, list(messages), tools, add_generation_prompt=True))
             return whole, [0] * prompt_len + [1] * (len(whole) - prompt_len)
         new = full[len(token_ids) :]
         if is_assistant:
@@ -225,6 +211,8 @@ class RolloutRunner:
 
     ``env_urls`` maps env names to resources-server base URLs; ``model_url`` is the policy's
     OpenAI-compatible base URL (``.../v1``). ``overrides`` go into every request (sampling settings).
+    ``timeout_s`` bounds one attempt of a model request, and of an environment request unless
+    ``env_timeouts_s`` names that environment (session set-up, tool calls and ``/verify``).
     """
 
     def __init__(
@@ -236,12 +224,14 @@ class RolloutRunner:
         overrides: dict[str, Any] | None = None,
         max_concurrency: int = 256,
         timeout_s: float = 600.0,
+        env_timeouts_s: dict[str, float] | None = None,
     ) -> None:
         from gym_bridge.agent import AgentConfig
         from gym_bridge.retry import RetryPolicy
 
         self.env_urls = dict(env_urls)
         retry = RetryPolicy(max_attempts=3, request_timeout=timeout_s)
+        env_timeouts = env_timeouts_s or {}
         steps = max_steps if isinstance(max_steps, dict) else dict.fromkeys(env_urls, max_steps)
         self.configs = {
             name: AgentConfig(
@@ -249,7 +239,7 @@ class RolloutRunner:
                 max_steps=steps.get(name, 1),
                 overrides=dict(overrides or {}),
                 model_retry=retry,
-                env_retry=retry,
+                env_retry=RetryPolicy(max_attempts=3, request_timeout=env_timeouts.get(name, timeout_s)),
             )
             for name in env_urls
         }

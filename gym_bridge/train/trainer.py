@@ -44,7 +44,8 @@ from gym_bridge.train.data import (
     load_offline_groups,
     load_prompts,
 )
-from gym_bridge.train.logging import MetricsLogger, TerminalView, plot_curves
+from gym_bridge.train.logging import TerminalView, open_metrics_logger, plot_curves
+from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.rollouts import (
     RolloutJob,
     RolloutRunner,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     import torch
 
     from gym_bridge.train.config import MasterConfig
+    from gym_bridge.train.packing import PackedRows
     from gym_bridge.train.shared_prefix import PrefixPlan
 
 __all__ = ["TrainResult", "train"]
@@ -147,24 +149,30 @@ def _dtype(precision: str) -> Any:
 
 
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_mask: torch.Tensor
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere.
 
     Only the masked positions go through the output layer: on RL batches most positions are
     prompt or padding, and the vocabulary projection is the costliest part of small models.
+    Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
     """
     import torch
 
     from gym_bridge.train.loss import gather_token_logprobs
     from gym_bridge.train.shared_prefix import projects_hidden_states_plainly
 
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     if not projects_hidden_states_plainly(model):
-        logprobs = gather_token_logprobs(
-            model(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids
-        )
+        logprobs = gather_token_logprobs(model(**inputs).logits, input_ids)
         return logprobs * token_mask
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
     where = token_mask.bool()
     logits = model.get_output_embeddings()(hidden[where]).float()
     targets = input_ids[:, 1:][where]
@@ -186,12 +194,21 @@ class MicroBatch:
     prefixes: PrefixPlan | None = None
     """Set when the rows' prompts run once each (:mod:`gym_bridge.train.shared_prefix`)."""
     token_ids: list[list[int]] = field(default_factory=list)
+    packed: PackedRows | None = None
+    """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.packing`)."""
 
 
 def make_micro_batch(
-    samples: list[Sample], index: list[int], pad_token_id: int, *, share_prompts: bool = False
+    samples: list[Sample],
+    index: list[int],
+    pad_token_id: int,
+    *,
+    share_prompts: bool = False,
+    packing: tuple[int, int] | None = None,
 ) -> MicroBatch:
+    """``packing``: (row tokens, length rounding) to run the samples packed into rows."""
     from gym_bridge.train.batching import pad_and_stack
+    from gym_bridge.train.packing import pack_rows
     from gym_bridge.train.shared_prefix import plan_prefixes
 
     chosen = [samples[i] for i in index]
@@ -213,6 +230,11 @@ def make_micro_batch(
         generation_logprobs=padded.values["gen"][:, 1:] if has_gen else None,
         prefixes=plan if plan is not None and plan.repeats else None,
         token_ids=[s.token_ids for s in chosen],
+        packed=(
+            pack_rows([s.token_ids for s in chosen], packing[0], pad_token_id=pad_token_id, round_to=packing[1])
+            if packing is not None
+            else None
+        ),
     )
 
 
@@ -222,7 +244,20 @@ def micro_batch_logprobs(model: Any, mb: MicroBatch, pad_token_id: int) -> torch
 
     if mb.prefixes is not None:
         return shared_prefix_logprobs(model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id)
+    if mb.packed is not None:
+        packed = token_logprobs(
+            model, mb.packed.input_ids, None, mb.packed.pack(mb.token_mask), mb.packed.position_ids
+        )
+        return mb.packed.unpack(packed, mb.token_mask.shape[1])
     return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask)
+
+
+def packing_layout(cfg: MasterConfig) -> tuple[int, int] | None:
+    """(row tokens, length rounding) of packed rows when ``policy.sequence_packing`` is on, else None."""
+    packing = cfg.policy.sequence_packing
+    if not packing.enabled:
+        return None
+    return cfg.policy.max_total_sequence_length, packing.sequence_length_round
 
 
 def shares_prompts(cfg: MasterConfig, model: Any) -> bool:
@@ -242,25 +277,33 @@ def micro_batches(
     for_logprobs: bool,
     share_prompts: bool = False,
 ) -> list[list[int]]:
-    """Index groups for forward passes: token-budget (dynamic batching) or fixed-size, both length-sorted;
-    with ``share_prompts``, fixed-size groups that keep each prompt's rows together."""
+    """Index groups for forward passes: rows of packed sequences (sequence packing), token-budget
+    (dynamic batching) or fixed-size, all length-sorted; with ``share_prompts``, fixed-size groups that
+    keep each prompt's rows together."""
     from gym_bridge.train.batching import dynamic_micro_batches
+    from gym_bridge.train.packing import packed_micro_batches
     from gym_bridge.train.shared_prefix import prefix_micro_batches
 
     policy = cfg.policy
+    layout = packing_layout(cfg)
+    if layout is not None:  # rows of packed sequences, as many rows as fit the token budget
+        budget = policy.logprob_mb_tokens if for_logprobs else policy.train_mb_tokens
+        lengths = [len(samples[i].token_ids) for i in index]
+        groups = packed_micro_batches(lengths, layout[0], budget, round_to=layout[1])
+        return [[index[j] for j in group] for group in groups]
     if share_prompts:
         size = policy.logprob_batch_size if for_logprobs else policy.train_micro_batch_size
         return prefix_micro_batches(
             [s.token_ids for s in samples], [s.loss_mask for s in samples], index, size
         )
     lengths = [len(samples[i].token_ids) for i in index]
-    if policy.dynamic_batching.enabled or policy.sequence_packing.enabled:
+    if policy.dynamic_batching.enabled:
         budget = policy.logprob_mb_tokens if for_logprobs else policy.train_mb_tokens
         round_to = policy.dynamic_batching.sequence_length_round
     else:  # fixed sizes, but similar lengths together (same number of passes, less padding)
         budget, round_to = 1 << 62, 1
     size = policy.logprob_batch_size if for_logprobs else policy.train_micro_batch_size
-    if policy.dynamic_batching.enabled or policy.sequence_packing.enabled:
+    if policy.dynamic_batching.enabled:
         size = None
     groups = dynamic_micro_batches(lengths, budget, max_batch_size=size, round_to=round_to)
     return [[index[j] for j in group] for group in groups]
@@ -279,7 +322,7 @@ def per_sample_logprobs(
     with torch.inference_mode():
         index = list(range(len(samples)))
         for group in micro_batches(cfg, samples, index, for_logprobs=True, share_prompts=share):
-            mb = make_micro_batch(samples, group, pad_token_id, share_prompts=share)
+            mb = make_micro_batch(samples, group, pad_token_id, share_prompts=share, packing=packing_layout(cfg))
             logprobs = micro_batch_logprobs(model, mb, pad_token_id)
             for row, i in enumerate(group):
                 out[i] = logprobs[row, : len(samples[i].token_ids) - 1].clone()
@@ -332,7 +375,10 @@ def update_policy(
     for start in range(0, len(order), batch_size):
         batch_index = order[start : start + batch_size]
         groups = micro_batches(cfg, samples, batch_index, for_logprobs=False, share_prompts=share)
-        batches = [make_micro_batch(samples, g, pad_token_id, share_prompts=share) for g in groups]
+        packing = packing_layout(cfg)
+        batches = [
+            make_micro_batch(samples, g, pad_token_id, share_prompts=share, packing=packing) for g in groups
+        ]
         valid_toks = sum(float((mb.token_mask * sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in batches)
         valid_seqs = float(sample_mask[batch_index].sum())
         if valid_toks == 0:
@@ -475,12 +521,12 @@ class OnlineSampler:
         return sample
 
     def _hit_length_limit(self, token_ids: list[int], mask: list[int]) -> bool:
-        """The last turn ended without an end-of-turn token (and so was cut off)."""
-        eos = self.tokenizer.eos_token_id
+        """The last turn ended without an end-of-turn or stop token (and so was cut off)."""
+        stops = {self.tokenizer.eos_token_id, *(self.cfg.policy.generation.stop_token_ids or ())}
         generated = [t for t, m in zip(token_ids, mask, strict=True) if m]
         return (
             bool(generated)
-            and generated[-1] != eos
+            and generated[-1] not in stops
             and len(token_ids) >= self.cfg.policy.max_total_sequence_length
         )
 
@@ -607,6 +653,7 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
     from gym_bridge.envs import running_env
     from gym_bridge.policy.server import build_policy_app
     from gym_bridge.server import start_in_thread
+    from gym_bridge.train.config import ConfigError
 
     env_urls: dict[str, str] = {}
     max_steps: dict[str, int | None] = {}
@@ -614,7 +661,13 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
         if env.url is not None:
             env_urls[name] = env.url.rstrip("/")
         else:
-            env_urls[name] = stack.enter_context(running_env(env.server or name, **env.config))
+            try:
+                started = running_env(env.server or name, workers=env.num_workers, **env.config)
+                env_urls[name] = stack.enter_context(started)
+            except ValueError as err:
+                if env.num_workers is None or "worker pool" not in str(err):
+                    raise
+                raise ConfigError([f"env.{name}.num_workers: {err}"]) from None
         max_steps[name] = env.max_steps or cfg.grpo.max_rollout_turns
     generation = cfg.policy.generation
     app = build_policy_app(
@@ -645,6 +698,7 @@ def start_services(cfg: MasterConfig, stack: ExitStack, backend: Any) -> Rollout
         max_steps=max_steps,
         overrides=overrides,
         max_concurrency=max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt),
+        env_timeouts_s={name: env.timeout_s for name, env in cfg.env.items()},
     )
     stack.callback(runner.close)
     return runner
@@ -807,6 +861,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
     from gym_bridge.train.loss import ClippedPGLossFn
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
+    check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
     grpo, policy = cfg.grpo, cfg.policy
     online = grpo.mode == "online"
 
@@ -828,6 +883,10 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
     if policy.tokenizer.chat_template:
         tokenizer.chat_template = policy.tokenizer.chat_template
     model.to(_dtype(policy.precision))
+    if policy.sequence_packing.enabled:
+        from gym_bridge.train.packing import require_packing_support
+
+        require_packing_support(model, policy.model_name)
     threads, generation_threads = torch_threads(model)
     # The rollout process samples with transformers; Ray replicas and vLLM already run outside the
     # trainer's interpreter, so async GRPO with them keeps its producer in-process.
@@ -888,9 +947,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
         validations = list(restored["info"].get("validations", []))
 
     log_dir = Path(cfg.logger.log_dir)
-    logger = MetricsLogger(
-        log_dir, tensorboard=cfg.logger.tensorboard_enabled, resume_step=step if resume else None
-    )
+    logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     if resume is not None:
         view.print(f"resuming from {resume.path} (step {step})")
@@ -920,6 +977,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 "model_name": "policy",
                 "seed": grpo.seed,
                 "max_context": policy.max_total_sequence_length,
+                "stop_token_ids": policy.generation.stop_token_ids or (),
             }
             if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
                 from gym_bridge.generation.ray_backend import RayBackend
@@ -934,6 +992,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True) -> TrainResult:
                 generator = VllmBackend(
                     resolve_model(policy.model_name).path,
                     model_name="policy",
+                    stop_token_ids=policy.generation.stop_token_ids or (),
                     tensor_parallel_size=engine.tensor_parallel_size,
                     gpu_memory_utilization=engine.gpu_memory_utilization,
                     max_model_len=engine.max_model_len or policy.max_total_sequence_length,

@@ -254,9 +254,13 @@ def test_gradcheck_in_float64(token_level: bool) -> None:
         [[0.05, 0.5, -0.5, 0.0], [0.1, -0.1, 0.6, -0.02], [0.0, 0.02, -0.7, 0.4]], dtype=F64
     )
     curr = (prev + offsets).requires_grad_(True)
+    # With the on-policy KL approximation the KL weight pi / pi_gen is a function of curr in value
+    # too; without it the weight is exp(logp - sg(logp)), 1 in value, and the gradient deliberately
+    # differs from the loss's derivative (test_loss_kl.py pins that gradient).
     fn = loss_fn(
         reference_policy_kl_penalty=0.1,
         reference_policy_kl_type="k3",
+        use_on_policy_kl_approximation=True,
         use_importance_sampling_correction=True,
         ratio_clip_c=3.0,
         token_level_loss=token_level,

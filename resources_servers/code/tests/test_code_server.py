@@ -16,7 +16,7 @@ from resources_servers.code.app import CodeConfig, CodeServer
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "data" / "example.jsonl"
-REFERENCE = Path("/work/shared/reference/nemo_gym/code_tasks.example.jsonl")
+REFERENCE = HERE.parents[2] / "tests" / "data" / "nemo_gym" / "code_tasks.example.jsonl"  # vendored
 
 SOLUTIONS = {  # correct answers to data/example.jsonl, in order
     0: "a, b = map(int, input().split())\nprint(a + b)",
@@ -171,7 +171,6 @@ def test_state_does_not_leak_between_tests(server: tuple[CodeServer, httpx.Clien
     assert out["reward"] == 1.0  # each test starts with an empty working directory
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="shared NeMo Gym reference records not present")
 def test_nemo_gym_reference_tasks(server: tuple[CodeServer, httpx.Client]) -> None:
     _, client = server
     reference = rows(REFERENCE)

@@ -11,7 +11,7 @@ import httpx
 from resources_servers.math.app import MathConfig
 
 REPO = Path(__file__).resolve().parents[3]
-REFERENCE_DIR = REPO.parent / "shared" / "reference" / "nemo_gym"
+REFERENCE_DIR = REPO / "tests" / "data" / "nemo_gym"  # NeMo Gym records, vendored
 TOKEN = "math-test-token"
 # A short budget keeps the timeout tests quick; real answers take milliseconds.
 TEST_CONFIG = MathConfig(timeout_s=1.0, kill_grace_s=0.5, pool_size=2)

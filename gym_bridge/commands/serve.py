@@ -11,10 +11,10 @@ from gym_bridge.envs import BUILTIN_SERVERS
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
-DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003}
+DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003, "reasoning_gym": 8004}
 POLICY_PORT = 8000
 
-app = App(help="Run a resources server (math, code, tool_use) or the embedded policy server.", no_args_is_help=True)
+app = App(help="Run a resources server (math, code, tool_use, reasoning_gym) or the embedded policy server.", no_args_is_help=True)
 
 
 def _env_command(env_name: str) -> None:

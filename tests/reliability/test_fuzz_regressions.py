@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from . import bodies
-from .conftest import landed_builtin_servers
+from .conftest import REPO, landed_builtin_servers
 
 
 def post_raw(url: str, path: str, doc: object, client: httpx.Client | None = None) -> httpx.Response:
@@ -29,7 +29,14 @@ def verify_body(name: str) -> dict:
         "math": lambda: bodies.math_seeds()["/verify"][0],
         "code": lambda: bodies.code_seeds()["/verify"][0],
         "tool_use": lambda: bodies.tool_use_seeds()["/verify"][0],
+        "reasoning_gym": lambda: {**first_row("reasoning_gym"), "response": bodies.response_with(bodies.assistant_message("x"))},
     }[name]()
+
+
+def first_row(name: str) -> dict:
+    """The first task row of a built-in server's ``data/example.jsonl``."""
+    with (REPO / "resources_servers" / name / "data" / "example.jsonl").open() as rows:
+        return json.loads(rows.readline())
 
 
 @pytest.mark.parametrize("name", landed_builtin_servers())

@@ -616,7 +616,9 @@ async def collect_async(
     try:
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
-        aggregate = await env_aggregate_metrics(pool.session, output, router.url_of, report)
+        aggregate = await env_aggregate_metrics(
+            pool.session, output, router.url_of, report, timeout=config.request_timeout
+        )
     finally:
         writer.close()
         failures.close()
@@ -688,6 +690,7 @@ async def env_aggregate_metrics(
     url_of: dict[str, str],
     report: Callable[[str], None],
     env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
+    timeout: float = 300.0,
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
@@ -709,7 +712,8 @@ async def env_aggregate_metrics(
     for env, records in by_env.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
         try:
-            async with session.post(url, json={"verify_responses": records}) as resp:
+            limit = aiohttp.ClientTimeout(total=timeout)
+            async with session.post(url, json={"verify_responses": records}, timeout=limit) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict):
                     raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")

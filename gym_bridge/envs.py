@@ -15,6 +15,7 @@ BUILTIN_SERVERS: dict[str, str] = {
     "math": "resources_servers.math.app:MathServer",
     "code": "resources_servers.code.app:CodeServer",
     "tool_use": "resources_servers.tool_use.app:ToolUseServer",
+    "reasoning_gym": "resources_servers.reasoning_gym.app:ReasoningGymServer",
 }
 
 

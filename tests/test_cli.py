@@ -28,7 +28,9 @@ COMMANDS = [
     ["serve", "policy"],
     ["serve", "math"],
     ["collect"],
+    ["reverify"],
     ["train"],
+    ["view"],
     ["transform"],
     ["transform", "grpo"],
     ["transform", "dpo"],
@@ -71,6 +73,7 @@ def test_subcommand_descriptions_are_wrapped_not_cut() -> None:
 def test_usage_lines_name_arguments_in_click_style() -> None:
     assert "Usage: gym-bridge collect [OPTIONS] TASKS\n" in help_text("collect")
     assert "Usage: gym-bridge train [OPTIONS] [OVERRIDES]...\n" in help_text("train")
+    assert "Usage: gym-bridge view [OPTIONS] PATHS...\n" in help_text("view")
     assert "Usage: gym-bridge transform grpo [OPTIONS] ROLLOUTS\n" in help_text("transform", "grpo")
     assert "Usage: gym-bridge serve [OPTIONS] COMMAND [ARGS]...\n" in help_text("serve")
     assert "  --help  " in help_text("serve")

@@ -188,7 +188,9 @@ def test_session_state_flows_through_the_routes(url: str) -> None:
 
 def test_openapi_documents_the_same_routes_with_their_body_types(url: str) -> None:
     spec = httpx.get(f"{url}/openapi.json", headers={"authorization": f"Bearer {TOKEN}"}).json()
-    assert set(spec["paths"]) == {"/health", "/seed_session", "/verify", "/aggregate_metrics", "/add", "/note", "/explode"}
+    assert set(spec["paths"]) == {
+        "/health", "/seed_session", "/verify", "/aggregate_metrics", "/reverify_mode", "/add", "/note", "/explode",
+    }  # fmt: skip
     add_body = spec["paths"]["/add"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert spec["components"]["schemas"][add_body["$ref"].rsplit("/", 1)[-1]]["required"] == ["step"]
     verify_body_ref = spec["paths"]["/verify"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]

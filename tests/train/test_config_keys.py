@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -141,18 +142,26 @@ def test_the_tiny_recipes_num_workers_reaches_the_math_server() -> None:
 # ---------------------------------------------------------------------------------------- stop_token_ids
 
 
+ROLLOUT_PROCESS = [
+    "grpo.async_grpo.enabled=true",
+    "grpo.async_grpo.rollout_process=true",
+    "loss_fn.use_importance_sampling_correction=true",
+]
+
+
 @pytest.mark.timeout(300)
-def test_stop_token_ids_end_every_training_completion(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every id a stop token: each completion is one token long (max_new_tokens is 6)."""
+@pytest.mark.parametrize("where", ["in_process", "rollout_process"])
+def test_stop_token_ids_end_every_training_completion(tmp_path: Path, tiny_model_dir: Path, where: str) -> None:
+    """Every id a stop token: each completion is one token long (max_new_tokens is 6), whether the
+    trainer samples itself or async GRPO's rollout process does."""
     from gym_bridge.train.loop import train
     from tests.train.helpers import PARITY_SERVER
 
     every_id = "[" + ",".join(str(i) for i in range(406)) + "]"
+    mode = ROLLOUT_PROCESS if where == "rollout_process" else []
     runs = {}
     for name, extra in {"free": [], "stopped": [f"policy.generation.stop_token_ids={every_id}"]}.items():
-        cfg = online(tmp_path / name, tiny_model_dir, f"env.say.server={PARITY_SERVER}", *extra)
+        cfg = online(tmp_path / name, tiny_model_dir, f"env.say.server={PARITY_SERVER}", *mode, *extra)
         train(cfg, show_progress=False)
         runs[name] = [r for r in read_metrics(tmp_path / name / "logs") if r["split"] == "train"]
     assert all(r["gen_length_max"] == 1 and r["truncation_rate"] == 0 for r in runs["stopped"])
@@ -188,6 +197,9 @@ def test_wandb_receives_every_record_offline(tmp_path: Path, monkeypatch: pytest
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     logger.close()
     (written,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    deadline = time.monotonic() + 30  # W&B's service process writes the file behind the run
+    while b"val/accuracy" not in written.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     data = written.read_bytes()
     assert b"train/reward_mean" in data and b"val/accuracy" in data and b"keys-test" in data
 

@@ -211,7 +211,8 @@ def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.Capt
     from gym_bridge.train.logging import TerminalView
 
     for every, expected in ((1, 6), (3, 2)):
-        view = TerminalView(6, every=every, enabled=True)
+        cfg = cfg_with(f"logger.print_every_steps={every}")
+        view = TerminalView(6, every=cfg.logger.print_every_steps, enabled=True)  # as the loop builds it
         view._progress.stop()  # plain prints, as without a terminal
         view._progress = None
         capsys.readouterr()

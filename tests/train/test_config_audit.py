@@ -58,7 +58,7 @@ class CountingBatches:
 class UninformativeSampler:
     """Every group's rewards are equal: dynamic sampling keeps none."""
 
-    def sample(self, prompts: list[int], seeds: list[list[int]], group_offset: int = 0) -> tuple[list[Sample], dict]:
+    def sample(self, prompts: list[int], seeds: Any, group_offset: int = 0) -> tuple[list[Sample], dict]:
         return [sample(group_offset + i, 1.0) for i in range(len(prompts)) for _ in range(2)], {}
 
 
@@ -68,12 +68,13 @@ def test_dynamic_sampling_gives_up_after_max_gen_batches_drawing_batch_multiplie
     for batches, multiplier, expected in ((3, 1.0, [2, 2, 2]), (2, 2.5, [5, 5])):
         cfg = cfg_with(
             "grpo.num_prompts_per_step=2",
+            "grpo.num_generations_per_prompt=2",
             "grpo.use_dynamic_sampling=true",
             f"grpo.dynamic_sampling_max_gen_batches={batches}",
             f"grpo.batch_multiplier={multiplier}",
         )
         data = CountingBatches()
-        samples, stats = sample_step(cfg, UninformativeSampler(), data, step=1)
+        samples, stats = sample_step(cfg, UninformativeSampler(), data, 1)  # type: ignore[arg-type]
         assert samples == [] and stats["generation_batches"] == batches
         assert data.asked == expected
 
@@ -86,8 +87,9 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
     from tests.train.helpers import PARITY_SERVER, save_random_tiny
 
     model_dir = save_random_tiny(tmp_path / "m")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+    backend = TransformersBackend(
+        AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    )
     cfg = load_config(
         None,
         [
@@ -99,7 +101,7 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
             "grpo.max_rollout_turns=5",
         ],
     )
-    sampler = OnlineSampler(cfg, backend, tokenizer)
+    sampler = OnlineSampler(cfg, backend, backend.tokenizer)
     try:
         assert sampler.agent_configs["p"].max_steps == 5  # grpo.max_rollout_turns
         assert sampler.agent_configs["q"].max_steps == 2  # an env's own max_steps wins
@@ -209,7 +211,8 @@ def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.Capt
     from gym_bridge.train.logging import TerminalView
 
     for every, expected in ((1, 6), (3, 2)):
-        view = TerminalView(6, every=every, enabled=True)
+        cfg = cfg_with(f"logger.print_every_steps={every}")
+        view = TerminalView(6, every=cfg.logger.print_every_steps, enabled=True)  # as the loop builds it
         view._progress.stop()  # plain prints, as without a terminal
         view._progress = None
         capsys.readouterr()

@@ -127,6 +127,16 @@ def raw_post(url: str, path: str, head_extra: str, body_chunks: Iterator[bytes])
                     pending = pending[sock.send(pending):]
                 except (BrokenPipeError, ConnectionResetError):
                     pending = b""
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+        sock.setblocking(True)
+        sock.settimeout(10)
+        while len(body) < length:  # the body may come in a later packet than the headers
+            more = sock.recv(65536)
+            if not more:
+                break
+            body += more
+        answer = head + b"\r\n\r\n" + body
     return int(answer.split(b" ", 2)[1]), answer, time.monotonic() - start
 
 

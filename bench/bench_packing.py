@@ -37,15 +37,15 @@ def capture_batches(steps: int, out: Path) -> list[list]:
     """The samples of each step of a synchronous run of the tiny recipe."""
     from bench_train import quiet_run
 
-    import gym_bridge.train.trainer as trainer
+    import gym_bridge.train.loop as loop
     from gym_bridge.train.config import load_config
 
     batches: list[list] = []
-    original = trainer.update_policy
+    original = loop.update_policy
 
-    def recording(cfg, model, optimizer, scheduler, loss_fn, samples, *rest):  # type: ignore[no-untyped-def]
-        batches.append(copy.deepcopy(samples))
-        return original(cfg, model, optimizer, scheduler, loss_fn, samples, *rest)
+    def recording(cfg, learner, batch):  # type: ignore[no-untyped-def]
+        batches.append(copy.deepcopy(batch.samples))
+        return original(cfg, learner, batch)
 
     cfg = load_config(
         RECIPE,
@@ -57,11 +57,11 @@ def capture_batches(steps: int, out: Path) -> list[list]:
             f"data.validation.data_path={REPO / 'recipes/data/arith_val.jsonl'}",
         ],
     )
-    trainer.update_policy = recording
+    loop.update_policy = recording
     try:
-        trainer.train(cfg, show_progress=False)
+        loop.train(cfg, show_progress=False)
     finally:
-        trainer.update_policy = original
+        loop.update_policy = original
     return batches
 
 
@@ -74,11 +74,14 @@ def main() -> None:
 
     import torch
 
+    from gym_bridge.models.registry import load_model_and_tokenizer
     from gym_bridge.train.advantages import grpo_advantages
     from gym_bridge.train.config import load_config
     from gym_bridge.train.loss import ClippedPGLossFn
     from gym_bridge.train.packing import pack_rows, packed_micro_batches
-    from gym_bridge.train.trainer import build_optimizer, load_policy, micro_batches, update_policy
+    from gym_bridge.train.sequences import micro_batches
+    from gym_bridge.train.setup import build_optimizer
+    from gym_bridge.train.update import Learner, StepBatch, update_policy
 
     with tempfile.TemporaryDirectory() as out:
         batches = capture_batches(steps, Path(out))
@@ -112,7 +115,7 @@ def main() -> None:
     pad_packed = counts["packed"] - counts["real"]
 
     # update time, alternating settings on the same batches from the same weights
-    model, tokenizer = load_policy("tiny")
+    model, tokenizer = load_model_and_tokenizer("tiny")
     torch.set_num_threads(1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     times: dict[str, list[float]] = {name: [] for name in settings}
@@ -125,10 +128,8 @@ def main() -> None:
             copy_ = copy.deepcopy(model)
             optimizer, scheduler = build_optimizer(cfg, copy_, 10)
             started = time.perf_counter()
-            metrics = update_policy(
-                cfg, copy_, optimizer, scheduler, ClippedPGLossFn(cfg.loss_fn), samples, advantages,
-                torch.ones(len(samples)), None, None, pad_id,
-            )
+            learner = Learner(copy_, tokenizer, optimizer, scheduler, ClippedPGLossFn(cfg.loss_fn), None, pad_id)
+            metrics = update_policy(cfg, learner, StepBatch(samples, advantages, torch.ones(len(samples))))
             times[name].append(time.perf_counter() - started)
             losses[name].append(metrics.get("loss", float("nan")))
     median = {name: statistics.median(values) for name, values in times.items()}

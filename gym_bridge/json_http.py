@@ -272,16 +272,26 @@ class BodyTooLarge(Exception):
     """The request body passed the limit given to :func:`read_body`."""
 
 
+class BodyTimeout(Exception):
+    """The request body did not all arrive within the time given to :func:`read_body`."""
+
+
 async def read_body(receive: Any, limit: int | None = None, timeout: float | None = None) -> bytes | None:
-    """The whole request body; None when the client went away or stalled past ``timeout`` seconds
-    between chunks (:class:`BodyTooLarge` past ``limit`` bytes)."""
+    """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
+    bytes, :class:`BodyTimeout` when it is not all there ``timeout`` seconds after the headers)."""
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    try:
+        async with asyncio.timeout_at(deadline):  # one timer for the whole body, not one per chunk
+            return await _read_chunks(receive, limit)
+    except TimeoutError:
+        raise BodyTimeout from None
+
+
+async def _read_chunks(receive: Any, limit: int | None) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
-        try:
-            message = await (asyncio.wait_for(receive(), timeout) if timeout else receive())
-        except TimeoutError:
-            return None
+        message = await receive()
         if message["type"] != "http.request":
             return None
         chunk = message.get("body", b"")
@@ -381,7 +391,10 @@ class JsonApp:
                 raw = await read_body(receive, self.max_bytes, self.body_timeout_s)
             except BodyTooLarge:
                 return self._too_big(), []
-            if raw is None:  # the client went away, or stalled past the body timeout
+            except BodyTimeout:
+                detail = f"request body not received within {self.body_timeout_s:g} s"
+                return self.errors.error(408, detail, "body", ((b"connection", b"close"),)), []
+            if raw is None:  # the client went away
                 return None, []
             try:
                 value = parse_body(raw, self.errors)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import secrets
 import threading
@@ -54,10 +55,16 @@ class ServerSettings(BaseModel):
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 60.0
+    """A request body must arrive whole within this many seconds of its headers (else 408)."""
     session_ttl_s: float = 3600.0
     """Sessions untouched for this long are dropped."""
     max_sessions: int = 200_000
     """Oldest sessions are dropped beyond this many, so memory stays bounded."""
+    max_session_bytes: int = 64 * 1024 * 1024
+    """Total size of all sessions' state, counted as the JSON size of what ``/seed_session`` stored
+    (Python objects take a few times that in memory); past it the least recently used sessions are
+    dropped. One seeding larger than this alone is refused (413)."""
 
 
 @dataclass
@@ -67,6 +74,8 @@ class Session:
     id: str
     state: dict[str, Any] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
+    nbytes: int = 0
+    """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
 
 
 class SessionStore:
@@ -76,10 +85,13 @@ class SessionStore:
     cannot choose an id, nor reach a session whose id it was not given.
     """
 
-    def __init__(self, ttl_s: float, max_sessions: int) -> None:
+    def __init__(self, ttl_s: float, max_sessions: int, max_bytes: int | None = None) -> None:
         self._ttl = ttl_s
         self._max = max_sessions
+        self._max_bytes = max_bytes
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.nbytes = 0
+        """Total state size of the live sessions."""
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -91,7 +103,7 @@ class SessionStore:
         if session is None:
             return None
         if now - session.last_seen > self._ttl:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         session.last_seen = now
         self._sessions.move_to_end(session_id)
@@ -104,14 +116,32 @@ class SessionStore:
         self._evict(session.last_seen)
         return session
 
+    def charge(self, session: Session, nbytes: int) -> None:
+        """Count ``nbytes`` as ``session``'s state size; drop least recently used others past the bound."""
+        if self._max_bytes is not None and nbytes > self._max_bytes:
+            raise HTTPException(
+                413, f"this session's state takes {nbytes} bytes, over the server's bound of {self._max_bytes} "
+                "bytes for all sessions (max_session_bytes)",
+            )  # fmt: skip
+        self.nbytes += nbytes - session.nbytes
+        session.nbytes = nbytes
+        while self._max_bytes is not None and self.nbytes > self._max_bytes:
+            oldest = next(iter(self._sessions))
+            if oldest == session.id:  # cannot happen while it is the most recently used, but never loop
+                break
+            self._drop(oldest)
+
+    def _drop(self, session_id: str) -> None:
+        self.nbytes -= self._sessions.pop(session_id).nbytes
+
     def _evict(self, now: float) -> None:
         while len(self._sessions) > self._max:
-            self._sessions.popitem(last=False)
+            self._drop(next(iter(self._sessions)))
         while self._sessions:
-            oldest = next(iter(self._sessions.values()))
+            oldest_id, oldest = next(iter(self._sessions.items()))
             if now - oldest.last_seen <= self._ttl:
                 break
-            self._sessions.popitem(last=False)
+            self._drop(oldest_id)
 
 
 ToolFn = Callable[[Any, BaseModel, Session], Awaitable[Any]]
@@ -139,7 +169,9 @@ class ResourcesServer:
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
-        self.sessions = SessionStore(self.settings.session_ttl_s, self.settings.max_sessions)
+        self.sessions = SessionStore(
+            self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes
+        )
         self.tools: dict[str, ToolFn] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
@@ -168,7 +200,7 @@ class ResourcesServer:
 
     def health(self) -> dict[str, Any]:
         """The ``GET /health`` answer; environments may add the state of their resources."""
-        return {"status": "ok", "server": self.name, "sessions": len(self.sessions)}
+        return {"status": "ok", "server": self.name, "sessions": len(self.sessions), "session_bytes": self.sessions.nbytes}
 
     async def startup(self) -> None:
         """Acquire resources (worker pools, sandboxes) when the server starts."""
@@ -185,6 +217,7 @@ class ResourcesServer:
             self.routes(),
             title=f"gym-bridge resources server: {self.name}",
             max_body_bytes=self.settings.max_body_bytes,
+            body_timeout_s=self.settings.body_timeout_s,
             auth_token=self.settings.auth_token,
             context=self._session_of,
             not_found=self._unknown_tool,
@@ -243,10 +276,23 @@ class ResourcesServer:
     async def _seed(self, body: Any, session: Session) -> Any:
         if isinstance(body, BaseModel):
             body = body.model_dump(exclude_unset=True)
-        return await self.seed_session(body, session)
+        answer = await self.seed_session(body, session)
+        if session.state:
+            try:
+                self.sessions.charge(session, _state_bytes(session.state))
+            except HTTPException:
+                session.state.clear()
+                self.sessions.charge(session, 0)
+                raise
+        return answer
 
     async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
         return dump(await self.verify(body, session))
+
+
+def _state_bytes(state: dict[str, Any]) -> int:
+    """Size of a session's state as JSON (what the bound counts; unknown objects count as their repr)."""
+    return len(json.dumps(state, default=repr, ensure_ascii=False).encode())
 
 
 def _tool_args_model(tool_name: str, fn: ToolFn) -> type[BaseModel]:
@@ -281,15 +327,66 @@ class RunningServer:
         self.stop()
 
 
-def start_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> RunningServer:
+HEADER_TIMEOUT_S = 10.0
+"""A connection must deliver a request's whole header block this long after it opens (or after the
+request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``)."""
+
+
+def _protocol_with_header_deadline(header_timeout_s: float) -> type:
+    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time.
+
+    Why: uvicorn arms no timer on a new connection nor while headers trickle in, so 1,000 clients that
+    open connections and send a header byte now and then hold 1,000 descriptors forever.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
+        _deadline: Any = None
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def start_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0, header_timeout_s: float = HEADER_TIMEOUT_S
+) -> RunningServer:
     """Serve an ASGI app from a daemon thread on a (by default free) loopback port; return its URL."""
     import uvicorn
 
     # backlog: a burst of thousands of new connections (collect at high concurrency) must not overflow
     # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096
-    )
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096,
+        http=_protocol_with_header_deadline(header_timeout_s),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -303,10 +400,3 @@ def start_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout: f
         time.sleep(0.002)  # start-up is ~5 ms: a coarse poll would dominate it
     bound_port = server.servers[0].sockets[0].getsockname()[1]
     return RunningServer(url=f"http://{host}:{bound_port}", _server=server, _thread=thread)
-
-
-def serve_forever(server: ResourcesServer) -> None:
-    """Run a resources server in the foreground (``gym-bridge serve NAME``)."""
-    import uvicorn
-
-    uvicorn.run(server.build_app(), host=server.settings.host, port=server.settings.port or 8000, log_level="info")

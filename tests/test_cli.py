@@ -28,7 +28,9 @@ COMMANDS = [
     ["serve", "policy"],
     ["serve", "math"],
     ["collect"],
+    ["reverify"],
     ["train"],
+    ["view"],
     ["transform"],
     ["transform", "grpo"],
     ["transform", "dpo"],
@@ -71,6 +73,7 @@ def test_subcommand_descriptions_are_wrapped_not_cut() -> None:
 def test_usage_lines_name_arguments_in_click_style() -> None:
     assert "Usage: gym-bridge collect [OPTIONS] TASKS\n" in help_text("collect")
     assert "Usage: gym-bridge train [OPTIONS] [OVERRIDES]...\n" in help_text("train")
+    assert "Usage: gym-bridge view [OPTIONS] PATHS...\n" in help_text("view")
     assert "Usage: gym-bridge transform grpo [OPTIONS] ROLLOUTS\n" in help_text("transform", "grpo")
     assert "Usage: gym-bridge serve [OPTIONS] COMMAND [ARGS]...\n" in help_text("serve")
     assert "  --help  " in help_text("serve")
@@ -138,4 +141,4 @@ def test_a_gguf_file_path_loads_what_the_builtin_gguf_model_loads() -> None:
 
 def test_train_help_says_where_the_config_keys_are_documented() -> None:
     flat = " ".join(help_text("train").split())
-    assert "gym_bridge/train/config.py" in flat and "recipes/" in flat
+    assert "gym_bridge/train/config/" in flat and "recipes/" in flat

@@ -28,6 +28,7 @@ from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
 from gym_bridge.generation.ray_local import RayUnavailableError, import_ray, start_local_ray
+from gym_bridge.models.registry import load_model_and_tokenizer
 
 __all__ = ["GenerationReplica", "RayBackend", "RayUnavailableError", "split_by_prompt"]
 
@@ -179,10 +180,8 @@ class RayBackend(GenerationBackend):
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> RayBackend:
         """Load a built-in model name or local directory here, then ship it to the replicas."""
-        from gym_bridge.generation import _load_model_and_tokenizer
-
         import_ray()  # fail on a missing extra before loading the model
-        model, tokenizer = _load_model_and_tokenizer(name_or_path)
+        model, tokenizer = load_model_and_tokenizer(name_or_path)
         return cls(model, tokenizer, model_name=kwargs.pop("model_name", name_or_path), **kwargs)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from gym_bridge.generation.backend import (
     FinishReason,
@@ -21,9 +23,8 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
-
-if TYPE_CHECKING:
-    import torch
+from gym_bridge.train.logprobs import gather_logprobs
+from gym_bridge.train.shared_prefix import distinct_prompts, prefill
 
 __all__ = ["TransformersBackend", "checked_stop_token_ids"]
 
@@ -69,8 +70,6 @@ class TransformersBackend(GenerationBackend):
         max_context: int | None = None,
         stop_token_ids: Sequence[int] = (),
     ) -> None:
-        import torch
-
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or "local-model"
@@ -96,8 +95,6 @@ class TransformersBackend(GenerationBackend):
             self.model.load_state_dict(state)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        import torch
-
         if not requests:
             return []
         with self.lock:
@@ -125,8 +122,6 @@ class TransformersBackend(GenerationBackend):
     # ------------------------------------------------------------------ internals
 
     def _new_row(self, request: GenerationRequest) -> _Row:
-        import torch
-
         params = request.params
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
@@ -154,8 +149,6 @@ class TransformersBackend(GenerationBackend):
         )
 
     def _decode(self, rows: list[_Row]) -> None:
-        import torch
-
         active = [i for i, row in enumerate(rows) if row.finish_reason is None]
         if not active:
             return
@@ -171,9 +164,12 @@ class TransformersBackend(GenerationBackend):
             uniforms[j, : len(row_u)] = row_u
         uniforms = uniforms.to(device)
 
-        logits, cache, attention_mask, position = self._prefill(
-            [rows[i].request.prompt_token_ids for i in active]
-        )
+        # Each distinct prompt runs once (GRPO sends every prompt G times); its cache fans out per row.
+        prompts, row_prompt = distinct_prompts([rows[i].request.prompt_token_ids for i in active])
+        prompt = prefill(self.model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
+        cache, fan_out = prompt.cache, prompt.fan_out
+        logits = prompt.output.logits[:, -1, :].float()[fan_out]
+        attention_mask, position = prompt.attention_mask[fan_out], prompt.positions[fan_out][:, -1:]
         step = 0
         while True:
             tokens, logprobs = _sample(logits, temperature, top_p, top_k, uniforms[:, step])
@@ -215,41 +211,6 @@ class TransformersBackend(GenerationBackend):
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
-        """Run each distinct prompt once (GRPO sends every prompt G times), then fan the cache out per row.
-
-        Returns next-token logits [rows, vocab], the KV cache, the attention mask [rows, width] and the
-        position of each row's last prompt token [rows, 1].
-        """
-        import torch
-        from transformers import DynamicCache
-
-        device = self.device
-        distinct: dict[tuple[int, ...], int] = {}
-        row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        width = max(len(p) for p in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for j, prompt in enumerate(distinct):
-            input_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[j, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=DynamicCache(),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-        if len(distinct) < len(prompts):
-            fan_out = torch.tensor(row_to_prompt, dtype=torch.long, device=device)
-            cache.batch_select_indices(fan_out)
-            logits, attention_mask, positions = logits[fan_out], attention_mask[fan_out], positions[fan_out]
-        return logits, cache, attention_mask, positions[:, -1:]
-
     def _finished(self, row: _Row) -> bool:
         """Record why a row stops (stop token, stop string, length), or return False to continue."""
         if row.token_ids[-1] in row.stop_ids:
@@ -285,8 +246,6 @@ def _sample(
     The procedure a row goes through depends only on that row's parameters, which keeps a seeded row
     independent of what it is batched with.
     """
-    import torch
-
     greedy = temperature <= 0
     chosen = logits.argmax(dim=-1)
     if not bool(greedy.all()):
@@ -309,8 +268,7 @@ def _sample(
                 filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled
             )
         chosen = torch.where(greedy, chosen, sampled)
-    logprobs = logits.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return chosen, logprobs
+    return chosen, gather_logprobs(logits, chosen)
 
 
 def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:
@@ -327,8 +285,6 @@ def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1]."""
-    import torch
-
     cdf = weights.double().cumsum(dim=-1)
     target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=weights.shape[-1] - 1)

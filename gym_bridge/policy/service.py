@@ -72,6 +72,8 @@ class PolicySettings(BaseModel):
     """Most tokens one request may hold in the batch: ``n * (prompt + max output)``; more is refused (400)."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1)
     """Request bodies over this are refused (413) before they are read."""
+    body_timeout_s: float = Field(60.0, gt=0)
+    """A request body must arrive whole within this many seconds of its headers (else 408)."""
     return_token_ids: bool = False
     """Attach the training fields to every response, as NeMo Gym's ``return_token_id_information``."""
     default_temperature: float = 1.0
@@ -157,7 +159,8 @@ class PolicyService:
             return self.render(items_to_messages(prefix, body.instructions), tools, add_generation_prompt, "input")
 
         prompt = await self._off_loop(
-            size, lambda: on_policy_prompt(items, render_items, render_items(items), self.end_of_turn_ids)
+            size,
+            lambda: on_policy_prompt(items, render_items, self.render(messages, tools, True, "input"), self.end_of_turn_ids),
         )
         self._check_token_ids(prompt, "input")
         top = body.top_logprobs or 0

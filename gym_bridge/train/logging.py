@@ -21,6 +21,7 @@ import json
 import math
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -193,16 +194,27 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         value = metrics.get(key)
         if _finite(value):
             parts.append(f"{label} {fmt.format(value)}")
+    if metrics.get("no_learning_signal"):
+        parts.append("no learning signal (every group's rewards tie): update skipped")
     return f"step {step:>4} [train] " + "  ".join(parts)
 
 
 class TerminalView:
-    """A rich progress bar over the run's steps, with a line of metrics printed above it per step."""
+    """A rich progress bar over the run's steps, with a line of metrics printed above it every ``every``
+    steps, and after any step when the last line is ``quiet_s`` seconds old (slow runs show each step)."""
 
     def __init__(
-        self, total_steps: int, start_step: int = 0, *, every: int = 1, enabled: bool = True
+        self,
+        total_steps: int,
+        start_step: int = 0,
+        *,
+        every: int = 1,
+        enabled: bool = True,
+        quiet_s: float = 10.0,
     ) -> None:
         self.every = every
+        self.quiet_s = quiet_s
+        self._last_line = time.monotonic()
         self.enabled = enabled
         self._progress = None
         self._val_accuracy: float | None = None  # the latest ones, shown beside the progress bar
@@ -248,8 +260,10 @@ class TerminalView:
                 summary += f"  val acc {self._val_accuracy:.3f}"
             completed = step if split == "train" else None  # None: unchanged
             self._progress.update(self._task, completed=completed, summary=summary)
-        if split == "val" or step % self.every == 0:
+        quiet_too_long = time.monotonic() - self._last_line >= self.quiet_s
+        if split == "val" or step % self.every == 0 or quiet_too_long or metrics.get("no_learning_signal"):
             self.print(format_line(step, metrics, split))
+            self._last_line = time.monotonic()
 
     def close(self) -> None:
         if self._progress is not None:

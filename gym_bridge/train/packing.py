@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.batching import pack_sequences
+from gym_bridge.train.batching import _round_up, pack_sequences
 
 __all__ = [
     "PackedRows",
@@ -36,10 +36,6 @@ __all__ = [
     "padding_report",
     "require_packing_support",
 ]
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def packed_micro_batches(

@@ -1,6 +1,4 @@
-"""From rollouts to training sequences, and online sampling through the agent loop.
-
-Two halves:
+"""From rollouts to training sequences.
 
 * **Sequences** (:class:`Sample`): one completion as ``token_ids`` + ``loss_mask`` (1 on tokens the
   policy generated) + the sampler's per-token log-probs. Online rollouts carry the policy server's
@@ -8,24 +6,17 @@ Two halves:
   so nothing is re-tokenized: turn 1 is its prompt plus its generation, and each later turn adds
   the new part of its prompt (tool outputs, chat scaffolding; masked out) and its generation.
   Records without token ids (offline text) are rendered through the chat template instead.
-* **Sampling** (:class:`RolloutRunner`): runs :func:`gym_bridge.agent.run_rollout` for many task
-  rows at once on a private event loop, against the resources servers and the policy endpoint.
-  The HTTP client (an aiohttp session, :func:`gym_bridge.agent.make_session`) is kept across steps,
-  so connections stay open (keep-alive) and a step pays for no handshakes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gym_bridge.chat import render_prompt
 
 __all__ = [
-    "RolloutRunner",
     "Sample",
     "TurnMismatch",
     "render_prompt",
@@ -166,123 +157,3 @@ def sequence_from_chat(
         token_ids += new
         mask += new_mask
     return token_ids, mask
-
-
-# ---------------------------------------------------------------------------------------------- sampling
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed (it comes with ``uvicorn[standard]``): cheaper per request."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _LoopThread:
-    """An asyncio event loop running in a daemon thread; ``run`` submits a coroutine and waits."""
-
-    def __init__(self) -> None:
-        self.loop = _new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
-
-
-@dataclass
-class RolloutJob:
-    """One agent-loop run: a task row, the env that scores it, and per-rollout request fields."""
-
-    row: dict[str, Any]
-    env_name: str
-    extra_params: dict[str, Any] = field(default_factory=dict)
-
-
-class RolloutRunner:
-    """Runs many rollouts concurrently through the shared agent loop (``gym_bridge.agent``).
-
-    ``env_urls`` maps env names to resources-server base URLs; ``model_url`` is the policy's
-    OpenAI-compatible base URL (``.../v1``). ``overrides`` go into every request (sampling settings).
-    ``timeout_s`` bounds one attempt of a model request, and of an environment request unless
-    ``env_timeouts_s`` names that environment (session set-up, tool calls and ``/verify``).
-    """
-
-    def __init__(
-        self,
-        model_url: str,
-        env_urls: dict[str, str],
-        *,
-        max_steps: dict[str, int | None] | int | None = 1,
-        overrides: dict[str, Any] | None = None,
-        max_concurrency: int = 256,
-        timeout_s: float = 600.0,
-        env_timeouts_s: dict[str, float] | None = None,
-    ) -> None:
-        from gym_bridge.agent import AgentConfig
-        from gym_bridge.retry import RetryPolicy
-
-        self.env_urls = dict(env_urls)
-        retry = RetryPolicy(max_attempts=3, request_timeout=timeout_s)
-        env_timeouts = env_timeouts_s or {}
-        steps = max_steps if isinstance(max_steps, dict) else dict.fromkeys(env_urls, max_steps)
-        self.configs = {
-            name: AgentConfig(
-                model_url=model_url,
-                max_steps=steps.get(name, 1),
-                overrides=dict(overrides or {}),
-                model_retry=retry,
-                env_retry=RetryPolicy(max_attempts=3, request_timeout=env_timeouts.get(name, timeout_s)),
-            )
-            for name in env_urls
-        }
-        self.max_concurrency = max_concurrency
-        self._loop = _LoopThread()
-        self._clients: list[Any] = []
-
-    def _client(self) -> Any:
-        """The shared session (created on the loop thread on first use, kept for later steps)."""
-        if not self._clients:
-            from gym_bridge.agent import make_session
-
-            self._clients.append(make_session(max_connections=2 * self.max_concurrency))
-        return self._clients[0]
-
-    def run(self, jobs: Sequence[RolloutJob]) -> list[Any]:
-        """Run every job; results (``gym_bridge.agent.Rollout``) are in job order."""
-        from gym_bridge.agent import run_rollout
-
-        async def run_all() -> list[Any]:
-            limit = asyncio.Semaphore(self.max_concurrency)
-            client = self._client()
-
-            async def one(i: int, job: RolloutJob) -> Any:
-                async with limit:
-                    return await run_rollout(
-                        client,
-                        job.row,
-                        self.env_urls[job.env_name],
-                        self.configs[job.env_name],
-                        extra_params=job.extra_params,
-                    )
-
-            return await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
-
-        return self._loop.run(run_all())
-
-    def close(self) -> None:
-        async def close_clients() -> None:
-            for client in self._clients:
-                await client.close()
-
-        try:
-            self._loop.run(close_clients())
-        finally:
-            self._loop.close()

@@ -121,3 +121,21 @@ def test_a_request_holding_too_many_tokens_is_refused(tokenizer):
     with pytest.raises(ApiError, match="would hold .* tokens"):
         run(service, "chat_completions", body)
     assert not service.batcher.backend.requests
+
+
+def test_the_trainer_and_the_server_render_prompts_with_one_function(service, tokenizer):
+    """The trainer's prompt-length filter counts tokens with the function the server generates from."""
+    from gym_bridge import chat
+    from gym_bridge.train import rollouts
+
+    assert rollouts.render_prompt is chat.render_prompt
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    served = run(service, "tokenize", TokenizeRequest(messages=messages))
+    assert served["tokens"] == chat.render_prompt(tokenizer, messages)
+
+    class NoTemplate:
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            raise ValueError("this tokenizer has no chat template")
+
+    with pytest.raises(chat.TemplateError, match="could not render the chat template: this tokenizer has no"):
+        chat.render_prompt(NoTemplate(), messages)

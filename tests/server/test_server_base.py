@@ -241,3 +241,33 @@ def test_aggregate_metrics_validates_records(client: httpx.Client) -> None:
     assert stripped.status_code == 200 and stripped.json()["agent_metrics"]["num_rollouts"] == 2
     bad = client.post("/aggregate_metrics", json=[records[0], {"_ng_task_index": 1}])
     assert bad.status_code == 422 and "verify_responses.1.reward" in bad.json()["detail"]
+
+
+class KeepingServer(ResourcesServer):
+    """Keeps whatever ``/seed_session`` gets, to fill sessions with state of a known size."""
+
+    name = "keeping"
+
+    async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        session.state["kept"] = body.get("blob", "")
+        return {"kept": len(session.state["kept"])}
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        return VerifyResponse.model_validate({**dump(body), "reward": float(bool(session.state.get("kept")))})
+
+
+def test_session_state_is_bounded_in_bytes_oldest_first() -> None:
+    server = KeepingServer(ServerSettings(max_session_bytes=10_000))
+    with start_in_thread(server.build_app()) as running:
+        cookies = []
+        for _ in range(6):
+            with httpx.Client(base_url=running.url) as client:
+                assert client.post("/seed_session", json={"blob": "x" * 3000}).status_code == 200
+                cookies.append(client.cookies[SESSION_COOKIE])
+        health = httpx.get(running.url + "/health").json()
+        assert health["session_bytes"] <= 10_000 and health["sessions"] == 3  # 3 x ~3 KB fit
+        too_big = httpx.post(running.url + "/seed_session", json={"blob": "x" * 20_000})
+        assert too_big.status_code == 413 and "max_session_bytes" in too_big.json()["detail"]
+        for cookie, kept in zip(cookies, [0, 0, 0, 1, 1, 1], strict=True):
+            answer = httpx.post(running.url + "/verify", json=verify_body(), cookies={SESSION_COOKIE: cookie})
+            assert answer.json()["reward"] == kept

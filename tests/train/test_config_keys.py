@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -67,29 +68,33 @@ def online(tmp_path: Path, model_dir: Path, *extra: str) -> Any:
 # ---------------------------------------------------------------------------------------- env.timeout_s
 
 
-def test_env_timeout_bounds_each_request_to_that_environment() -> None:
-    from fake_model import FakeModel
+@pytest.mark.timeout(300)
+def test_env_timeout_bounds_each_request_to_that_environment(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+    from gym_bridge.models.registry import load_model_and_tokenizer
+    from gym_bridge.train.data import load_prompts
+    from gym_bridge.train.sampling import OnlineSampler
 
-    from gym_bridge.envs import running_env
-    from gym_bridge.train.rollouts import RolloutJob, RolloutRunner
-
-    row = {"responses_create_params": {"input": [{"role": "user", "content": "What is 1 + 1?"}]}}
-    with FakeModel() as model, running_env(SLOW_SERVER) as env_url:
-        results = {}
-        for timeout in (0.2, 10.0):
-            runner = RolloutRunner(model.url, {"slow": env_url}, env_timeouts_s={"slow": timeout})
-            try:
-                (results[timeout],) = runner.run([RolloutJob(row, "slow")])
-            finally:
-                runner.close()
-    assert not results[0.2].ok and "timeout" in results[0.2].failure.failure_class
-    assert results[10.0].ok and results[10.0].record["reward"] == 1.0
+    model, tokenizer = load_model_and_tokenizer(str(tiny_model_dir))
+    results = {}
+    for timeout in (0.2, 10.0):
+        cfg = online(tmp_path / str(timeout), tiny_model_dir, f"env.say.server={SLOW_SERVER}", f"env.say.timeout_s={timeout}")
+        prompts = load_prompts(cfg.data, "train")[0][:1]
+        sampler = OnlineSampler(cfg, TransformersBackend(model, tokenizer), tokenizer)
+        try:
+            results[timeout] = sampler.sample(prompts, [[1]])[0]
+        except RuntimeError as exc:
+            results[timeout] = exc
+        finally:
+            sampler.close()
+    assert isinstance(results[0.2], RuntimeError) and "timeout" in str(results[0.2])
+    assert results[10.0][0].reward == 1.0
 
 
 @pytest.mark.timeout(300)
 def test_trainer_applies_env_timeout(tmp_path: Path, tiny_model_dir: Path) -> None:
     cfg = online(tmp_path, tiny_model_dir, f"env.say.server={SLOW_SERVER}", "env.say.timeout_s=0.2")
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
 
     with pytest.raises(RuntimeError, match="every rollout of the step failed; first failure: .*timeout"):
         train(cfg, show_progress=False)
@@ -137,18 +142,26 @@ def test_the_tiny_recipes_num_workers_reaches_the_math_server() -> None:
 # ---------------------------------------------------------------------------------------- stop_token_ids
 
 
+ROLLOUT_PROCESS = [
+    "grpo.async_grpo.enabled=true",
+    "grpo.async_grpo.rollout_process=true",
+    "loss_fn.use_importance_sampling_correction=true",
+]
+
+
 @pytest.mark.timeout(300)
-def test_stop_token_ids_end_every_training_completion(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every id a stop token: each completion is one token long (max_new_tokens is 6)."""
-    from gym_bridge.train.trainer import train
+@pytest.mark.parametrize("where", ["in_process", "rollout_process"])
+def test_stop_token_ids_end_every_training_completion(tmp_path: Path, tiny_model_dir: Path, where: str) -> None:
+    """Every id a stop token: each completion is one token long (max_new_tokens is 6), whether the
+    trainer samples itself or async GRPO's rollout process does."""
+    from gym_bridge.train.loop import train
     from tests.train.helpers import PARITY_SERVER
 
     every_id = "[" + ",".join(str(i) for i in range(406)) + "]"
+    mode = ROLLOUT_PROCESS if where == "rollout_process" else []
     runs = {}
     for name, extra in {"free": [], "stopped": [f"policy.generation.stop_token_ids={every_id}"]}.items():
-        cfg = online(tmp_path / name, tiny_model_dir, f"env.say.server={PARITY_SERVER}", *extra)
+        cfg = online(tmp_path / name, tiny_model_dir, f"env.say.server={PARITY_SERVER}", *mode, *extra)
         train(cfg, show_progress=False)
         runs[name] = [r for r in read_metrics(tmp_path / name / "logs") if r["split"] == "train"]
     assert all(r["gen_length_max"] == 1 and r["truncation_rate"] == 0 for r in runs["stopped"])
@@ -184,6 +197,9 @@ def test_wandb_receives_every_record_offline(tmp_path: Path, monkeypatch: pytest
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     logger.close()
     (written,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    deadline = time.monotonic() + 30  # W&B's service process writes the file behind the run
+    while b"val/accuracy" not in written.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     data = written.read_bytes()
     assert b"train/reward_mean" in data and b"val/accuracy" in data and b"keys-test" in data
 
@@ -257,7 +273,7 @@ def test_monitor_gpus_on_this_cpu_machine_is_refused_naming_the_key() -> None:
 def test_monitor_gpus_adds_gpu_readings_to_every_train_record(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
     from tests.train.helpers import PARITY_SERVER
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([40, 60], [1000, 1200], devices=2))

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from gym_bridge.train.batching import pad_and_stack  # noqa: E402
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
+from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.packing import (  # noqa: E402
     keeps_sequences_apart,
     pack_rows,
@@ -19,14 +20,13 @@ from gym_bridge.train.packing import (  # noqa: E402
     require_packing_support,
 )
 from gym_bridge.train.rollouts import Sample  # noqa: E402
-from gym_bridge.train.trainer import (  # noqa: E402
+from gym_bridge.train.sequences import (  # noqa: E402
     make_micro_batch,
     micro_batch_logprobs,
     micro_batches,
     per_sample_logprobs,
-    token_logprobs,
-    update_policy,
 )
+from gym_bridge.train.update import Learner, StepBatch, update_policy  # noqa: E402
 
 PAD = 0
 
@@ -213,19 +213,9 @@ def test_the_trainer_packs_when_the_key_is_on_and_its_update_is_the_unpacked_one
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         advantages = torch.tensor([s.reward - 0.5 for s in samples])
-        metrics = update_policy(
-            cfg,
-            model,
-            optimizer,
-            scheduler,
-            ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0)),
-            samples,
-            advantages,
-            torch.ones(12),
-            None,
-            None,
-            PAD,
-        )
+        loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+        learner = Learner(model, None, optimizer, scheduler, loss_fn, None, PAD)
+        metrics = update_policy(cfg, learner, StepBatch(samples, advantages, torch.ones(12)))
         results[packing] = (logprobs, metrics, [p.detach().clone() for p in model.parameters()], groups)
     plain, packed = results[False], results[True]
     assert max(len(g) for g in packed[3]) > 4  # a micro-batch holds more than train_micro_batch_size

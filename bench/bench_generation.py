@@ -189,7 +189,7 @@ def main() -> None:
                 start = time.perf_counter()
                 tokens[name] = runners[name]()
                 seconds[name].append(time.perf_counter() - start)
-    batch_sizes = list(app.state.batcher.stats.batch_sizes)
+    batch_sizes = list(app.service.batcher.stats.batch_sizes)
 
     median = {name: statistics.median(s) for name, s in seconds.items()}
     rate = {name: tokens[name] / median[name] for name in runners}

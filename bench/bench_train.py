@@ -67,7 +67,7 @@ def _ours(steps: int, out: Path, seed: int, overrides: list[str]) -> dict[str, A
     """gym-bridge's trainer on the tiny recipe, validation and checkpoints off."""
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
 
     cfg = load_config(
         RECIPE,

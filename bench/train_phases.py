@@ -40,7 +40,7 @@ def main() -> None:
 
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(

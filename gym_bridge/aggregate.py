@@ -62,7 +62,7 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
     """The records of an ``/aggregate_metrics`` body (NeMo Gym's ``{"verify_responses": [...]}`` or a bare list).
 
     Each record needs a numeric ``reward``; ``_ng_task_index``/``_ng_rollout_index``, when present, must
-    be non-negative integers. Anything else (the request, the response) is optional, as NeMo Gym strips it.
+    be non-negative integers. The request and the response are optional, as NeMo Gym strips them, but objects when present.
     """
     records = body.get("verify_responses") if isinstance(body, dict) else body
     if not isinstance(records, list):
@@ -72,6 +72,10 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
             raise AggregateRequestError(f"verify_responses.{i}: expected an object")
         if not _finite_number(record.get("reward")):
             raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        for key in ("response", "responses_create_params"):
+            value = record.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise AggregateRequestError(f"verify_responses.{i}.{key}: expected an object, got {type(value).__name__}")
         for key in (TASK_INDEX, ROLLOUT_INDEX):
             value = record.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

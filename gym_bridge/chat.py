@@ -1,7 +1,8 @@
-"""Conversion between Responses API items and chat messages (the HF chat-template format).
+"""Chat messages: conversion from Responses API items, and rendering through a chat template.
 
 The policy server renders Responses input through a tokenizer's chat template, and the SFT/GRPO
-transforms write chat ``messages``; both go through these two functions so the mapping lives once.
+transforms write chat ``messages``; both go through these functions so the mapping lives once, and the
+trainer counts prompt tokens with the same :func:`render_prompt` the policy server generates from.
 """
 
 from __future__ import annotations
@@ -86,3 +87,29 @@ def tools_to_chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, An
             }
         )
     return out or None
+
+
+class TemplateError(ValueError):
+    """The tokenizer's chat template could not render these messages (a jinja error, a missing template,
+    or the template's own ``raise_exception``)."""
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template: what the policy server generates
+    from and what the trainer's prompt-length filter counts (one function, so the two always agree)."""
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+    except Exception as exc:
+        raise TemplateError(f"could not render the chat template: {exc}") from exc
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding from older transformers
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):  # a batch of one
+        ids = ids[0]
+    return [int(i) for i in ids]

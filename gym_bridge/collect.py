@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -46,10 +45,12 @@ from pydantic import ValidationError
 
 from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout, task_as_run
 from gym_bridge.aggregate import strip_for_aggregation
+from gym_bridge.event_loop import new_event_loop
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl, repair_torn_tail
 from gym_bridge.metrics import aggregate_rewards, latency_summary
 from gym_bridge.retry import RetryPolicy
 from gym_bridge.schema import TaskRow
+from gym_bridge.seeding import rollout_seed
 
 __all__ = [
     "CollectConfig",
@@ -218,12 +219,6 @@ def materialized_path_for(output: Path) -> Path:
 def aggregate_metrics_path_for(output: Path) -> Path:
     """NeMo Gym's name: ``rollouts.jsonl`` -> ``rollouts_aggregate_metrics.json``."""
     return output.with_name(output.stem + "_aggregate_metrics.json")
-
-
-def rollout_seed(seed: int, task_index: int, rollout_index: int) -> int:
-    """A reproducible per-rollout sampling seed in [0, 2**31): differs across tasks and repeats."""
-    digest = hashlib.blake2b(f"{seed}:{task_index}:{rollout_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % (2**31)
 
 
 # --------------------------------------------------------------------------- reading tasks and results
@@ -621,7 +616,9 @@ async def collect_async(
     try:
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
-        aggregate = await env_aggregate_metrics(pool.session, output, router.url_of, report)
+        aggregate = await env_aggregate_metrics(
+            pool.session, output, router.url_of, report, timeout=config.request_timeout
+        )
     finally:
         writer.close()
         failures.close()
@@ -693,6 +690,7 @@ async def env_aggregate_metrics(
     url_of: dict[str, str],
     report: Callable[[str], None],
     env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
+    timeout: float = 300.0,
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
@@ -714,7 +712,8 @@ async def env_aggregate_metrics(
     for env, records in by_env.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
         try:
-            async with session.post(url, json={"verify_responses": records}) as resp:
+            limit = aiohttp.ClientTimeout(total=timeout)
+            async with session.post(url, json={"verify_responses": records}, timeout=limit) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict):
                     raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")
@@ -778,14 +777,6 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
         yield running.url + "/v1"
     finally:
         running.stop()
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def collect(

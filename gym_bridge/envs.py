@@ -15,6 +15,7 @@ BUILTIN_SERVERS: dict[str, str] = {
     "math": "resources_servers.math.app:MathServer",
     "code": "resources_servers.code.app:CodeServer",
     "tool_use": "resources_servers.tool_use.app:ToolUseServer",
+    "reasoning_gym": "resources_servers.reasoning_gym.app:ReasoningGymServer",
 }
 
 
@@ -36,15 +37,34 @@ def load_server_class(name: str) -> type[Any]:
     return getattr(module, class_name)
 
 
+def workers_setting(name: str) -> str | None:
+    """The config field that sizes the worker pool of the server registered under ``name`` (its class's
+    ``workers_setting``: the math server's verifier processes, the code server's sandboxes), or None."""
+    return getattr(load_server_class(name), "workers_setting", None)
+
+
 @contextmanager
-def running_env(name_or_url: str, **settings: Any) -> Iterator[str]:
-    """Yield a base URL for the environment, starting a built-in server in-process when given a name."""
+def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any) -> Iterator[str]:
+    """Yield a base URL for the environment, starting a built-in server in-process when given a name.
+
+    ``workers`` sizes the started server's worker pool (see :func:`workers_setting`); a ValueError
+    says so for a URL or a server without one.
+    """
     if is_url(name_or_url):
+        if workers is not None:
+            raise ValueError(f"cannot size the worker pool of the server at {name_or_url}: it runs on its own")
         yield name_or_url.rstrip("/")
         return
     from gym_bridge.server import ServerSettings, start_in_thread
 
-    server = load_server_class(name_or_url)(ServerSettings(**settings))
+    server_class = load_server_class(name_or_url)
+    server = server_class(ServerSettings(**settings))
+    if workers is not None:
+        field = workers_setting(name_or_url)
+        if field is None:
+            raise ValueError(f"environment '{name_or_url}' has no worker pool to size")
+        config = server.config.model_validate({**server.config.model_dump(), field: workers})
+        server = server_class(ServerSettings(**settings), config=config)
     running = start_in_thread(server.build_app())
     try:
         yield running.url

@@ -210,7 +210,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
         await run_all([produce(), *(work() for _ in range(workers))])
         writer.close()
         result.aggregate_metrics = await env_aggregate_metrics(
-            session, output, {env_name: env_url}, report, env_of=lambda record: env_name
+            session, output, {env_name: env_url}, report, env_of=lambda record: env_name, timeout=config.request_timeout
         )
     finally:
         writer.close()

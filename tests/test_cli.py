@@ -141,4 +141,4 @@ def test_a_gguf_file_path_loads_what_the_builtin_gguf_model_loads() -> None:
 
 def test_train_help_says_where_the_config_keys_are_documented() -> None:
     flat = " ".join(help_text("train").split())
-    assert "gym_bridge/train/config.py" in flat and "recipes/" in flat
+    assert "gym_bridge/train/config/" in flat and "recipes/" in flat

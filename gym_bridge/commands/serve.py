@@ -11,10 +11,10 @@ from gym_bridge.envs import BUILTIN_SERVERS
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
-DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003}
+DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003, "reasoning_gym": 8004}
 POLICY_PORT = 8000
 
-app = App(help="Run a resources server (math, code, tool_use) or the embedded policy server.", no_args_is_help=True)
+app = App(help="Run a resources server (math, code, tool_use, reasoning_gym) or the embedded policy server.", no_args_is_help=True)
 
 
 def _env_command(env_name: str) -> None:
@@ -60,6 +60,13 @@ def policy(
     ] = False,
     backend: Annotated[str, typer.Option(help="Generation backend: transformers (CPU) or vllm (CUDA).")] = "transformers",
     seed: Annotated[int, typer.Option(help="Seed for requests that do not bring their own.")] = 0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Require 'Authorization: Bearer TOKEN' on every route but /health "
+            "(clients: collect --api-key, OPENAI_API_KEY, openai.OpenAI(api_key=...))."
+        ),
+    ] = None,
 ) -> None:
     """Run the embedded OpenAI-compatible policy server (/v1/responses, /v1/chat/completions)."""
     from gym_bridge.generation import load_backend
@@ -79,6 +86,7 @@ def policy(
         batch_wait_ms=batch_wait_ms,
         max_output_tokens=max_output_tokens,
         return_token_ids=return_token_ids,
+        auth_token=token,
     )
     running = start_in_thread(app_, host=host, port=port, timeout=120.0)
     typer.echo(f"policy server for {model} listening on {running.url}/v1 (docs: {running.url}/docs)")

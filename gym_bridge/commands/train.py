@@ -1,6 +1,6 @@
 """``gym-bridge train --config FILE [section.key=value ...]``: GRPO with the embedded trainer.
 
-The config is NeMo RL's layout (see ``recipes/`` and ``gym_bridge/train/config.py``); overrides use
+The config is NeMo RL's layout (see ``recipes/`` and ``gym_bridge/train/config/``); overrides use
 NeMo RL's dotted syntax. A bad key fails before anything heavy is loaded, naming its full path.
 """
 
@@ -21,11 +21,18 @@ def train(
         typer.Argument(help="Dotted overrides, e.g. grpo.max_num_steps=50 policy.optimizer.kwargs.lr=2e-4."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or per-step lines.")] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start at step 0: delete the checkpoints in checkpointing.checkpoint_dir instead of resuming.",
+        ),
+    ] = False,
 ) -> None:
     """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts.
 
     The recipe uses NeMo RL's config layout. Every key, with its meaning and default, is documented in
-    gym_bridge/train/config.py (the schema's field docstrings); recipes/ holds working examples. An
+    gym_bridge/train/config/ (the schema's field docstrings); recipes/ holds working examples. An
     unknown or mistyped key fails at start-up naming its full path.
     """
     from gym_bridge.train.config import ConfigError, load_config
@@ -40,11 +47,15 @@ def train(
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.train.data import DataError
-    from gym_bridge.train.trainer import train as run_training
+    from gym_bridge.train.loop import train as run_training
+    from gym_bridge.train.setup import RunAlreadyComplete
 
     try:
-        result = run_training(cfg, show_progress=not quiet)
-    except (DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
+        result = run_training(cfg, show_progress=not quiet, fresh=fresh)
+    except RunAlreadyComplete as exc:
+        typer.echo(str(exc))
+        return
+    except (ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")

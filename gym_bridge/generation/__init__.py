@@ -16,6 +16,7 @@ from gym_bridge.generation.backend import (
     GenerationResult,
     SamplingParams,
 )
+from gym_bridge.models.registry import load_model_and_tokenizer
 
 __all__ = ["GenerationBackend", "GenerationRequest", "GenerationResult", "SamplingParams", "load_backend"]
 
@@ -40,18 +41,5 @@ def load_backend(
         raise ValueError(f"unknown backend {kind!r} (choose 'transformers', 'vllm' or 'ray')")
     from gym_bridge.generation.transformers_backend import TransformersBackend
 
-    model, tokenizer = _load_model_and_tokenizer(name_or_path)
+    model, tokenizer = load_model_and_tokenizer(name_or_path)
     return TransformersBackend(model, tokenizer, model_name=name_or_path, **kwargs)
-
-
-def _load_model_and_tokenizer(name_or_path: str) -> tuple[Any, Any]:
-    """Through the model registry (built-in names, cached builds); plain local directories otherwise."""
-    try:
-        from gym_bridge.models.registry import load_model_and_tokenizer
-    except ImportError:  # registry not available: a local Hugging Face directory, never the hub
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=True)
-        return model, tokenizer
-    return load_model_and_tokenizer(name_or_path)

@@ -40,6 +40,8 @@ class SamplingParams:
     """Stop once the decoded completion contains one of these; the text is cut before it."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Stop after emitting one of these (the tokenizer's EOS ids are always included)."""
+    top_logprobs: int = 0
+    """Also return this many most likely tokens per step with their log-probabilities (same pass)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -48,6 +50,8 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.top_logprobs < 0:
+            raise ValueError("top_logprobs must be >= 0")
 
 
 @dataclass
@@ -73,6 +77,9 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: FinishReason
     text: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """With ``params.top_logprobs`` = k > 0: per generated token, the k most likely ``(token id,
+    log-probability)`` pairs of that step's distribution (the same raw distribution as ``logprobs``)."""
 
 
 class GenerationBackend(ABC):

@@ -28,6 +28,7 @@ from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
 from gym_bridge.generation.ray_local import RayUnavailableError, import_ray, start_local_ray
+from gym_bridge.models.registry import load_model_and_tokenizer
 
 __all__ = ["GenerationReplica", "RayBackend", "RayUnavailableError", "split_by_prompt"]
 
@@ -122,11 +123,12 @@ class RayBackend(GenerationBackend):
         threads_per_worker: int = 1,
         object_store_memory_mb: int = 200,
         start_timeout_s: float = 300.0,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         ray = import_ray()
         import torch
 
-        from gym_bridge.generation.transformers_backend import _eos_ids
+        from gym_bridge.generation.transformers_backend import _eos_ids, checked_stop_token_ids
 
         if num_workers < 1 or threads_per_worker < 1:
             raise ValueError("num_workers and threads_per_worker must be >= 1")
@@ -136,6 +138,7 @@ class RayBackend(GenerationBackend):
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self.num_workers = num_workers
         self.threads_per_worker = threads_per_worker
         self._seed_source = torch.Generator().manual_seed(seed)  # as TransformersBackend draws them
@@ -159,7 +162,11 @@ class RayBackend(GenerationBackend):
                     getattr(model, "generation_config", None),
                     dtype,
                     threads_per_worker,
-                    {"model_name": self.model_name, "max_context": self.max_context},
+                    {
+                        "model_name": self.model_name,
+                        "max_context": self.max_context,
+                        "stop_token_ids": sorted(self.stop_token_ids),
+                    },
                 )
                 for _ in range(num_workers)
             ]
@@ -173,10 +180,8 @@ class RayBackend(GenerationBackend):
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> RayBackend:
         """Load a built-in model name or local directory here, then ship it to the replicas."""
-        from gym_bridge.generation import _load_model_and_tokenizer
-
         import_ray()  # fail on a missing extra before loading the model
-        model, tokenizer = _load_model_and_tokenizer(name_or_path)
+        model, tokenizer = load_model_and_tokenizer(name_or_path)
         return cls(model, tokenizer, model_name=kwargs.pop("model_name", name_or_path), **kwargs)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

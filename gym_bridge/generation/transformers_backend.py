@@ -11,8 +11,11 @@ batch (GRPO's G samples per prompt) is prefilled once; rows that finish are drop
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from gym_bridge.generation.backend import (
     FinishReason,
@@ -20,11 +23,18 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
+from gym_bridge.train.logprobs import gather_logprobs
+from gym_bridge.train.shared_prefix import distinct_prompts, prefill
 
-if TYPE_CHECKING:
-    import torch
+__all__ = ["TransformersBackend", "checked_stop_token_ids"]
 
-__all__ = ["TransformersBackend"]
+
+def checked_stop_token_ids(stop_token_ids: Sequence[int], vocab_size: int) -> frozenset[int]:
+    """The backend-wide stop ids, or a ValueError naming the ones the model cannot emit."""
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids {bad} are outside the model's vocabulary 0..{vocab_size - 1}")
+    return frozenset(stop_token_ids)
 
 
 @dataclass
@@ -39,6 +49,7 @@ class _Row:
     logprobs: list[float]
     finish_reason: FinishReason | None = None
     text: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class TransformersBackend(GenerationBackend):
@@ -46,6 +57,8 @@ class TransformersBackend(GenerationBackend):
 
     ``lock`` is held for every ``generate`` and ``update_weights``: a trainer that steps the shared model
     in place while a policy server may be generating holds it around ``optimizer.step()``.
+    ``stop_token_ids`` end every completion, as the EOS ids do, besides each request's own
+    (``policy.generation.stop_token_ids`` of a training run).
     """
 
     def __init__(
@@ -55,9 +68,8 @@ class TransformersBackend(GenerationBackend):
         model_name: str | None = None,
         seed: int = 0,
         max_context: int | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
-        import torch
-
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or "local-model"
@@ -66,6 +78,7 @@ class TransformersBackend(GenerationBackend):
         self.pad_token_id = pad if pad is not None else min(self.eos_token_ids, default=0)
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self._seed_source = torch.Generator().manual_seed(seed)
         self.lock = threading.RLock()
 
@@ -82,8 +95,6 @@ class TransformersBackend(GenerationBackend):
             self.model.load_state_dict(state)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        import torch
-
         if not requests:
             return []
         with self.lock:
@@ -103,6 +114,7 @@ class TransformersBackend(GenerationBackend):
                 logprobs=row.logprobs,
                 finish_reason=row.finish_reason or "length",
                 text=row.text if row.text is not None else self._decode_text(row.token_ids),
+                top_logprobs=row.top_logprobs,
             )
             for row in rows
         ]
@@ -110,8 +122,6 @@ class TransformersBackend(GenerationBackend):
     # ------------------------------------------------------------------ internals
 
     def _new_row(self, request: GenerationRequest) -> _Row:
-        import torch
-
         params = request.params
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
@@ -130,16 +140,15 @@ class TransformersBackend(GenerationBackend):
         return _Row(
             request=request,
             max_new_tokens=max_new,
-            stop_ids=frozenset(self.eos_token_ids) | frozenset(params.stop_token_ids),
+            stop_ids=frozenset(self.eos_token_ids) | self.stop_token_ids | frozenset(params.stop_token_ids),
             uniforms=uniforms,
             token_ids=[],
             logprobs=[],
             finish_reason="length" if max_new == 0 else None,
+            top_logprobs=[] if params.top_logprobs > 0 else None,
         )
 
     def _decode(self, rows: list[_Row]) -> None:
-        import torch
-
         active = [i for i, row in enumerate(rows) if row.finish_reason is None]
         if not active:
             return
@@ -155,18 +164,25 @@ class TransformersBackend(GenerationBackend):
             uniforms[j, : len(row_u)] = row_u
         uniforms = uniforms.to(device)
 
-        logits, cache, attention_mask, position = self._prefill(
-            [rows[i].request.prompt_token_ids for i in active]
-        )
+        # Each distinct prompt runs once (GRPO sends every prompt G times); its cache fans out per row.
+        prompts, row_prompt = distinct_prompts([rows[i].request.prompt_token_ids for i in active])
+        prompt = prefill(self.model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
+        cache, fan_out = prompt.cache, prompt.fan_out
+        logits = prompt.output.logits[:, -1, :].float()[fan_out]
+        attention_mask, position = prompt.attention_mask[fan_out], prompt.positions[fan_out][:, -1:]
         step = 0
         while True:
             tokens, logprobs = _sample(logits, temperature, top_p, top_k, uniforms[:, step])
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            top = _top_logprobs(logits, [rows[i].request.params.top_logprobs for i in active])
             keep: list[int] = []
             for j, i in enumerate(active):
                 row = rows[i]
                 row.token_ids.append(token_list[j])
                 row.logprobs.append(logprob_list[j])
+                if row.top_logprobs is not None and top is not None:
+                    k = row.request.params.top_logprobs
+                    row.top_logprobs.append(list(zip(top[1][j][:k], top[0][j][:k], strict=True)))
                 if not self._finished(row):
                     keep.append(j)
             step += 1
@@ -194,41 +210,6 @@ class TransformersBackend(GenerationBackend):
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
-
-    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
-        """Run each distinct prompt once (GRPO sends every prompt G times), then fan the cache out per row.
-
-        Returns next-token logits [rows, vocab], the KV cache, the attention mask [rows, width] and the
-        position of each row's last prompt token [rows, 1].
-        """
-        import torch
-        from transformers import DynamicCache
-
-        device = self.device
-        distinct: dict[tuple[int, ...], int] = {}
-        row_to_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        width = max(len(p) for p in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for j, prompt in enumerate(distinct):
-            input_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[j, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=DynamicCache(),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-        if len(distinct) < len(prompts):
-            fan_out = torch.tensor(row_to_prompt, dtype=torch.long, device=device)
-            cache.batch_select_indices(fan_out)
-            logits, attention_mask, positions = logits[fan_out], attention_mask[fan_out], positions[fan_out]
-        return logits, cache, attention_mask, positions[:, -1:]
 
     def _finished(self, row: _Row) -> bool:
         """Record why a row stops (stop token, stop string, length), or return False to continue."""
@@ -265,8 +246,6 @@ def _sample(
     The procedure a row goes through depends only on that row's parameters, which keeps a seeded row
     independent of what it is batched with.
     """
-    import torch
-
     greedy = temperature <= 0
     chosen = logits.argmax(dim=-1)
     if not bool(greedy.all()):
@@ -289,14 +268,23 @@ def _sample(
                 filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled
             )
         chosen = torch.where(greedy, chosen, sampled)
-    logprobs = logits.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return chosen, logprobs
+    return chosen, gather_logprobs(logits, chosen)
+
+
+def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:
+    """The ``max(ks)`` most likely tokens of each row under the raw distribution: (log-probs, ids); None
+    when no row asked."""
+    import torch
+
+    k = min(max(ks, default=0), logits.shape[-1])
+    if k <= 0:
+        return None
+    values, ids = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+    return values.tolist(), ids.tolist()
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1]."""
-    import torch
-
     cdf = weights.double().cumsum(dim=-1)
     target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=weights.shape[-1] - 1)

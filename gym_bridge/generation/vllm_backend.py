@@ -11,6 +11,7 @@ explicitly where the installed vLLM knows the option.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
@@ -36,7 +37,14 @@ def _import_vllm() -> Any:
 class VllmBackend(GenerationBackend):
     """Generate with an in-process ``vllm.LLM`` engine; ``update_weights`` refits it after a train step."""
 
-    def __init__(self, model: str, model_name: str | None = None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        model_name: str | None = None,
+        stop_token_ids: Sequence[int] = (),
+        **engine_kwargs: Any,
+    ) -> None:
+        """``stop_token_ids`` end every completion, besides each request's own."""
         vllm = _import_vllm()
         self._vllm = vllm
         init_params = inspect.signature(vllm.LLM.__init__).parameters
@@ -47,6 +55,7 @@ class VllmBackend(GenerationBackend):
         self.model_name = model_name or model
         self.max_context = int(self.llm.llm_engine.model_config.max_model_len)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.stop_token_ids = list(stop_token_ids)
 
     def _sampling_params(self, request: GenerationRequest) -> Any:
         p = request.params
@@ -58,8 +67,8 @@ class VllmBackend(GenerationBackend):
             top_k=p.top_k if p.top_k > 0 else -1,
             seed=p.seed,
             stop=list(p.stop_strings) or None,
-            stop_token_ids=list(p.stop_token_ids) or None,
-            logprobs=0,  # the sampled token's log-probability only
+            stop_token_ids=sorted({*self.stop_token_ids, *p.stop_token_ids}) or None,
+            logprobs=p.top_logprobs,  # the sampled token's log-probability, and the top ones when asked
             skip_special_tokens=True,
         )
 
@@ -77,6 +86,13 @@ class VllmBackend(GenerationBackend):
             logprobs = [
                 step[token].logprob for token, step in zip(token_ids, completion.logprobs or [], strict=False)
             ]
+            top = None
+            if request.params.top_logprobs > 0:
+                k = request.params.top_logprobs
+                top = [
+                    sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda pair: -pair[1])[:k]
+                    for step in completion.logprobs or []
+                ]
             results.append(
                 GenerationResult(
                     prompt_token_ids=list(request.prompt_token_ids),
@@ -84,6 +100,7 @@ class VllmBackend(GenerationBackend):
                     logprobs=logprobs,
                     finish_reason="length" if completion.finish_reason == "length" else "stop",
                     text=completion.text,
+                    top_logprobs=top,
                 )
             )
         return results

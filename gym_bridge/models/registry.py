@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gym_bridge.models.progress import waiting
 
 if TYPE_CHECKING:
     import torch
@@ -86,9 +89,19 @@ def resolve_model(name_or_path: str) -> ModelSource:
 
 
 def load_model_and_tokenizer(
-    name_or_path: str, dtype: torch.dtype | str | None = None, device: str = "cpu"
+    name_or_path: str,
+    dtype: torch.dtype | str | None = None,
+    device: str = "cpu",
+    *,
+    tokenizer_name: str | None = None,
+    chat_template: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer (float32 on CPU by default; GGUF weights are dequantised)."""
+    """Load a causal LM and its tokenizer (float32 on CPU by default; GGUF weights are dequantised).
+
+    The one model loader: the trainer, the rollout process, the policy server and the generation
+    backends all load through it. ``tokenizer_name`` loads another tokenizer (a name or directory
+    other than the model's); ``chat_template`` replaces the tokenizer's chat template.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,9 +111,15 @@ def load_model_and_tokenizer(
         kwargs["gguf_file"] = source.gguf_file
     if _hub_offline():
         kwargs["local_files_only"] = True
+    loading = (
+        waiting(f"loading and de-quantising {source.gguf_file} (about 1-2 minutes on CPU)")
+        if source.gguf_file is not None
+        else nullcontext()
+    )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype or torch.float32, **kwargs)
+        with loading:
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype or torch.float32, **kwargs)
     except (OSError, ValueError) as err:
         if Path(source.path).exists():
             raise ModelNotFoundError(
@@ -115,6 +134,10 @@ def load_model_and_tokenizer(
         _forget_gguf_quantization(model)
     model.to(device)
     model.eval()
+    if tokenizer_name not in (None, name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+    if chat_template:
+        tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

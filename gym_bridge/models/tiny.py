@@ -20,11 +20,13 @@ import random
 import shutil
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.data.arithmetic import DEFAULT_OPS, make_problems, prompt_for
+from gym_bridge.models.progress import counted, waiting
 
 if TYPE_CHECKING:
     import torch
@@ -239,29 +241,17 @@ def build_tiny_model(
         tokenizer = build_tokenizer()
         model = new_tiny_model(tokenizer, recipe, seed=seed)
         if show_progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            columns = (
-                TextColumn("[bold]building tiny model"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total} steps  loss {task.fields[loss]:.3f}"),
-                TimeRemainingColumn(),
-            )
-            with Progress(*columns, transient=True) as bar:
-                task = bar.add_task("warm-start", total=recipe.steps, loss=float("nan"))
-                losses = warm_start(
-                    model,
-                    tokenizer,
-                    recipe,
-                    seed,
-                    lambda done, loss: bar.update(task, completed=done, loss=loss),
-                )
+            with counted("building the tiny model (first use; cached afterwards)", recipe.steps) as update:
+                losses = warm_start(model, tokenizer, recipe, seed, update)
         else:
             losses = warm_start(model, tokenizer, recipe, seed)
     finally:
         torch.set_num_threads(threads)
     train_seconds = time.monotonic() - started
-    accuracy = _validation_accuracy(model, tokenizer, recipe) if evaluate else {}
+    accuracy = {}
+    if evaluate:
+        with waiting("measuring the tiny model's validation accuracy") if show_progress else nullcontext():
+            accuracy = _validation_accuracy(model, tokenizer, recipe)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

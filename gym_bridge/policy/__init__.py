@@ -1,4 +1,6 @@
 """The embedded policy server: OpenAI-compatible endpoints over a generation backend.
 
-Import :func:`gym_bridge.policy.server.build_policy_app`; it pulls in FastAPI but not torch.
+:class:`~gym_bridge.policy.service.PolicyService` answers the requests (no HTTP; request bodies in
+:mod:`~gym_bridge.policy.api`, streamed answers in :mod:`~gym_bridge.policy.streaming`);
+:func:`gym_bridge.policy.server.build_policy_app` serves it. Neither imports torch.
 """

@@ -11,6 +11,7 @@ cached.
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ class RenderCache:
         self._render = render
         self.size = 0 if "strftime" in str(chat_template or "") else size
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()  # large prompts are rendered on the tokenizer thread
         self.hits = 0
         self.misses = 0
 
@@ -46,17 +48,19 @@ class RenderCache:
     ) -> list[int]:
         key = self._key(messages, tools, add_generation_prompt) if self.size else None
         if key is not None:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return list(cached)
+            with self._lock:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    self.hits += 1
+                    return list(cached)
         self.misses += 1
         ids = self._render(messages, tools, add_generation_prompt, param)
         if key is not None:
-            self._cache[key] = tuple(ids)
-            if len(self._cache) > self.size:
-                self._cache.popitem(last=False)
+            with self._lock:
+                self._cache[key] = tuple(ids)
+                if len(self._cache) > self.size:
+                    self._cache.popitem(last=False)
         return ids
 
     @staticmethod

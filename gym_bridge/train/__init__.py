@@ -2,10 +2,17 @@
 
 Modules (one idea each):
 
-- ``config``: the typed, validated run configuration (NeMo RL key names) and YAML loading.
-- ``advantages``: group-relative advantages and the dynamic-sampling filter.
-- ``loss``: NeMo RL's clipped policy-gradient loss with KL penalty and its metrics.
-- ``batching``: low-padding micro-batches and padding helpers.
+- ``loop``: ``train()``, the set-up calls then the step loop, readable top to bottom.
+- ``setup``: seeds, threads, the resume point, the model with its optimizer (``Learner``), the data and
+  the samplers with their services.
+- ``sampling``: the ``Sampler`` protocol and its online and offline samplers; ``rollout_worker``: the
+  rollout process (``ProcessSampler``); ``async_rollouts``: async GRPO's producer.
+- ``update``: one step's ``StepBatch`` -> optimizer steps; ``sequences``: micro-batches and their
+  log-probs; ``logprobs``: the one log-prob gather; ``shared_prefix`` and ``packing``: faster passes.
+- ``advantages`` and ``loss``: NeMo RL's advantage estimator and clipped policy-gradient loss.
+- ``config``: the typed, validated run configuration (NeMo RL key names) and its YAML loader.
+- ``data``, ``rollouts``, ``metrics``, ``logging``, ``checkpoint``, ``batching``, ``preflight``,
+  ``gpu_monitor``, ``sample_log``: prompts, sequences, metrics, logs, checkpoints and checks.
 
 This package's ``__init__`` imports nothing heavy, so ``gym_bridge.cli`` can import
 ``gym_bridge.train.config`` without pulling in torch.

@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
@@ -45,16 +49,10 @@ TRASH_PREFIX = ".trash-"
 
 def get_rng_state() -> dict[str, Any]:
     """Python, numpy and torch RNG states (everything a seeded run draws from)."""
-    import numpy as np
-    import torch
-
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -101,8 +99,6 @@ class Checkpoint:
 
     def load_weights(self, model: Any) -> None:
         """Load the saved weights into ``model`` (same architecture); tied output weights are re-tied."""
-        from safetensors.torch import load_file
-
         state: dict[str, Any] = {}
         for shard in sorted(self.weights_dir.glob("*.safetensors")):
             state.update(load_file(shard))
@@ -120,8 +116,6 @@ class Checkpoint:
 
     def load_training_state(self, optimizer: Any, scheduler: Any) -> dict[str, Any]:
         """Restore optimizer, scheduler and RNG states; return the data-loader state and the info."""
-        import torch
-
         states = torch.load(self.path / "policy" / "optimizer.pt", map_location="cpu", weights_only=False)
         optimizer.load_state_dict(states["optimizer"])
         if scheduler is not None and states.get("scheduler") is not None:
@@ -181,6 +175,13 @@ class CheckpointManager:
                 removed.append(entry)
         return removed
 
+    def clear(self) -> list[Checkpoint]:
+        """Delete every checkpoint (a fresh run in the same directory); return the deleted."""
+        found = self.checkpoints()
+        for checkpoint in found:
+            self._discard(checkpoint.path)
+        return found
+
     # ------------------------------------------------------------------ saving
 
     def save(
@@ -197,8 +198,6 @@ class CheckpointManager:
         extra_info: dict[str, Any] | None = None,
     ) -> Checkpoint:
         """Write ``step_<step>`` atomically, then prune to ``keep_top_k``; return the new checkpoint."""
-        import torch
-
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step}"
         tmp = self.root / f"{TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}"

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.jsonl import JsonlError, iter_jsonl
-from gym_bridge.schema import content_text, input_items
+from gym_bridge.schema import assistant_text, content_text
+from transforms.common import RecordError, check_rollout, output_items, prompt_messages
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import DataConfig, DatasetConfig
@@ -74,10 +75,7 @@ class Prompt:
 
     def messages(self) -> list[dict[str, Any]]:
         """The prompt as chat messages (for length checks and the chat template)."""
-        from gym_bridge.chat import items_to_messages
-
-        params = self.row["responses_create_params"]
-        return items_to_messages(input_items(params), params.get("instructions"))
+        return prompt_messages(self.row)
 
 
 @dataclass
@@ -260,8 +258,6 @@ def _output_text(value: Any) -> str:
         return value
     if isinstance(value, dict):
         return content_text(value.get("content"))
-    from gym_bridge.schema import assistant_text
-
     return assistant_text(value, sep="")
 
 
@@ -281,15 +277,13 @@ def load_offline_groups(data: DataConfig) -> list[OfflineGroup]:
                 raise DataError(
                     f"{where}: {line}: no numeric '{dataset.reward_key}' in the row (set reward_key)"
                 )
-            if "responses_create_params" in row and "response" in row:
-                from gym_bridge.chat import items_to_messages
-
-                params = row["responses_create_params"]
-                messages = items_to_messages(input_items(params), params.get("instructions"))
-                tools = params.get("tools") or None
-                completion = ScoredCompletion(
-                    float(reward), output_items=list(row["response"].get("output") or [])
-                )
+            if "responses_create_params" in row and "response" in row:  # a rollout record: the transforms' reader
+                try:
+                    messages, items = prompt_messages(check_rollout(row)), output_items(row)
+                except RecordError as exc:
+                    raise DataError(f"{where}: {line}: {exc}") from None
+                tools = row["responses_create_params"].get("tools") or None
+                completion = ScoredCompletion(float(reward), output_items=list(items))
             else:
                 messages, output = formatter.prompt_and_answer(row, line)
                 tools = None

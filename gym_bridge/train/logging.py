@@ -5,6 +5,11 @@
   reads as one uninterrupted run.
 * TensorBoard event files in ``<log_dir>/tensorboard`` (``logger.tensorboard_enabled``), purged
   past the resumed step.
+* Weights & Biases (``logger.wandb_enabled``, the ``[wandb]`` extra): every record as
+  ``<split>/<metric>`` at its step, the resolved config as the run's config, files under
+  ``<log_dir>/wandb``. A resumed run continues the same W&B run (its id is kept in
+  ``<log_dir>/wandb_run_id``). ``WANDB_MODE=offline`` logs without network.
+* GPU utilisation and memory in every train record (``logger.monitor_gpus``, :mod:`gpu_monitor`).
 * The terminal: a rich progress bar with the step's key numbers, and a compact line per step.
 * ``<log_dir>/curves.png``: mean reward per step and validation accuracy, drawn at the end
   (matplotlib's Agg backend, no display needed).
@@ -15,15 +20,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_bridge.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 
-__all__ = ["MetricsLogger", "TerminalView", "plot_curves", "read_metrics"]
+if TYPE_CHECKING:
+    from gym_bridge.train.config import MasterConfig
+
+__all__ = ["MetricsLogger", "TerminalView", "open_metrics_logger", "open_wandb_run", "plot_curves", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+WANDB_RUN_ID_FILE = "wandb_run_id"
+WANDB_INSTALL_HINT = "pip install 'gym-bridge[wandb]'"
 
 
 def read_metrics(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -39,14 +51,25 @@ def _finite(value: Any) -> bool:
 
 
 class MetricsLogger:
-    """Writes each step's metrics to JSONL and (optionally) TensorBoard.
+    """Writes each step's metrics to JSONL and (optionally) TensorBoard and a W&B run.
 
     ``resume_step``: the step a resumed run restarts after; records of later steps are removed.
+    ``wandb_run``: a started ``wandb`` run (:func:`open_wandb_run`), finished by :meth:`close`.
+    ``gpu_monitor``: a :class:`~gym_bridge.train.gpu_monitor.GpuMonitor` whose readings join every
+    train record.
     """
 
     def __init__(
-        self, log_dir: str | os.PathLike[str], *, tensorboard: bool = False, resume_step: int | None = None
+        self,
+        log_dir: str | os.PathLike[str],
+        *,
+        tensorboard: bool = False,
+        resume_step: int | None = None,
+        wandb_run: Any = None,
+        gpu_monitor: Any = None,
     ) -> None:
+        self.wandb_run = wandb_run
+        self.gpu_monitor = gpu_monitor
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / METRICS_FILE
@@ -75,17 +98,76 @@ class MetricsLogger:
         os.replace(tmp, path)
 
     def log(self, step: int, metrics: dict[str, Any], split: str = "train") -> None:
+        if self.gpu_monitor is not None and split == "train":
+            metrics = {**metrics, **self.gpu_monitor.read()}
         self._jsonl.write({"step": step, "split": split, **metrics})
         if self._tb is not None:
             for key, value in metrics.items():
                 if _finite(value):
                     self._tb.add_scalar(f"{split}/{key}", value, step)
             self._tb.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{split}/{k}": v for k, v in metrics.items() if _finite(v)}, step=step)
 
     def close(self) -> None:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def open_wandb_run(cfg: MasterConfig, log_dir: Path, *, resuming: bool) -> Any:
+    """A W&B run named by ``logger.wandb`` with the resolved config, or a ConfigError naming
+    ``logger.wandb_enabled`` with the install hint when ``wandb`` is missing."""
+    from gym_bridge.train.config import ConfigError, config_to_dict
+
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            [f"logger.wandb_enabled needs the wandb package: {WANDB_INSTALL_HINT} (or set it to false)"]
+        ) from None
+    id_file = log_dir / WANDB_RUN_ID_FILE
+    run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
+    if not run_id:
+        run_id = secrets.token_hex(4)  # W&B run ids: lower-case letters and digits
+        id_file.write_text(run_id + "\n")
+    return wandb.init(
+        project=cfg.logger.wandb.project,
+        name=cfg.logger.wandb.name,
+        config=config_to_dict(cfg),
+        dir=str(log_dir),
+        id=run_id,
+        resume="allow",
+    )
+
+
+def open_metrics_logger(cfg: MasterConfig, resume_step: int | None = None) -> MetricsLogger:
+    """The run's :class:`MetricsLogger` as ``logger`` configures it (a ConfigError naming the key when
+    W&B or GPU monitoring cannot run here)."""
+    log_dir = Path(cfg.logger.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    monitor = None
+    if cfg.logger.monitor_gpus:
+        from gym_bridge.train.gpu_monitor import open_gpu_monitor
+
+        monitor = open_gpu_monitor()
+    try:
+        run = open_wandb_run(cfg, log_dir, resuming=resume_step is not None) if cfg.logger.wandb_enabled else None
+    except BaseException:
+        if monitor is not None:
+            monitor.close()
+        raise
+    return MetricsLogger(
+        log_dir,
+        tensorboard=cfg.logger.tensorboard_enabled,
+        resume_step=resume_step,
+        wandb_run=run,
+        gpu_monitor=monitor,
+    )
 
 
 # Shown on the terminal line, in this order, when present: (metric key, label, format).
@@ -112,16 +194,27 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         value = metrics.get(key)
         if _finite(value):
             parts.append(f"{label} {fmt.format(value)}")
+    if metrics.get("no_learning_signal"):
+        parts.append("no learning signal (every group's rewards tie): update skipped")
     return f"step {step:>4} [train] " + "  ".join(parts)
 
 
 class TerminalView:
-    """A rich progress bar over the run's steps, with a line of metrics printed above it per step."""
+    """A rich progress bar over the run's steps, with a line of metrics printed above it every ``every``
+    steps, and after any step when the last line is ``quiet_s`` seconds old (slow runs show each step)."""
 
     def __init__(
-        self, total_steps: int, start_step: int = 0, *, every: int = 1, enabled: bool = True
+        self,
+        total_steps: int,
+        start_step: int = 0,
+        *,
+        every: int = 1,
+        enabled: bool = True,
+        quiet_s: float = 10.0,
     ) -> None:
         self.every = every
+        self.quiet_s = quiet_s
+        self._last_line = time.monotonic()
         self.enabled = enabled
         self._progress = None
         self._val_accuracy: float | None = None  # the latest ones, shown beside the progress bar
@@ -167,8 +260,10 @@ class TerminalView:
                 summary += f"  val acc {self._val_accuracy:.3f}"
             completed = step if split == "train" else None  # None: unchanged
             self._progress.update(self._task, completed=completed, summary=summary)
-        if split == "val" or step % self.every == 0:
+        quiet_too_long = time.monotonic() - self._last_line >= self.quiet_s
+        if split == "val" or step % self.every == 0 or quiet_too_long or metrics.get("no_learning_signal"):
             self.print(format_line(step, metrics, split))
+            self._last_line = time.monotonic()
 
     def close(self) -> None:
         if self._progress is not None:

@@ -11,27 +11,32 @@ from __future__ import annotations
 
 import threading
 import traceback
-from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from gym_bridge.train.config import MasterConfig
-    from gym_bridge.train.data import Prompt
-    from gym_bridge.train.rollouts import Sample
+import torch
+import torch.multiprocessing
+from transformers.utils import logging as hf_logging
 
-__all__ = ["RolloutWorker"]
+from gym_bridge.generation.transformers_backend import TransformersBackend
+from gym_bridge.models.registry import load_model_and_tokenizer
+from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.data import Prompt
+from gym_bridge.train.rollouts import Sample
+from gym_bridge.train.sampling import OnlineSampler
+
+__all__ = ["ProcessSampler", "RolloutWorkerError"]
 
 
 class RolloutWorkerError(RuntimeError):
     """The worker process failed; the message carries its traceback."""
 
 
-class RolloutWorker:
-    """Parent-side handle of the rollout process; a drop-in for the trainer's in-process sampler."""
+class ProcessSampler:
+    """Parent-side handle of the rollout process: a :class:`~gym_bridge.train.sampling.Sampler` whose
+    :class:`~gym_bridge.train.sampling.OnlineSampler` runs in the child."""
 
     def __init__(self, cfg: MasterConfig, tokenizer: Any, weights: dict[str, Any], threads: int = 1) -> None:
-        import torch.multiprocessing
-
         # spawn: the trainer has threads, never fork it. Not a daemon: environments start their own
         # worker processes; the child exits when the pipe closes, even if the trainer dies.
         context = torch.multiprocessing.get_context("spawn")
@@ -48,9 +53,9 @@ class RolloutWorker:
         self._call("ready")
 
     def sample(
-        self, prompts: list[Prompt], n: int, seeds: list[list[int]], group_offset: int = 0
-    ) -> tuple[list[Sample], dict[str, Any]]:
-        return self._call("sample", prompts, n, seeds, group_offset)
+        self, prompts: Sequence[Prompt], seeds: list[list[int]], group_offset: int = 0
+    ) -> tuple[list[Sample], dict[str, float]]:
+        return self._call("sample", list(prompts), seeds, group_offset)
 
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Refit the worker's policy copy (called between batches, never while the worker samples)."""
@@ -87,42 +92,38 @@ class RolloutWorker:
 
 def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -> None:
     """The child: build the policy copy and the services, then answer the parent's calls."""
+    sampler = None
     try:
-        import torch
-
-        from gym_bridge.generation.transformers_backend import TransformersBackend
-        from gym_bridge.train.trainer import GenerationTimer, OnlineSampler, load_policy, start_services
-
+        hf_logging.disable_progress_bar()  # no loading bars between the trainer's lines
         torch.set_num_threads(threads)
         policy = cfg.policy
-        model, tokenizer = load_policy(policy.model_name, policy.tokenizer.name)
-        if policy.tokenizer.chat_template:
-            tokenizer.chat_template = policy.tokenizer.chat_template
+        model, tokenizer = load_model_and_tokenizer(
+            policy.model_name, tokenizer_name=policy.tokenizer.name, chat_template=policy.tokenizer.chat_template
+        )
         model.load_state_dict(shared)
         model.eval()
-        backend = GenerationTimer(
-            TransformersBackend(
-                model,
-                tokenizer,
-                model_name="policy",
-                seed=cfg.grpo.seed,
-                max_context=policy.max_total_sequence_length,
-            ),
-            threads=threads,
+        backend = TransformersBackend(
+            model,
+            tokenizer,
+            model_name="policy",
+            seed=cfg.grpo.seed,
+            max_context=policy.max_total_sequence_length,
+            stop_token_ids=policy.generation.stop_token_ids or (),
         )
-        with ExitStack() as stack:
-            sampler = OnlineSampler(cfg, start_services(cfg, stack, backend), tokenizer, backend)
-            _answer_calls(conn, sampler, lambda: backend.update_weights(shared))
+        sampler = OnlineSampler(cfg, backend, tokenizer, threads=threads)
+        _answer_calls(conn, sampler, shared)
     except BaseException:  # start-up failed: tell the parent why, if it still listens
         try:
             conn.send((False, traceback.format_exc()))
         except (BrokenPipeError, OSError):
             pass
     finally:
+        if sampler is not None:
+            sampler.close()
         conn.close()
 
 
-def _answer_calls(conn: Any, sampler: Any, refit: Any) -> None:
+def _answer_calls(conn: Any, sampler: OnlineSampler, shared: dict[str, Any]) -> None:
     while True:
         try:
             command, *args = conn.recv()
@@ -136,7 +137,7 @@ def _answer_calls(conn: Any, sampler: Any, refit: Any) -> None:
             elif command == "sample":
                 result = sampler.sample(*args)
             elif command == "load_weights":
-                refit()
+                sampler.load_weights(shared)
                 result = None
             else:
                 raise ValueError(f"unknown command {command!r}")

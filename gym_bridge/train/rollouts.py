@@ -1,6 +1,4 @@
-"""From rollouts to training sequences, and online sampling through the agent loop.
-
-Two halves:
+"""From rollouts to training sequences.
 
 * **Sequences** (:class:`Sample`): one completion as ``token_ids`` + ``loss_mask`` (1 on tokens the
   policy generated) + the sampler's per-token log-probs. Online rollouts carry the policy server's
@@ -8,22 +6,17 @@ Two halves:
   so nothing is re-tokenized: turn 1 is its prompt plus its generation, and each later turn adds
   the new part of its prompt (tool outputs, chat scaffolding; masked out) and its generation.
   Records without token ids (offline text) are rendered through the chat template instead.
-* **Sampling** (:class:`RolloutRunner`): runs :func:`gym_bridge.agent.run_rollout` for many task
-  rows at once on a private event loop, against the resources servers and the policy endpoint.
-  The HTTP client (an aiohttp session, :func:`gym_bridge.agent.make_session`) is kept across steps,
-  so connections stay open (keep-alive) and a step pays for no handshakes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_bridge.chat import render_prompt
+
 __all__ = [
-    "RolloutRunner",
     "Sample",
     "TurnMismatch",
     "render_prompt",
@@ -117,27 +110,11 @@ def sequence_from_items(
     return token_ids, mask, logprobs, len(turns)
 
 
-def _render(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
-) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-    """Token ids of a prompt through the chat template, ready for the assistant's answer."""
-    return _render(tokenizer, messages, tools, add_generation_prompt=True)
-
-
 def sequence_from_text(
     tokenizer: Any, messages: list[dict[str, Any]], text: str, tools: Any = None
 ) -> tuple[list[int], list[int]]:
     """Prompt through the chat template, then the completion's tokens and the end-of-turn token."""
-    prompt = _render(tokenizer, messages, tools, add_generation_prompt=True)
+    prompt = render_prompt(tokenizer, messages, tools, add_generation_prompt=True)
     completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return prompt + completion, [0] * len(prompt) + [1] * len(completion)
 
@@ -153,7 +130,7 @@ def sequence_from_chat(
     """
     eos = tokenizer.eos_token_id
     history = list(messages)
-    token_ids = _render(
+    token_ids = render_prompt(
         tokenizer,
         history,
         tools,
@@ -164,12 +141,12 @@ def sequence_from_chat(
         history.append(message)
         is_assistant = message.get("role") == "assistant"
         next_is_assistant = i + 1 < len(completion) and completion[i + 1].get("role") == "assistant"
-        full = _render(
+        full = render_prompt(
             tokenizer, history, tools, add_generation_prompt=not is_assistant and next_is_assistant
         )
         if full[: len(token_ids)] != token_ids:
-            whole = _render(tokenizer, list(messages) + list(completion), tools, add_generation_prompt=False)
-            prompt_len = len(_render(tokenizer, list(messages), tools, add_generation_prompt=True))
+            whole = render_prompt(tokenizer, list(messages) + list(completion), tools, add_generation_prompt=False)
+            prompt_len = len(render_prompt(tokenizer, list(messages), tools, add_generation_prompt=True))
             return whole, [0] * prompt_len + [1] * (len(whole) - prompt_len)
         new = full[len(token_ids) :]
         if is_assistant:
@@ -180,119 +157,3 @@ def sequence_from_chat(
         token_ids += new
         mask += new_mask
     return token_ids, mask
-
-
-# ---------------------------------------------------------------------------------------------- sampling
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when installed (it comes with ``uvicorn[standard]``): cheaper per request."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _LoopThread:
-    """An asyncio event loop running in a daemon thread; ``run`` submits a coroutine and waits."""
-
-    def __init__(self) -> None:
-        self.loop = _new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-loop", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
-
-
-@dataclass
-class RolloutJob:
-    """One agent-loop run: a task row, the env that scores it, and per-rollout request fields."""
-
-    row: dict[str, Any]
-    env_name: str
-    extra_params: dict[str, Any] = field(default_factory=dict)
-
-
-class RolloutRunner:
-    """Runs many rollouts concurrently through the shared agent loop (``gym_bridge.agent``).
-
-    ``env_urls`` maps env names to resources-server base URLs; ``model_url`` is the policy's
-    OpenAI-compatible base URL (``.../v1``). ``overrides`` go into every request (sampling settings).
-    """
-
-    def __init__(
-        self,
-        model_url: str,
-        env_urls: dict[str, str],
-        *,
-        max_steps: dict[str, int | None] | int | None = 1,
-        overrides: dict[str, Any] | None = None,
-        max_concurrency: int = 256,
-        timeout_s: float = 600.0,
-    ) -> None:
-        from gym_bridge.agent import AgentConfig
-        from gym_bridge.retry import RetryPolicy
-
-        self.env_urls = dict(env_urls)
-        retry = RetryPolicy(max_attempts=3, request_timeout=timeout_s)
-        steps = max_steps if isinstance(max_steps, dict) else dict.fromkeys(env_urls, max_steps)
-        self.configs = {
-            name: AgentConfig(
-                model_url=model_url,
-                max_steps=steps.get(name, 1),
-                overrides=dict(overrides or {}),
-                model_retry=retry,
-                env_retry=retry,
-            )
-            for name in env_urls
-        }
-        self.max_concurrency = max_concurrency
-        self._loop = _LoopThread()
-        self._clients: list[Any] = []
-
-    def _client(self) -> Any:
-        """The shared session (created on the loop thread on first use, kept for later steps)."""
-        if not self._clients:
-            from gym_bridge.agent import make_session
-
-            self._clients.append(make_session(max_connections=2 * self.max_concurrency))
-        return self._clients[0]
-
-    def run(self, jobs: Sequence[RolloutJob]) -> list[Any]:
-        """Run every job; results (``gym_bridge.agent.Rollout``) are in job order."""
-        from gym_bridge.agent import run_rollout
-
-        async def run_all() -> list[Any]:
-            limit = asyncio.Semaphore(self.max_concurrency)
-            client = self._client()
-
-            async def one(i: int, job: RolloutJob) -> Any:
-                async with limit:
-                    return await run_rollout(
-                        client,
-                        job.row,
-                        self.env_urls[job.env_name],
-                        self.configs[job.env_name],
-                        extra_params=job.extra_params,
-                    )
-
-            return await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
-
-        return self._loop.run(run_all())
-
-    def close(self) -> None:
-        async def close_clients() -> None:
-            for client in self._clients:
-                await client.close()
-
-        try:
-            self._loop.run(close_clients())
-        finally:
-            self._loop.close()

@@ -15,12 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from transformers import DynamicCache
 
-__all__ = ["PrefixPlan", "plan_prefixes", "prefix_micro_batches", "shared_prefix_logprobs", "shares_prefixes"]
+from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_plainly
+
+__all__ = [
+    "Prefill",
+    "PrefixPlan",
+    "distinct_prompts",
+    "plan_prefixes",
+    "prefill",
+    "prefix_micro_batches",
+    "shared_prefix_logprobs",
+    "shares_prefixes",
+]
 
 
 def prompt_length(token_ids: Sequence[int], loss_mask: Sequence[int]) -> int:
@@ -50,14 +61,9 @@ class PrefixPlan:
 
 def plan_prefixes(token_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]) -> PrefixPlan:
     """Group rows by identical prompt."""
-    index: dict[tuple[int, ...], int] = {}
-    row_prompt: list[int] = []
-    lengths: list[int] = []
-    for tokens, mask in zip(token_ids, loss_masks, strict=True):
-        n = prompt_length(tokens, mask)
-        row_prompt.append(index.setdefault(tuple(tokens[:n]), len(index)))
-        lengths.append(n)
-    return PrefixPlan(prompts=list(index), row_prompt=row_prompt, prompt_lengths=lengths)
+    lengths = [prompt_length(tokens, mask) for tokens, mask in zip(token_ids, loss_masks, strict=True)]
+    prompts, row_prompt = distinct_prompts([tokens[:n] for tokens, n in zip(token_ids, lengths, strict=True)])
+    return PrefixPlan(prompts=prompts, row_prompt=row_prompt, prompt_lengths=lengths)
 
 
 def prefix_micro_batches(
@@ -89,14 +95,60 @@ def prefix_micro_batches(
     return batches
 
 
-def projects_hidden_states_plainly(model: Any) -> bool:
-    """Whether logits are just ``lm_head(hidden)`` (no soft-capping or scaling after it), so that only
-    the positions that are trained on need to go through the output layer."""
-    config = model.config
-    return all(
-        getattr(config, key, None) in (None, 1.0)
-        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+@dataclass
+class Prefill:
+    """One pass over the distinct prompts of a batch, its KV cache fanned out to the batch's rows."""
+
+    output: Any
+    """The model's output over the distinct prompts, left-padded to one width."""
+    cache: Any
+    """Their keys and values, one row per input prompt (an index, so gradients reach the one pass)."""
+    fan_out: torch.Tensor
+    """(rows,) which distinct prompt each row has."""
+    attention_mask: torch.Tensor
+    """(distinct, width) of the left-padded prompts."""
+    positions: torch.Tensor
+    """(distinct, width) position ids (each prompt starts at 0)."""
+
+
+def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct prompts in first-seen order, and the index of each row's prompt among them."""
+    index: dict[tuple[int, ...], int] = {}
+    row_prompt = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return list(index), row_prompt
+
+
+def prefill(
+    forward: Any,
+    prompts: Sequence[Sequence[int]],
+    row_prompt: Sequence[int],
+    pad_token_id: int,
+    device: Any,
+    **kwargs: Any,
+) -> Prefill:
+    """Run each of the distinct ``prompts`` once through ``forward`` (a model or its ``base_model``;
+    ``kwargs`` go to it), then fan the KV cache out to rows: row i gets prompt ``row_prompt[i]``."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for j, prompt in enumerate(prompts):
+        input_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[j, width - len(prompt) :] = 1
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    output = forward(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=DynamicCache(),
+        use_cache=True,
+        **kwargs,
     )
+    fan_out = torch.tensor(list(row_prompt), dtype=torch.long, device=device)
+    cache = output.past_key_values
+    if list(row_prompt) != list(range(len(prompts))):  # (the identity would only copy the cache)
+        cache.batch_select_indices(fan_out)
+    return Prefill(output, cache, fan_out, attention_mask, positions)
 
 
 def shares_prefixes(model: Any) -> bool:
@@ -123,29 +175,11 @@ def shared_prefix_logprobs(
     ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
     """
-    import torch
-    from transformers import DynamicCache
-
     device = token_mask.device
     rows = len(token_ids)
     # One left-padded pass over the distinct prompts, keeping their keys and values.
-    width = max(len(p) for p in plan.prompts)
-    prompt_ids = torch.full((len(plan.prompts), width), pad_token_id, dtype=torch.long)
-    prompt_attention = torch.zeros((len(plan.prompts), width), dtype=torch.long)
-    for j, prompt in enumerate(plan.prompts):
-        prompt_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        prompt_attention[j, width - len(prompt) :] = 1
-    prompt_ids, prompt_attention = prompt_ids.to(device), prompt_attention.to(device)
-    prompt_out = model.base_model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_attention,
-        position_ids=(prompt_attention.cumsum(-1) - 1).clamp(min=0),
-        past_key_values=DynamicCache(),
-        use_cache=True,
-    )
-    fan_out = torch.tensor(plan.row_prompt, dtype=torch.long, device=device)
-    cache = prompt_out.past_key_values
-    cache.batch_select_indices(fan_out)  # an index, so every row's gradient reaches the prompt pass
+    prompt = prefill(model.base_model, plan.prompts, plan.row_prompt, pad_token_id, device)
+    fan_out, cache = prompt.fan_out, prompt.cache
 
     # One right-padded pass over each row's suffix, attending to its prompt through the cache.
     suffixes = [tokens[n:] for tokens, n in zip(token_ids, plan.prompt_lengths, strict=True)]
@@ -159,7 +193,7 @@ def shared_prefix_logprobs(
     starts = torch.tensor(plan.prompt_lengths, dtype=torch.long, device=device)
     suffix_out = model.base_model(
         input_ids=suffix_ids,
-        attention_mask=torch.cat([prompt_attention[fan_out], suffix_attention], dim=-1),
+        attention_mask=torch.cat([prompt.attention_mask[fan_out], suffix_attention], dim=-1),
         position_ids=starts.unsqueeze(-1) + torch.arange(suffix_width, device=device),
         past_key_values=cache,
         use_cache=True,
@@ -167,7 +201,7 @@ def shared_prefix_logprobs(
 
     # Suffix token k is predicted by the prompt's last hidden state (k = 0) or by suffix position k-1.
     hidden = torch.cat(
-        [prompt_out.last_hidden_state[:, -1][fan_out].unsqueeze(1), suffix_out.last_hidden_state[:, :-1]],
+        [prompt.output.last_hidden_state[:, -1][fan_out].unsqueeze(1), suffix_out.last_hidden_state[:, :-1]],
         dim=1,
     )
     # Next-token mask in suffix coordinates: column t-1 of token_mask is suffix column t - start.
@@ -176,9 +210,7 @@ def shared_prefix_logprobs(
     wanted = torch.zeros((rows, suffix_width), dtype=torch.bool, device=device)
     wanted[in_range] = token_mask.gather(1, columns.clamp(max=token_mask.shape[1] - 1))[in_range].bool()
     wanted &= suffix_attention.bool()
-    logits = model.get_output_embeddings()(hidden[wanted]).float()
-    targets = suffix_ids[wanted]
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    picked = hidden_logprobs(model, hidden[wanted], suffix_ids[wanted])
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=device)
     row_index = torch.arange(rows, device=device).unsqueeze(-1).expand(rows, suffix_width)
     out[row_index[wanted], columns[wanted]] = picked

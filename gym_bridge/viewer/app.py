@@ -209,7 +209,7 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             tids = [t for t in tids if t in hits]
         keys = {
             "task": lambda t: (index.task_index[t], t),
-            "env": lambda t: index.task_env[t],
+            "env": lambda t: (index.envs[index.task_env[t]] if index.task_env[t] >= 0 else "", t),
             "n": lambda t: index.task_n[t],
             "reward": lambda t: index.task_mean_reward[t],
             "pass1": lambda t: index.task_pass_1[t],

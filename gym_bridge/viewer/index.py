@@ -123,6 +123,17 @@ class RolloutIndex:
     def progress(self) -> float:
         return 1.0 if self.ready or not self.size else min(1.0, self.bytes_done / self.size)
 
+    def running_totals(self) -> dict[str, Any]:
+        """What the scan has found so far (the progress page shows it while a large file indexes)."""
+        rewards = self.rewards[: len(self.rewards)]  # a copy: the scan may be appending
+        n = len(rewards)
+        return {
+            "records": n,
+            "tasks": len(self.task_prompt_keys),
+            "bad_lines": self.bad_lines,
+            "mean_reward": sum(r for r in rewards if r == r) / n if n else None,
+        }
+
     def _bad(self, lineno: int, reason: str) -> None:
         self.bad_lines += 1
         if len(self.bad_examples) < KEPT_BAD_LINES:

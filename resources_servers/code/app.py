@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gym_bridge.sandbox import Sandbox
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.server import ResourcesServer, ServerSettings, Session
 from resources_servers.code.grading import extract_code
 from resources_servers.code.runner import CodeLimits, CodeRunResult, TestCase, run_code_tests
@@ -95,10 +95,19 @@ class CodeVerifyRequest(VerifyRequest):
     reward_mode: Literal["all", "fraction"] | None = None
 
 
+class CodeSeedRequest(TaskRow):
+    """``/seed_session`` body: the task row, checked as ``/verify`` checks it (the task fields optional)."""
+
+    verifier_metadata: CodeVerifierMetadata | None = None
+
+
 class CodeServer(ResourcesServer):
     name = "code"
     reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = CodeVerifyRequest
+    seed_request_model = CodeSeedRequest
+    workers_setting = "max_concurrency"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (sandboxes at once)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: CodeConfig | None = None) -> None:
         super().__init__(settings)

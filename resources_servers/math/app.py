@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.server import ResourcesServer, ServerSettings, Session
 from resources_servers.math.extraction import (
     ExtractionMethod,
@@ -75,6 +75,11 @@ class MathConfig(BaseModel):
             return max(1, os.cpu_count() or 1)
 
 
+def _integer_answers_are_text(value: Any) -> Any:
+    """Datasets sometimes store integer answers as JSON numbers; they mean the same text."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 class MathVerifyRequest(VerifyRequest):
     """``/verify`` body of a math task: ``expected_answer`` is required, the problem text is optional."""
 
@@ -82,11 +87,17 @@ class MathVerifyRequest(VerifyRequest):
     question: str | None = None
     problem: str | None = None
 
-    @field_validator("expected_answer", mode="before")
-    @classmethod
-    def _integer_answers_are_text(cls, value: Any) -> Any:
-        # Datasets sometimes store integer answers as JSON numbers; they mean the same text.
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
+
+
+class MathSeedRequest(TaskRow):
+    """``/seed_session`` body: the task row, checked as ``/verify`` checks it (the task fields optional)."""
+
+    expected_answer: str | None = None
+    question: str | None = None
+    problem: str | None = None
+
+    _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
 
 
 class MathVerifyResponse(VerifyResponse):
@@ -105,6 +116,9 @@ class MathServer(ResourcesServer):
     name = "math"
     reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = MathVerifyRequest
+    seed_request_model = MathSeedRequest
+    workers_setting = "pool_size"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (verifier worker processes)."""
 
     def __init__(self, settings: ServerSettings | None = None, config: MathConfig | None = None) -> None:
         super().__init__(settings)

@@ -116,3 +116,33 @@ def test_collect_does_not_import_torch_or_transformers(tmp_path):
     )  # fmt: skip
     assert help_run.returncode == 0, help_run.stderr
     assert "--num-repeats" in help_run.stdout
+
+
+def test_collect_passes_the_api_key_to_a_policy_server_with_a_token(tmp_path, boxed_env):
+    """``serve policy --token`` refuses requests without it; ``collect --api-key`` (or OPENAI_API_KEY) sends it."""
+    from gym_bridge.generation.backend import GenerationBackend, GenerationResult
+    from gym_bridge.models.tokenizer import build_tokenizer
+    from gym_bridge.policy.server import build_policy_app
+    from gym_bridge.server import start_in_thread
+
+    class Answers(GenerationBackend):
+        def __init__(self) -> None:
+            self.tokenizer, self.model_name, self.max_context = build_tokenizer(), "boxed", 512
+
+        def generate(self, requests):  # type: ignore[no-untyped-def]
+            ids = self.tokenizer("\\boxed{2}", add_special_tokens=False)["input_ids"]
+            return [GenerationResult(list(r.prompt_token_ids), ids, [-0.1] * len(ids), "stop", "\\boxed{2}") for r in requests]
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(1, 1)])
+    with start_in_thread(build_policy_app(Answers(), auth_token="sekrit")) as policy:
+        base = ["collect", str(tasks), "--env", boxed_env[0], "--model-url", policy.url + "/v1", "--no-progress",
+                "--max-retries", "0"]  # fmt: skip
+        with_key = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "ok.jsonl"), "--api-key", "sekrit"])
+        from_env = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "env.jsonl")], env={"OPENAI_API_KEY": "sekrit"})
+        without = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "no.jsonl")], env={"OPENAI_API_KEY": ""})
+    assert with_key.exit_code == from_env.exit_code == without.exit_code == 0, with_key.output
+    assert [r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")] == [1.0]
+    assert [r["reward"] for r in read_jsonl(tmp_path / "env.jsonl")] == [1.0]
+    assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")
+    (failure,) = read_jsonl(tmp_path / "no_failures.jsonl")
+    assert "401" in json.dumps(failure) and "bearer token" in json.dumps(failure), failure

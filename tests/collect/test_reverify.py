@@ -19,7 +19,7 @@ from fake_model import FakeModel, arithmetic_row, solve_arithmetic
 from gym_bridge.collect import CollectConfig, aggregate_metrics_path_for, collect, failures_path_for
 
 REPO = Path(__file__).resolve().parents[2]
-FLIPPED = {(0, 1), (1, 0), (3, 1)}  # truth 1, 0, 1
+FLIPPED_RIGHT = {(0, 1), (3, 1)}  # two right rollouts stored as wrong; the one wrong rollout is stored as right
 
 
 def one_wrong(request, n):
@@ -30,7 +30,10 @@ def one_wrong(request, n):
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
-    """(stored file with FLIPPED rewards altered, the rewards the verifier gives)."""
+    """(stored file with the flipped rewards altered, the rewards the verifier gives, the flipped keys).
+
+    Which repeat of "4 + 4" gets the wrong answer depends on the order the model sees them in, so the
+    wrong one is found from the collected rewards."""
     tmp = tmp_path_factory.mktemp("reverify")
     rows = [arithmetic_row(2, 3), arithmetic_row(4, 4), arithmetic_row(1, 0), arithmetic_row(6, 1)]
     tasks = write_rows(tmp / "tasks.jsonl", rows)
@@ -41,13 +44,14 @@ def stored(tmp_path_factory):
     records = read_jsonl(result.output_path)
     truth = {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in records}
     assert sorted(truth.values()) == [0.0] + [1.0] * 7
+    flipped = FLIPPED_RIGHT | {key for key, reward in truth.items() if reward == 0.0}
     for r in records:
-        if (r["_ng_task_index"], r["_ng_rollout_index"]) in FLIPPED:
+        if (r["_ng_task_index"], r["_ng_rollout_index"]) in flipped:
             r["reward"] = 1.0 - r["reward"]
             r["failure_kind"] = "stale"
     path = tmp / "stored.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path, truth
+    return path, truth, flipped
 
 
 def cli(*args, check_rc=None):
@@ -61,12 +65,12 @@ def cli(*args, check_rc=None):
 
 
 def test_reverify_rescores_and_reports_the_changes(stored, tmp_path):
-    path, truth = stored
+    path, truth, flipped = stored
     out = tmp_path / "re.jsonl"
     done = cli(path, "-o", out, "--env", "math", "--concurrency", "3", check_rc=0)
     assert "re-verified 8 rollouts (8 this run, 0 already done): 3 rewards changed (2 up, 1 down)" in done.stdout
     shown = set(re.findall(r"task (\d+) repeat (\d+): reward", done.stdout))
-    assert {(int(t), int(r)) for t, r in shown} == FLIPPED
+    assert {(int(t), int(r)) for t, r in shown} == flipped
     new = read_jsonl(out)
     assert {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in new} == truth
     old = {(r["_ng_task_index"], r["_ng_rollout_index"]): r for r in read_jsonl(path)}
@@ -82,7 +86,7 @@ def test_reverify_rescores_and_reports_the_changes(stored, tmp_path):
 
 
 def test_reverify_resumes_after_a_crash_and_still_counts_every_change(stored, tmp_path):
-    path, truth = stored
+    path, truth, flipped = stored
     out = tmp_path / "re.jsonl"
     cli(path, "-o", out, "--env", "math", "--concurrency", "1", check_rc=0)
     lines = out.read_text().splitlines(keepends=True)
@@ -97,7 +101,7 @@ def test_reverify_resumes_after_a_crash_and_still_counts_every_change(stored, tm
 
 
 def test_unusable_lines_are_named_and_skipped_or_stop_with_strict(stored, tmp_path):
-    path, _ = stored
+    path, _, _ = stored
     lines = path.read_text().splitlines()
     no_index = json.loads(lines[1])
     del no_index["_ng_task_index"]
@@ -115,7 +119,7 @@ def test_unusable_lines_are_named_and_skipped_or_stop_with_strict(stored, tmp_pa
 
 
 def test_a_verifier_that_refuses_a_rollout_sends_it_to_the_failures_file(stored, tmp_path):
-    path, _ = stored
+    path, _, _ = stored
     records = read_jsonl(path)
     del records[0]["expected_answer"]
     broken = tmp_path / "broken.jsonl"
@@ -132,7 +136,7 @@ def test_a_verifier_that_refuses_a_rollout_sends_it_to_the_failures_file(stored,
 def test_reverify_against_a_url(stored, tmp_path):
     from gym_bridge.envs import running_env
 
-    path, truth = stored
+    path, truth, flipped = stored
     out = tmp_path / "re.jsonl"
     with running_env("math") as url:
         done = cli(path, "-o", out, "--env", url, check_rc=0)

@@ -318,7 +318,7 @@ def test_gym_bridge_imports_without_ray() -> None:
 def _train(tmp_path: Path, model_dir: Path, backend: str, *extra: str) -> list[dict[str, Any]]:
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import read_metrics
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
 
     rows = write_say_prompts(tmp_path / "parity.jsonl", 16)
     run = tmp_path / backend
@@ -418,3 +418,23 @@ def test_async_grpo_on_ray_replicas_is_the_same_run_as_in_process(
     assert [r[k] for r in steps for k in keys] == pytest.approx(
         [r[k] for r in in_process if r["split"] == "train" for k in keys], rel=1e-5, abs=1e-7
     )
+
+
+def test_backend_stop_token_ids_reach_the_replicas(
+    local_ray: Any, model: Any, tokenizer: Any, one_thread: None
+) -> None:
+    """``policy.generation.stop_token_ids`` on the Ray backend: replicas cut where a local backend does."""
+    from gym_bridge.generation.ray_backend import RayBackend
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+
+    prompt = tokenizer.encode("What is 3 + 4?")
+    request = GenerationRequest(prompt, SamplingParams(max_new_tokens=16, temperature=1.0, seed=11))
+    free = TransformersBackend(model, tokenizer, seed=7).generate([request])[0]
+    stop = free.token_ids[len(free.token_ids) // 2]
+    expected = TransformersBackend(model, tokenizer, seed=7, stop_token_ids=[stop]).generate([request])
+    assert len(expected[0].token_ids) < len(free.token_ids) and expected[0].token_ids[-1] == stop
+    backend = RayBackend(model, tokenizer, seed=7, num_workers=1, stop_token_ids=[stop])
+    try:
+        assert_same_samples(backend.generate([request]), expected)
+    finally:
+        backend.close()

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gym_bridge.models.evaluate import evaluate_accuracy, extract_boxed, row_messages
+from gym_bridge.models.progress import waiting
 from gym_bridge.models.tiny import (
     BUILD_INFO_FILE,
     TinyRecipe,
@@ -148,3 +150,29 @@ def test_clean_training_teaches_the_answer_format(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     greedy = evaluate_accuracy(model, tokenizer, ROWS, temperature=0.0)
     assert all(extract_boxed(text) is not None for text in greedy.completions), greedy.completions
+
+
+def test_a_build_says_what_it_does_with_progress_off_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped or logged (no terminal), the build prints a line per tenth of its steps on stderr, not
+    one blank line for a minute or two; stdout stays clean."""
+    build_tiny_model(tmp_path, recipe=SMALL, show_progress=True, evaluate=False)
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith(f"building the tiny model (first use; cached afterwards): {SMALL.steps} steps")
+    progress = [line for line in lines if f"/{SMALL.steps} steps, loss" in line]
+    assert 10 <= len(progress) <= 11 and progress[-1].strip().startswith(f"building the tiny model (first use; cached afterwards): {SMALL.steps}/")
+    assert any(line.startswith("building the tiny model (first use; cached afterwards): done in") for line in lines)
+
+
+def test_a_wait_without_steps_says_what_it_waits_for_and_how_long_it_took(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with waiting("loading and de-quantising model.gguf"):
+        pass
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[0] == "loading and de-quantising model.gguf ..."
+    assert err.splitlines()[1].startswith("loading and de-quantising model.gguf: done in ")

@@ -260,7 +260,7 @@ def test_a_full_batch_of_concurrent_requests_is_one_generate_call(tiny_model, to
         replies = asyncio.run(burst(running.url))
     assert [r.status_code for r in replies] == [200] * 8
     assert [len(b) for b in backend.batches] == [8]
-    assert app.state.batcher.stats.batch_sizes == [8]
+    assert app.service.batcher.stats.batch_sizes == [8]
 
 
 def test_sampling_fields_reach_the_backend_and_shape_the_sample(url, counting):
@@ -385,7 +385,11 @@ def test_chat_completions_with_the_openai_client(url):
         ("/v1/responses", {"input": "Hi", "top_p": 1.5}, "top_p"),
         ("/v1/responses", {"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
         ("/v1/responses", {"input": "Hi", "seed": "abc"}, "seed"),
-        ("/v1/responses", {"input": "Hi", "stream": True}, "stream"),
+        ("/v1/responses", {"input": "Hi", "stream": "sometimes"}, "stream"),
+        ("/v1/responses", {"input": "Hi", "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 17}, "n"),
+        ("/v1/completions", {"prompt": [1, 10**9]}, "prompt"),
+        ("/v1/completions", {"prompt": ""}, "prompt"),
         ("/v1/responses", {"temperature": 0.5}, "input"),
         ("/v1/responses", {"input": 42}, "input"),
         ("/v1/chat/completions", {"messages": []}, "messages"),

@@ -224,9 +224,10 @@ def _raw_body(draw: st.DrawFn) -> bytes:
     if kind == "json_prefix":
         doc = b'{"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}, "response": {}}'
         return doc[: draw(st.integers(0, len(doc)))]
-    if kind == "nested":
-        depth = draw(st.integers(1, 3000))
-        return b"[" * depth + b"]" * draw(st.integers(0, depth))
+    if kind == "nested":  # arrays and objects, up to 100,000 deep, closed or not
+        depth = draw(st.sampled_from([1, 255, 257, 1000, 10_000, 100_000]) | st.integers(1, 3000))
+        opener, closer = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}"), (b'[{"a":', b"}]")]))
+        return opener * depth + b"0" + closer * draw(st.sampled_from([depth, 0]) | st.integers(0, depth))
     return b""
 
 
@@ -313,9 +314,19 @@ def _mutated_body(draw: st.DrawFn, seeds: list[Any]) -> tuple[bytes, str]:
     spot = draw(st.sampled_from(list(_spots(doc))))
     action = draw(st.sampled_from(["replace", "replace", "replace", "delete", "extend"]))
     odd = copy.deepcopy(draw(st.sampled_from(ODD_VALUES)))
+    depth = draw(st.sampled_from([0, 0, 0, 300, 10_000, 100_000]))
+    if depth:  # a deeply nested value at that spot (spliced into the text: json.dumps would recurse)
+        odd = _DEEP
     doc = _mutate(doc, spot, action, odd)
     label = f"{action} {'.'.join(map(str, spot)) or '<body>'} <- {_short(odd, 60)}"
-    return json.dumps(doc, allow_nan=True).encode(), label  # ensure_ascii keeps surrogates as \\udXXX
+    text = json.dumps(doc, allow_nan=True).encode()  # ensure_ascii keeps surrogates as \\udXXX
+    if depth:
+        text = text.replace(json.dumps(_DEEP).encode(), b"[" * depth + b"1" + b"]" * depth)
+        label += f" (nested {depth} deep)"
+    return text, label
+
+
+_DEEP = "<deeply nested value>"
 
 
 def fuzz_json_mutations(

@@ -53,3 +53,36 @@ def test_code_stdin_test_data_that_is_not_text_is_a_client_error(field, builtin_
     body["verifier_metadata"]["unit_tests"][field][0] = None
     response = httpx.post(builtin_url("code") + "/verify", json=body, timeout=60)
     assert response.status_code == 422, response.text
+
+
+@pytest.mark.parametrize("name", [n for n in ("math", "code") if n in landed_builtin_servers()])
+def test_seed_session_is_validated_as_verify_is(name, builtin_url):
+    url = builtin_url(name)
+    task_field = b'"expected_answer": NaN' if name == "math" else b'"verifier_metadata": {"unit_tests": NaN}'
+    refused = {
+        b"": "request body is empty",
+        b"{}": "responses_create_params: Field required",
+        b'{"responses_create_params": NaN}': "responses_create_params: Input should be",
+        b'{"responses_create_params": {"input": "q"}, ' + task_field + b"}": "Input should be",
+    }
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for body, detail in refused.items():
+            answer = client.post("/seed_session", content=body, headers={"content-type": "application/json"})
+            assert answer.status_code == 422, (body, answer.text)
+            assert detail in answer.json()["detail"], (body, answer.text)
+        good = verify_body(name)
+        good.pop("response")
+        assert client.post("/seed_session", json=good).status_code == 200
+        assert client.post("/seed_session", json={"responses_create_params": {"input": "q"}}).status_code == 200
+
+
+@pytest.mark.parametrize("name", landed_builtin_servers())
+@pytest.mark.parametrize("word", ["NaN", "-Infinity"])
+def test_a_non_finite_number_the_answer_would_echo_is_a_422_naming_it(name, word, builtin_url):
+    """Python's JSON reads NaN/Infinity; /verify echoes the request, and JSON cannot carry them back."""
+    body = verify_body(name)
+    body["response"]["created_at"] = "__here__"
+    content = json.dumps(body).replace('"__here__"', word)
+    answer = httpx.post(builtin_url(name) + "/verify", content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert answer.status_code == 422, answer.text
+    assert "response.created_at" in answer.json()["detail"]

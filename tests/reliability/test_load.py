@@ -81,18 +81,23 @@ def store(i: int) -> dict[str, Any]:
 def test_tool_use_2000_sessions_seeded_concurrently_each_keeps_its_own_store():
     """2,000 sessions seeded at once, each with its own store: every seeding is answered for its own
     store, and a sample of sessions afterwards sees exactly the store it was given."""
-    cookies = [{"cookie": f"gym_bridge_session=load-{i}"} for i in range(REQUESTS)]
-    calls = [("/seed_session", {"initial_state": store(i)}, cookie) for i, cookie in enumerate(cookies)]
+    # Made-up ids (which also keep the shared clients' jars out of it): the server must not adopt them.
+    made_up = [{"cookie": f"gym_bridge_session=load-{i}"} for i in range(REQUESTS)]
+    calls = [("/seed_session", {"initial_state": store(i)}, cookie) for i, cookie in enumerate(made_up)]
     with serving(cli("serve", "tool_use", "--port", "0")) as url:
         seeded = asyncio.run(fire(url, calls))
+        answers = assert_all_ok(seeded)
+        issued = [r.cookies["gym_bridge_session"] for r in seeded]  # type: ignore[union-attr]
+        assert len(set(issued)) == REQUESTS and not any(c.startswith("load-") for c in issued)
         sample = range(0, REQUESTS, 97)
         with httpx.Client(base_url=url, timeout=30) as client:
             stocks = [
-                client.post("/get_product", json={"product_id": "P0"}, headers=cookies[i]).json()["stock"]
+                client.post(
+                    "/get_product", json={"product_id": "P0"}, headers={"cookie": f"gym_bridge_session={issued[i]}"}
+                ).json()["stock"]
                 for i in sample
             ]
             health = client.get("/health")
-    answers = assert_all_ok(seeded)
     assert [a["products"] for a in answers] == [1 + i % 5 for i in range(REQUESTS)]
     assert stocks == list(sample)
     assert health.status_code == 200 and health.json()["sessions"] == REQUESTS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,6 +90,33 @@ def test_sessions_are_separate_per_cookie(server_url: str, client: httpx.Client)
         assert other.post("/add", json={"step": 3}).json() == {"count": 3}
         assert other.cookies[SESSION_COOKIE] != client.cookies[SESSION_COOKIE]
     assert client.post("/add", json={"step": 1}).json() == {"count": 11}
+
+
+def test_a_client_chosen_session_id_is_never_adopted(server_url: str) -> None:
+    """Session fixation: two clients sending the same made-up cookie each get their own new session."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Cookie": f"{SESSION_COOKIE}=chosen-by-client"}
+    with httpx.Client(base_url=server_url, headers=headers) as a, httpx.Client(base_url=server_url, headers=headers) as b:
+        seeded_a = a.post("/seed_session", json={"start": 100})
+        seeded_b = b.post("/add", json={"step": 1})
+        issued_a, issued_b = seeded_a.cookies[SESSION_COOKIE], seeded_b.cookies[SESSION_COOKIE]
+        assert "chosen-by-client" not in (issued_a, issued_b) and issued_a != issued_b
+        assert seeded_b.json() == {"count": 1}  # b did not land in a's session (count 100)
+        assert len(issued_a) >= 22  # 128 random bits
+    # the id the server issued works when sent back (what NeMo Gym's agent and ours do)
+    with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {TOKEN}"}) as again:
+        again.cookies.set(SESSION_COOKIE, issued_a)
+        answer = again.post("/add", json={"step": 1})
+        assert answer.json() == {"count": 101} and "set-cookie" not in answer.headers
+
+
+def test_an_unknown_or_stale_session_id_starts_a_new_session_with_a_fresh_cookie() -> None:
+    settings = ServerSettings(session_ttl_s=0.2)
+    with start_in_thread(CountingServer(settings).build_app()) as running, httpx.Client(base_url=running.url) as client:
+        first = client.post("/seed_session", json={"start": 5}).cookies[SESSION_COOKIE]
+        time.sleep(0.4)
+        answer = client.post("/add", json={"step": 1})
+        assert answer.json() == {"count": 1}  # the expired session's state is gone
+        assert answer.cookies[SESSION_COOKIE] != first
 
 
 def test_overlong_session_cookie_gets_a_fresh_session(client: httpx.Client) -> None:
@@ -213,3 +241,33 @@ def test_aggregate_metrics_validates_records(client: httpx.Client) -> None:
     assert stripped.status_code == 200 and stripped.json()["agent_metrics"]["num_rollouts"] == 2
     bad = client.post("/aggregate_metrics", json=[records[0], {"_ng_task_index": 1}])
     assert bad.status_code == 422 and "verify_responses.1.reward" in bad.json()["detail"]
+
+
+class KeepingServer(ResourcesServer):
+    """Keeps whatever ``/seed_session`` gets, to fill sessions with state of a known size."""
+
+    name = "keeping"
+
+    async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        session.state["kept"] = body.get("blob", "")
+        return {"kept": len(session.state["kept"])}
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        return VerifyResponse.model_validate({**dump(body), "reward": float(bool(session.state.get("kept")))})
+
+
+def test_session_state_is_bounded_in_bytes_oldest_first() -> None:
+    server = KeepingServer(ServerSettings(max_session_bytes=10_000))
+    with start_in_thread(server.build_app()) as running:
+        cookies = []
+        for _ in range(6):
+            with httpx.Client(base_url=running.url) as client:
+                assert client.post("/seed_session", json={"blob": "x" * 3000}).status_code == 200
+                cookies.append(client.cookies[SESSION_COOKIE])
+        health = httpx.get(running.url + "/health").json()
+        assert health["session_bytes"] <= 10_000 and health["sessions"] == 3  # 3 x ~3 KB fit
+        too_big = httpx.post(running.url + "/seed_session", json={"blob": "x" * 20_000})
+        assert too_big.status_code == 413 and "max_session_bytes" in too_big.json()["detail"]
+        for cookie, kept in zip(cookies, [0, 0, 0, 1, 1, 1], strict=True):
+            answer = httpx.post(running.url + "/verify", json=verify_body(), cookies={SESSION_COOKIE: cookie})
+            assert answer.json()["reward"] == kept

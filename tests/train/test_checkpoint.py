@@ -148,7 +148,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     import gym_bridge.train.checkpoint as ckpt
     from test_trainer_offline import offline_config  # tests/train is on PYTHONPATH
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
 
     tmp, model_dir, data, marker = map(Path, sys.argv[1:5])
     original = ckpt._fsync_tree
@@ -167,7 +167,7 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
     from tests.train.helpers import save_random_tiny
 
     from .test_trainer_offline import offline_config, train_lines, without_timings, write_scored

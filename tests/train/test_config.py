@@ -11,7 +11,6 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gym_bridge.train import config as config_module
 from gym_bridge.train.config import (
     ConfigError,
     MasterConfig,
@@ -21,6 +20,9 @@ from gym_bridge.train.config import (
     load_config,
     validate_config,
 )
+from gym_bridge.train.config import policy as config_policy
+from gym_bridge.train.config import schema as config_schema
+from gym_bridge.train.config.base import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("grpo_*.yaml"))
@@ -72,8 +74,8 @@ def test_tiny_recipe_is_the_cpu_main_job() -> None:
     assert cfg.grpo.val_period == 20 and cfg.grpo.max_num_steps == 200
     assert cfg.cluster.gpus_per_node == 0
     train, val = cfg.data.resolved("train"), cfg.data.resolved("validation")
-    assert train[0].data_path == "recipes/data/arith_train.jsonl"
-    assert val[0].data_path == "recipes/data/arith_val.jsonl"
+    assert train[0].data_path == str(ROOT / "recipes/data/arith_train.jsonl")
+    assert val[0].data_path == str(ROOT / "recipes/data/arith_val.jsonl")
     assert train[0].env_name == "math" and train[0].task_name == "math"
     assert (ROOT / train[0].data_path).is_file() and (ROOT / val[0].data_path).is_file()
 
@@ -90,7 +92,7 @@ def test_offline_recipe_inherits_and_switches_mode() -> None:
     )
     # inherited from grpo_math_tiny.yaml
     assert cfg.policy.model_name == "tiny" and cfg.grpo.num_generations_per_prompt == 8
-    assert cfg.data.resolved("validation")[0].data_path == "recipes/data/arith_val.jsonl"
+    assert cfg.data.resolved("validation")[0].data_path == str(ROOT / "recipes/data/arith_val.jsonl")
 
 
 def test_smollm2_recipe_resolves_tokenizer_from_its_own_model() -> None:
@@ -227,8 +229,8 @@ def test_defaults_inheritance_merges_mappings_and_honours_override_marker(tmp_pa
     assert cfg.policy.optimizer.kwargs.lr == pytest.approx(2e-4)
     assert cfg.policy.optimizer.kwargs.weight_decay == pytest.approx(0.5)  # merged, not replaced
     assert cfg.env["math"].num_workers == 3
-    assert cfg.logger.log_dir == "base_logs"
-    assert cfg.data.resolved("train")[0].data_path == "base.jsonl"
+    assert cfg.logger.log_dir == str(tmp_path / "base/base_logs")  # relative to the file that sets it
+    assert cfg.data.resolved("train")[0].data_path == str(tmp_path / "base/base.jsonl")
     assert cfg.data.resolved("train")[0].prompt_file is None  # data.default was replaced wholesale
 
 
@@ -267,7 +269,8 @@ def test_overrides_parse_yaml_scalars_and_lists(tmp_path: Path) -> None:
     assert kwargs.betas == (0.8, 0.95)
     assert cfg.grpo.val_at_start is True and cfg.grpo.max_val_samples is None
     assert cfg.policy.generation.stop_strings == ["</answer>"] and cfg.policy.generation.top_k == 50
-    assert [d.data_path for d in cfg.data.resolved("train")] == ["a.jsonl", "c.jsonl"]
+    # The file's paths are relative to its folder, the command line's to the working directory.
+    assert [d.data_path for d in cfg.data.resolved("train")] == [str(tmp_path / "a.jsonl"), "c.jsonl"]
     assert cfg.logger.log_dir == "elsewhere"
 
 
@@ -341,15 +344,34 @@ def test_datasets_inherit_unset_keys_from_default_and_keep_explicit_nulls(tmp_pa
     )
     cfg = load_config(recipe, [])
     first, second = cfg.data.resolved("train")
-    assert (first.prompt_file, first.input_key, first.env_name) == ("cot.txt", "problem", "math")
+    cot = str(tmp_path / "cot.txt")
+    assert (first.prompt_file, first.input_key, first.env_name) == (cot, "problem", "math")
     assert (second.prompt_file, second.input_key, second.env_name) == (None, "question", "code")
     assert second.output_key == "output"  # built-in default
-    assert cfg.data.resolved("validation")[0].prompt_file == "cot.txt"
+    assert cfg.data.resolved("validation")[0].prompt_file == cot
     # The saved form keeps only what was set, so reloading inherits the same way.
     saved = config_to_dict(cfg)["data"]
-    assert saved["train"][0] == {"data_path": "a.jsonl"}
+    assert saved["train"][0] == {"data_path": str(tmp_path / "a.jsonl")}
     reloaded = validate_config(config_to_dict(cfg))
     assert reloaded.data.resolved("train") == cfg.data.resolved("train")
+
+
+def test_recipe_paths_are_relative_to_the_recipe_folder_from_any_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "recipes/grpo_math_tiny.yaml", ["logger.log_dir=mine"])
+    train = cfg.data.resolved("train")[0]
+    assert Path(train.data_path).is_file() and train.data_path == str(ROOT / "recipes/data/arith_train.jsonl")
+    assert cfg.checkpointing.checkpoint_dir == str(ROOT / "results/grpo_math_tiny")
+    assert cfg.logger.log_dir == "mine"  # an override is relative to where the user typed it
+    absolute = tmp_path / "x.jsonl"
+    recipe = tmp_path / "sub" / "r.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(f"data:\n  train: {{data_path: {absolute}}}\n  validation: {{data_path: '${{logger.log_dir}}/v.jsonl'}}\n")
+    cfg = load_config(recipe, ["data.default.env_name=math", "env.math.server=math"])
+    assert cfg.data.resolved("train")[0].data_path == str(absolute)  # absolute paths stay as they are
+    assert cfg.data.resolved("validation")[0].data_path == "logs/v.jsonl"  # interpolations are the target's
 
 
 def test_env_without_server_or_url_uses_its_own_name() -> None:
@@ -365,10 +387,9 @@ def test_env_without_server_or_url_uses_its_own_name() -> None:
 def _section_models() -> list[type[BaseModel]]:
     return [
         obj
-        for obj in vars(config_module).values()
-        if isinstance(obj, type)
-        and issubclass(obj, config_module._Section)
-        and obj is not config_module._Section
+        for module in (config_policy, config_schema)
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Section) and obj is not Section
     ]
 
 

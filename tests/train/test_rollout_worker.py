@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gym_bridge.train.config import load_config
-from gym_bridge.train.rollout_worker import RolloutWorker, RolloutWorkerError
+from gym_bridge.train.rollout_worker import ProcessSampler, RolloutWorkerError
 from tests.train.helpers import save_random_tiny
 
 
@@ -32,4 +32,4 @@ def test_an_environment_that_cannot_start_fails_the_worker_with_its_reason(tmp_p
     with pytest.raises(
         RolloutWorkerError, match="environment 'no_such_package.envs:Broken' is not available"
     ):
-        RolloutWorker(cfg, tokenizer, model.state_dict())
+        ProcessSampler(cfg, tokenizer, model.state_dict())

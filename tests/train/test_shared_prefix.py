@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.shared_prefix import (  # noqa: E402
     plan_prefixes,
     prefix_micro_batches,
@@ -16,7 +17,6 @@ from gym_bridge.train.shared_prefix import (  # noqa: E402
     shared_prefix_logprobs,
     shares_prefixes,
 )
-from gym_bridge.train.trainer import token_logprobs  # noqa: E402
 
 PAD = 0
 

@@ -148,6 +148,11 @@ def test_offline_groups_by_identical_input_from_grpo_rows_and_rollouts(tmp_path:
     bad.write_text('\n{"input": "a", "output": "b"}\n')  # line 2: blank lines count
     with pytest.raises(DataError, match=r"bad\.jsonl:2: no numeric 'reward'"):
         load_offline_groups(load_config(None, ["grpo.mode=offline", f"data.train.data_path={bad}"]).data)
+    # A malformed rollout record is refused by the transforms' reader, naming file and line.
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({"responses_create_params": {"input": 5}, "response": {"output": []}, "reward": 1}))
+    with pytest.raises(DataError, match=r"broken\.jsonl:1: 'responses_create_params.input' must be a string"):
+        load_offline_groups(load_config(None, ["grpo.mode=offline", f"data.train.data_path={broken}"]).data)
 
 
 # ---------------------------------------------------------------------------------------------- loaders

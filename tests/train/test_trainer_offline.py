@@ -12,7 +12,7 @@ import pytest
 
 from gym_bridge.train.config import MasterConfig, load_config
 from gym_bridge.train.logging import read_metrics
-from gym_bridge.train.trainer import train
+from gym_bridge.train.loop import train
 from tests.train.helpers import save_random_tiny
 
 TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s")
@@ -218,7 +218,7 @@ def test_grpo_raises_the_likelihood_of_rewarded_completions(tmp_path: Path, tiny
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gym_bridge.train.rollouts import Sample, sequence_from_text
-    from gym_bridge.train.trainer import per_sample_logprobs
+    from gym_bridge.train.sequences import per_sample_logprobs
 
     data = write_scored(tmp_path / "scored.jsonl")
     cfg = offline_config(

@@ -8,7 +8,7 @@ import pytest
 
 from gym_bridge.train.config import load_config
 from gym_bridge.train.logging import read_metrics
-from gym_bridge.train.trainer import train
+from gym_bridge.train.loop import train
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]

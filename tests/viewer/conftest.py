@@ -30,8 +30,10 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """One Chromium per test module: Playwright's sync API keeps an event loop marked running on this
+    thread while it is open, so it must be closed before other modules call ``asyncio.run``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -44,7 +46,7 @@ def browser() -> Iterator[object]:
 def page(browser, tmp_path: Path) -> Iterator[object]:  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     p = context.new_page()
-    p.set_default_timeout(15_000)
+    p.set_default_timeout(90_000)  # a wait limit, not a speed check: the machine may be loaded
     dialogs: list[str] = []
     p.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     p.dialogs = dialogs  # type: ignore[attr-defined]
@@ -67,17 +69,17 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def serve() -> Iterator[object]:
-    """``serve(*args)`` runs ``gym-bridge view ARGS --port 0`` and returns its URL once it is listening."""
+    """``serve(*args)`` runs ``gym-bridge view --port 0 ARGS`` and returns its URL once it is listening."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str) -> Served:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gym_bridge.cli", "view", *args, "--port", "0"],
+            [sys.executable, "-m", "gym_bridge.cli", "view", "--port", "0", *args],  # a later --port wins
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=REPO,
         )
         procs.append(proc)
         line = proc.stdout.readline()  # type: ignore[union-attr]
-        match = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+        match = re.search(r"(http://[\d.]+:\d+)/", line)
         if not match:
             proc.kill()
             pytest.fail(f"view did not print its URL: {line!r} {proc.stderr.read()}")  # type: ignore[union-attr]
@@ -93,7 +95,7 @@ def serve() -> Iterator[object]:
             proc.wait()
 
 
-def wait_ready(page, url: str, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+def wait_ready(page, url: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
     """Open ``url`` and wait until the file behind it is indexed (the progress page refreshes itself)."""
     page.goto(url)
     deadline = time.monotonic() + timeout

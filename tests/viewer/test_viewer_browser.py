@@ -137,7 +137,8 @@ def test_token_only_records_are_decoded_and_show_mismatch(serve, page, tmp_path:
         nemo_rl_line(0.0, prompt, generated, [-0.2] * n, [-0.2] * n, -0.87),
     ]
     path = write_jsonl(tmp_path / "train_data_step3.jsonl", lines)
-    served = serve(str(path), "--tokenizer", "tiny")
+    tok.save_pretrained(tmp_path / "tokenizer")  # --tokenizer DIR, as a run's checkpoint holds it
+    served = serve(str(path), "--tokenizer", str(tmp_path / "tokenizer"))
     wait_ready(page, served.url + "/f/a")
     assert page.inner_text("#num-tasks") == "1"  # grouped by the prompt tokens
     assert "What is 2+2?" in page.inner_text("#tasks")

@@ -240,3 +240,36 @@ def test_every_nemo_gym_example_rollout_file_indexes_and_renders() -> None:
         group = client.get("/f/a/task/0").text
         assert group.count('<article class="rollout') == index.task_n[0]
     assert placeholders >= 1
+
+
+def test_host_and_port_options_bind_where_they_say(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    f = write_jsonl(tmp_path / "a.jsonl", run_a())
+    served = serve(str(f), "--host", "127.0.0.2", "--port", str(port))  # the last --port wins over the fixture's 0
+    assert served.url == f"http://127.0.0.2:{port}"
+    assert httpx.get(served.url + "/health").status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health")
+
+
+def test_progress_page_shows_running_totals_while_indexing(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gym_bridge.viewer.app import Viewer, build_app
+
+    f = write_jsonl(tmp_path / "a.jsonl", run_a(), [b"oops\n"])
+    viewer = Viewer.for_paths([f])
+    index = viewer.files["a"]
+    index._scan()  # scanned, not finished: what the app sees mid-way
+    client = TestClient(build_app(viewer))
+    page = client.get("/f/a").text
+    assert "Indexing a.jsonl" in page and 'http-equiv="refresh"' in page
+    totals = index.running_totals()
+    assert totals == {"records": 14, "tasks": 4, "bad_lines": 1, "mean_reward": pytest.approx(6 / 14)}
+    assert ">14<" in page and ">4<" in page and f">{6 / 14:.3f}<" in page

@@ -1,0 +1,122 @@
+"""A/B of the HTTP layer between two checkouts, in short alternating bursts (for a noisy machine).
+
+Each checkout serves, in its own process, the policy server over an instant backend (no model) and a
+no-op resources server (``bench_collect.NoopServer``). The client (collect's: ``ClientPool`` +
+``post_json``) sends bursts of requests to A, then B, then A ... and reports each side's median rate
+and B/A. Alternating short bursts puts both sides under the same machine load, which a shared machine
+changes by the minute.
+
+    .venv/bin/python bench/ab_http.py --a /tmp/main-checkout --b . --rounds 9 --burst 400 --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+_SERVERS = """
+import sys
+sys.path.insert(0, sys.argv[1] + "/bench")
+from bench_collect import NoopServer
+from gym_bridge.generation.backend import GenerationBackend, GenerationResult
+from gym_bridge.models.tokenizer import build_tokenizer
+from gym_bridge.policy.server import build_policy_app
+from gym_bridge.server import start_in_thread
+
+class Instant(GenerationBackend):
+    def __init__(self):
+        self.tokenizer = build_tokenizer()
+        self.model_name = "instant"
+        self.max_context = 2048
+        self.text = "The answer is \\\\boxed{5}."
+        self.ids = self.tokenizer(self.text, add_special_tokens=False)["input_ids"]
+
+    def generate(self, requests):
+        return [GenerationResult(list(r.prompt_token_ids), list(self.ids), [-0.5] * len(self.ids), "stop", self.text)
+                for r in requests]
+
+policy = start_in_thread(build_policy_app(Instant()))
+noop = start_in_thread(NoopServer().build_app())
+print(policy.url, noop.url, flush=True)
+sys.stdin.read()
+"""
+
+VERIFY = {
+    "responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 3?", "type": "message"}]},
+    "response": {"id": "r", "output": [{"type": "message", "role": "assistant", "id": "m",
+                 "content": [{"type": "output_text", "text": "\\boxed{5}", "annotations": []}]}]},
+}  # fmt: skip
+TARGETS = {
+    "policy POST /v1/chat/completions": ("policy", "/v1/chat/completions", {"messages": [{"role": "user", "content": "What is 2 + 3?"}]}),
+    "policy POST /v1/responses": ("policy", "/v1/responses", {"input": [{"role": "user", "content": "What is 2 + 3?", "type": "message"}]}),
+    "resources POST /verify (no-op)": ("noop", "/verify", VERIFY),
+    "resources POST /seed_session": ("noop", "/seed_session", {"responses_create_params": {"input": "x"}}),
+}  # fmt: skip
+
+
+async def burst(url: str, body: Any, concurrency: int, total: int) -> float:
+    from gym_bridge.collect import ClientPool, _connection_cap
+    from gym_bridge.retry import RetryPolicy, post_json
+
+    pool = ClientPool(concurrency, _connection_cap())
+    jobs = iter(range(total))
+    policy = RetryPolicy()
+
+    async def worker(i: int) -> None:
+        client = pool.for_worker(i)
+        for _ in jobs:
+            await post_json(client, url, body, target="model", policy=policy)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    await pool.aclose()
+    return total / elapsed
+
+
+def start(checkout: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    proc = subprocess.Popen([sys.executable, "-c", _SERVERS, str(checkout)], env=env, cwd=checkout,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    policy, noop = proc.stdout.readline().split()  # type: ignore[union-attr]
+    return proc, {"policy": policy, "noop": noop}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
+    parser.add_argument("--b", type=Path, default=REPO, help="checkout B")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--burst", type=int, default=400, help="requests per burst")
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    procs = {}
+    try:
+        for side in ("a", "b"):
+            procs[side] = start(getattr(args, side).resolve())
+        for name, (server, path, body) in TARGETS.items():
+            rates: dict[str, list[float]] = {"a": [], "b": []}
+            for side in ("a", "b"):  # warm-up
+                asyncio.run(burst(procs[side][1][server] + path, body, args.concurrency, 100))
+            for _ in range(args.rounds):
+                for side in ("a", "b"):
+                    rates[side].append(asyncio.run(burst(procs[side][1][server] + path, body, args.concurrency, args.burst)))
+            a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
+            print(f"{name:34s} c={args.concurrency:<4d} A {a:7.0f} req/s   B {b:7.0f} req/s   B/A {b / a:5.2f}", flush=True)
+    finally:
+        for proc, _ in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()

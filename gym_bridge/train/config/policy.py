@@ -1,0 +1,270 @@
+"""The ``policy`` section: model, tokenizer, optimizer, scheduler, batching and generation keys."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from gym_bridge.train.config.base import DOTTED_PATH, Section
+
+
+class TokenizerConfig(Section):
+    """Which tokenizer to use."""
+
+    name: str | None = None
+    """Tokenizer name or path; null uses ``policy.model_name``. Default null."""
+
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own; null keeps the tokenizer's. Default null."""
+
+
+class OptimizerKwargs(Section):
+    """Keyword arguments for the optimizer class (AdamW's); null values are not passed."""
+
+    lr: float = Field(5.0e-6, gt=0.0)
+    """Peak learning rate. Default 5e-6."""
+
+    weight_decay: float = Field(0.01, ge=0.0)
+    """Decoupled weight decay. Default 0.01."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's moment decay rates. Default [0.9, 0.999]."""
+
+    eps: float = Field(1.0e-8, gt=0.0)
+    """Adam's denominator epsilon. Default 1e-8."""
+
+    foreach: bool | None = None
+    """Use the multi-tensor implementation; null lets torch decide. Default null."""
+
+    fused: bool | None = None
+    """Use the fused implementation; null lets torch decide. Default null."""
+
+
+class OptimizerConfig(Section):
+    """The optimizer (NeMo RL's ``policy.optimizer``)."""
+
+    name: str = "torch.optim.AdamW"
+    """Dotted import path of the optimizer class. Default torch.optim.AdamW."""
+
+    kwargs: OptimizerKwargs = Field(default_factory=OptimizerKwargs)
+    """Arguments for the optimizer class."""
+
+    @field_validator("name")
+    @classmethod
+    def _dotted(cls, value: str) -> str:
+        if not DOTTED_PATH.fullmatch(value):
+            raise ValueError(f"expects a dotted import path like 'torch.optim.AdamW', got {value!r}")
+        return value
+
+
+class SchedulerConfig(Section):
+    """Learning-rate schedule over optimizer steps: linear warm-up, then constant, cosine or linear decay."""
+
+    name: Literal["constant", "cosine", "linear"] = "constant"
+    """Shape after warm-up. Default constant."""
+
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up from ``warmup_start_factor * lr`` to ``lr``. Default 0."""
+
+    warmup_start_factor: float = Field(0.1, gt=0.0, le=1.0)
+    """Fraction of lr at the first warm-up step (NeMo RL's LinearLR start_factor). Default 0.1."""
+
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Floor of the cosine / linear decay as a fraction of lr. Default 0."""
+
+    total_steps: int | None = Field(None, ge=1)
+    """Optimizer steps the decay spans; null means the run's total optimizer steps. Default null."""
+
+    def lr_factor(self, step: int, total_steps: int | None = None) -> float:
+        """Multiplier of the peak lr for optimizer step ``step`` (0-based); use with LambdaLR."""
+        total = self.total_steps or total_steps or 1
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.warmup_start_factor + (1.0 - self.warmup_start_factor) * step / self.warmup_steps
+        if self.name == "constant":
+            return 1.0
+        progress = min(1.0, max(0.0, (step - self.warmup_steps) / max(1, total - self.warmup_steps)))
+        floor = self.min_lr_ratio
+        if self.name == "cosine":
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - (1.0 - floor) * progress
+
+
+class DynamicBatchingConfig(Section):
+    """Length-sorted micro-batches under a token budget instead of fixed-size ones (less padding)."""
+
+    enabled: bool = False
+    """Use token-budget micro-batches for training and log-prob passes. Default false."""
+
+    train_mb_tokens: int | None = Field(None, ge=1)
+    """Padded tokens per training micro-batch; null means max_total_sequence_length x
+    train_micro_batch_size. Default null."""
+
+    logprob_mb_tokens: int | None = Field(None, ge=1)
+    """Padded tokens per log-prob micro-batch; null means max_total_sequence_length x
+    logprob_batch_size. Default null."""
+
+    sequence_length_round: int = Field(1, ge=1)
+    """Pad each micro-batch's length up to a multiple of this (NeMo RL uses 64 on GPU). Default 1."""
+
+
+class SequencePackingConfig(Section):
+    """Pack several sequences into one row under a token budget (first-fit decreasing), each with its
+    own position ids and attending only to itself (:mod:`gym_bridge.train.packing`)."""
+
+    enabled: bool = False
+    """Pack sequences instead of padding them (same log-probs and gradients, less padding). Refused at
+    start-up for a model whose attention would mix packed sequences. Default false."""
+
+    train_mb_tokens: int | None = Field(None, ge=1)
+    """Tokens per packed training micro-batch: rows of up to max_total_sequence_length tokens, each
+    holding several sequences, as many rows as fit; null means max_total_sequence_length x
+    train_micro_batch_size. Default null."""
+
+    logprob_mb_tokens: int | None = Field(None, ge=1)
+    """Tokens per packed log-prob micro-batch (as train_mb_tokens); null means
+    max_total_sequence_length x logprob_batch_size. Default null."""
+
+    algorithm: Literal["first_fit_decreasing"] = "first_fit_decreasing"
+    """Bin-packing algorithm. Default first_fit_decreasing."""
+
+    sequence_length_round: int = Field(1, ge=1)
+    """Round each packed sequence's length up to a multiple of this. Default 1."""
+
+
+class VllmConfig(Section):
+    """vLLM engine settings, used only when ``policy.generation.backend`` is vllm (GPU only)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one vLLM engine spans. Default 1."""
+
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take. Default 0.6."""
+
+    max_model_len: int | None = Field(None, ge=1)
+    """Context length vLLM allocates for; null means policy.max_total_sequence_length. Default null."""
+
+    enforce_eager: bool = False
+    """Disable CUDA graphs (slower, less memory, easier debugging). Default false."""
+
+
+class RayConfig(Section):
+    """Ray generation replicas, used only when ``policy.generation.backend`` is ray (``[ray]`` extra).
+
+    Replicas are CPU processes on this one node (cluster.num_nodes is 1) in a private Ray on
+    127.0.0.1; they reserve num_workers x threads_per_worker of Ray's logical CPUs and do not use
+    cluster.gpus_per_node (that is for vllm). Weights are refit into every replica after each update.
+    """
+
+    num_workers: int = Field(2, ge=1)
+    """Generation replicas (Ray actors), each with its own copy of the model. Default 2."""
+
+    threads_per_worker: int = Field(1, ge=1)
+    """Torch threads per replica. Default 1."""
+
+    object_store_memory_mb: int = Field(200, ge=80)
+    """Ray object store size in MB; it holds one copy of the weights during a refit. Default 200."""
+
+
+class GenerationConfig(Section):
+    """How completions are sampled (NeMo RL's ``policy.generation``)."""
+
+    backend: Literal["transformers", "vllm", "ray"] = "transformers"
+    """``transformers`` runs ``generate`` in-process (CPU or GPU); ``vllm`` needs a GPU; ``ray`` runs
+    policy.generation.ray.num_workers CPU replicas in Ray actors. Default transformers."""
+
+    max_new_tokens: int = Field(512, ge=1)
+    """Most tokens generated per completion (per turn); generation also stops at
+    policy.max_total_sequence_length. Default 512."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature; GRPO wants 1.0 so that log-probs match the sampler. Default 1.0."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. Default 1.0."""
+
+    top_k: int | None = Field(None, ge=1)
+    """Sample only among the k most likely tokens; null disables. Default null."""
+
+    stop_token_ids: list[int] | None = None
+    """Extra token ids that end a completion, kept as its last token (the EOS token always does);
+    every generation backend applies them. Default null."""
+
+    stop_strings: list[str] | None = None
+    """Strings that end a completion. Default null."""
+
+    vllm_cfg: VllmConfig = Field(default_factory=VllmConfig)
+    """vLLM engine settings (vllm backend only)."""
+
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Ray replica settings (ray backend only)."""
+
+
+class PolicyConfig(Section):
+    """The trained model and how it is optimised (NeMo RL's ``policy:`` section)."""
+
+    model_name: str = "tiny"
+    """Built-in model name (e.g. tiny, smollm2-135m), local directory, or Hugging Face id. Default tiny."""
+
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """Tokenizer settings."""
+
+    train_global_batch_size: int = Field(512, ge=1)
+    """Samples per optimizer step; P x G must be a multiple of it (several optimizer steps per GRPO
+    step otherwise one). Default 512."""
+
+    train_micro_batch_size: int = Field(4, ge=1)
+    """Samples per forward/backward pass; gradients accumulate up to train_global_batch_size. Default 4."""
+
+    generation_batch_size: int = Field(32, ge=1)
+    """Sequences per ``generate`` call with the transformers backend. Default 32."""
+
+    logprob_batch_size: int = Field(4, ge=1)
+    """Samples per forward pass when computing previous / reference log-probs. Default 4."""
+
+    max_total_sequence_length: int = Field(512, ge=2)
+    """Most tokens of prompt plus completion. Default 512."""
+
+    precision: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Training dtype; bfloat16 is much slower on CPUs without native bf16. Default float32."""
+
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this; null disables. Default 1.0."""
+
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Optimizer class and arguments."""
+
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    """Learning-rate schedule."""
+
+    dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
+    """Token-budget micro-batches."""
+
+    sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
+    """Sequence packing."""
+
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """Sampling settings."""
+
+    share_prompt_prefix: bool = True
+    """gym-bridge: run each distinct prompt once per micro-batch in the trainer's forward passes and
+    fan its KV cache out to its G completions (same log-probs and gradients as the plain pass, up to
+    float rounding; about 2x faster training on short-answer tasks). Micro-batches then keep a
+    prompt's rows together. Applies with fixed-size micro-batches on decoders with a plain KV cache;
+    dynamic batching and sequence packing use the plain pass. Default true."""
+
+    @property
+    def train_mb_tokens(self) -> int:
+        """Token budget of a training micro-batch (explicit, or length x micro-batch size)."""
+        explicit = self.sequence_packing.train_mb_tokens if self.sequence_packing.enabled else None
+        explicit = explicit or self.dynamic_batching.train_mb_tokens
+        return explicit or self.max_total_sequence_length * self.train_micro_batch_size
+
+    @property
+    def logprob_mb_tokens(self) -> int:
+        """Token budget of a log-prob micro-batch (explicit, or length x log-prob batch size)."""
+        explicit = self.sequence_packing.logprob_mb_tokens if self.sequence_packing.enabled else None
+        explicit = explicit or self.dynamic_batching.logprob_mb_tokens
+        return explicit or self.max_total_sequence_length * self.logprob_batch_size
+

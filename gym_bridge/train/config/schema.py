@@ -1,0 +1,508 @@
+"""The run configuration's sections other than ``policy``, the whole :class:`MasterConfig` and its
+cross-section checks. Every field is documented with an attribute docstring."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_serializer, model_validator
+
+from gym_bridge.train.config.base import DOTTED_PATH, Section
+from gym_bridge.train.config.policy import PolicyConfig
+
+# ----------------------------------------------------------------------------------------------
+# grpo
+# ----------------------------------------------------------------------------------------------
+
+
+class AsyncGRPOConfig(Section):
+    """Overlap rollouts with training (NeMo RL's ``grpo.async_grpo``): step s+1's completions are
+    sampled while step s trains, from a copy of the policy refit after every step."""
+
+    enabled: bool = False
+    """Sample the next steps' rollouts while the current one trains. Pair it with
+    ``loss_fn.use_importance_sampling_correction: true``. Default false."""
+
+    rollout_process: bool = True
+    """gym-bridge: sample in a child process (a policy copy, the policy server, the built-in
+    environments and the agent loop), so sampling and training use separate cores instead of sharing
+    one interpreter. false keeps everything in the trainer's process. Default true."""
+
+    max_trajectory_age_steps: int = Field(1, ge=1)
+    """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
+    seeded run is reproducible); this many steps' rollouts run ahead of training. Default 1."""
+
+
+class GRPOConfig(Section):
+    """Algorithm settings (NeMo RL's ``grpo:`` section)."""
+
+    mode: Literal["online", "offline"] = "online"
+    """``online``: each step samples ``num_generations_per_prompt`` completions per prompt from the
+    current policy and scores them in ``env``. ``offline``: no generation; scored rollouts come from
+    ``data.train`` (ResponseDataset JSONL with input, output and reward keys), grouped by input."""
+
+    num_prompts_per_step: int = Field(32, ge=1)
+    """Distinct prompts per step (P). Default 32."""
+
+    num_generations_per_prompt: int = Field(16, ge=1)
+    """Completions sampled per prompt (G, the group size); a step trains on P x G samples. Default 16."""
+
+    max_num_steps: int = Field(1_000_000, ge=1)
+    """Stop after this many steps. Default 1000000."""
+
+    max_num_epochs: int = Field(1, ge=1)
+    """Stop after this many passes over the training prompts. Default 1."""
+
+    max_rollout_turns: int = Field(1, ge=1)
+    """Model turns per rollout in multi-turn environments (1 for single-answer tasks). Default 1."""
+
+    normalize_rewards: bool = True
+    """Divide advantages by the group's reward std (groups with zero std are left unscaled). Default true."""
+
+    use_leave_one_out_baseline: bool = True
+    """Baseline each sample by the mean reward of the *other* samples of its prompt (RLOO) instead of
+    the group mean. Default true."""
+
+    advantage_clip_low: float | None = None
+    """Lower bound for advantages after normalisation; null disables. Default null."""
+
+    advantage_clip_high: float | None = None
+    """Upper bound for advantages after normalisation; null disables. Default null."""
+
+    val_period: int = Field(10, ge=0)
+    """Validate every this many steps; 0 disables periodic validation. Default 10."""
+
+    val_at_start: bool = False
+    """Validate once before the first step. Default false."""
+
+    val_at_end: bool = False
+    """Validate after the last step. Default false."""
+
+    max_val_samples: int | None = Field(256, ge=1)
+    """At most this many validation prompts per validation; null uses all. Default 256."""
+
+    val_batch_size: int | None = Field(256, ge=1)
+    """Validation prompts generated per batch; null means all at once. Default 256."""
+
+    seed: int = 42
+    """Seed for python, torch and the data order. Default 42."""
+
+    overlong_filtering: bool = False
+    """Drop from the loss samples that hit the length limit without finishing (truncated). Default false."""
+
+    use_dynamic_sampling: bool = False
+    """DAPO dynamic sampling: discard prompt groups whose rewards are all equal and keep generating
+    until P informative groups are collected. Default false."""
+
+    dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
+    """With dynamic sampling, give up after generating this many batches in one step. Default 10."""
+
+    batch_multiplier: float = Field(1.0, ge=1.0)
+    """With dynamic sampling, generate ``num_prompts_per_step * batch_multiplier`` prompts per batch. Default 1."""
+
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+    """Asynchronous GRPO (rollouts overlap training)."""
+
+    @model_validator(mode="after")
+    def _clip_bounds_ordered(self) -> GRPOConfig:
+        lo, hi = self.advantage_clip_low, self.advantage_clip_high
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(
+                f"grpo.advantage_clip_low ({lo}) must not exceed grpo.advantage_clip_high ({hi})"
+            )
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# loss_fn
+# ----------------------------------------------------------------------------------------------
+
+
+class ClippedPGLossConfig(Section):
+    """Clipped policy-gradient loss with reference KL (NeMo RL's ``loss_fn:`` section)."""
+
+    reference_policy_kl_penalty: float = Field(0.01, ge=0.0)
+    """KL penalty coefficient beta against the reference (initial) policy; 0 disables the KL term and
+    the reference forward pass. Default 0.01."""
+
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    """Schulman's KL estimator: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r, with
+    r = pi_ref / pi. Default k3."""
+
+    kl_input_clamp_value: float | None = Field(20.0, gt=0.0)
+    """Clamp log r to [-v, v] before the KL estimator; null disables. Default 20."""
+
+    kl_output_clamp_value: float | None = Field(10.0, gt=0.0)
+    """Clamp the per-token KL estimate to [-v, v]; null disables. Default 10."""
+
+    ratio_clip_min: float = Field(0.2, ge=0.0)
+    """Lower PPO clip: the ratio is clipped at 1 - ratio_clip_min. Default 0.2."""
+
+    ratio_clip_max: float = Field(0.2, ge=0.0)
+    """Upper PPO clip: the ratio is clipped at 1 + ratio_clip_max (DAPO's clip-higher sets it above
+    ratio_clip_min). Default 0.2."""
+
+    ratio_clip_c: float | None = Field(None, gt=1.0)
+    """Dual-clip constant c > 1 (Ye et al. 2019): for negative advantages the loss is capped at
+    -c * A; null disables. Default null."""
+
+    use_on_policy_kl_approximation: bool = False
+    """Weight the KL term by pi / pi_gen so the estimate is unbiased for the current policy. Default false."""
+
+    use_importance_sampling_correction: bool = False
+    """Weight the actor term by pi_prev / pi_gen to correct for generation/training mismatch. Default false."""
+
+    truncated_importance_sampling_ratio: float | None = Field(None, gt=0.0)
+    """Cap the importance weights at this value (TIS); needs use_importance_sampling_correction.
+    Default null."""
+
+    token_level_loss: bool = True
+    """true: mean over all valid tokens of the global batch; false: mean over tokens per sequence,
+    then mean over sequences. Default true."""
+
+    @model_validator(mode="after")
+    def _tis_needs_is(self) -> ClippedPGLossConfig:
+        if (
+            self.truncated_importance_sampling_ratio is not None
+            and not self.use_importance_sampling_correction
+        ):
+            raise ValueError(
+                "loss_fn.truncated_importance_sampling_ratio needs "
+                "loss_fn.use_importance_sampling_correction=true"
+            )
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# policy
+# ----------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+
+
+class DatasetConfig(Section):
+    """One dataset. Keys left out inherit from ``data.default``, then from the defaults below."""
+
+    dataset_name: str = "ResponseDataset"
+    """Dataset kind, as in NeMo RL: ResponseDataset (input_key / output_key rows), OpenMathInstruct-2
+    (problem / expected_answer), DeepScaler (problem / answer). Rows that already are NeMo Gym task
+    rows (``responses_create_params``) pass through whatever the kind. Default ResponseDataset."""
+
+    data_path: str | None = None
+    """Path of the JSONL file (relative paths are relative to the working directory). Default null."""
+
+    input_key: str = "input"
+    """Record key holding the prompt. Default input."""
+
+    output_key: str = "output"
+    """Record key holding the reference answer (online, sent as expected_answer) or the response
+    (offline). Default output."""
+
+    reward_key: str = "reward"
+    """Record key holding the reward (offline mode). Default reward."""
+
+    split_validation_size: float = Field(0.0, ge=0.0, lt=1.0)
+    """Fraction of this training set held out for validation. Default 0."""
+
+    seed: int = 42
+    """Seed of the train/validation split. Default 42."""
+
+    prompt_file: str | None = None
+    """Text file with a ``{}`` placeholder the input is formatted into. Default null."""
+
+    system_prompt_file: str | None = None
+    """Text file with a system prompt. Default null."""
+
+    env_name: str | None = None
+    """Which ``env`` entry scores this dataset's rollouts (online mode). Default null."""
+
+    task_name: str | None = None
+    """Task label attached to each record; null means env_name. Default null."""
+
+    @model_serializer(mode="wrap")
+    def _only_set_keys(self, handler: Any) -> dict[str, Any]:
+        # Unset keys inherit from data.default, so saving them would change what a reload means.
+        return {key: value for key, value in handler(self).items() if key in self.model_fields_set}
+
+
+class DataConfig(Section):
+    """Prompts and datasets (NeMo RL's ``data:`` section)."""
+
+    max_input_seq_length: int | None = Field(None, ge=1)
+    """Prompts longer than this (in tokens) are dropped; null means policy.max_total_sequence_length.
+    Default null."""
+
+    shuffle: bool = True
+    """Shuffle training prompts each epoch. Default true."""
+
+    train: list[DatasetConfig] | None = None
+    """Training dataset(s): one mapping or a list of them. Default null."""
+
+    validation: list[DatasetConfig] | None = None
+    """Validation dataset(s): one mapping, a list, or null. Default null."""
+
+    default: DatasetConfig = Field(default_factory=DatasetConfig)
+    """Values every train/validation dataset inherits for keys it does not set."""
+
+    use_multiple_dataloader: bool = False
+    """One dataloader per training dataset, each giving num_prompts_per_dataloader prompts per step.
+    Default false."""
+
+    num_prompts_per_dataloader: int | None = Field(None, ge=1)
+    """Prompts each dataloader contributes per step (with use_multiple_dataloader). Default null."""
+
+    custom_dataloader: str | None = None
+    """Dotted import path of a function choosing prompts from several dataloaders. Default null."""
+
+    @field_validator("train", "validation", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, dict) else value
+
+    @field_validator("custom_dataloader")
+    @classmethod
+    def _dotted(cls, value: str | None) -> str | None:
+        if value is not None and not DOTTED_PATH.fullmatch(value):
+            raise ValueError(f"expects a dotted import path like 'pkg.module.function', got {value!r}")
+        return value
+
+    def resolved(self, which: Literal["train", "validation"]) -> list[DatasetConfig]:
+        """The ``train`` or ``validation`` datasets with ``data.default`` merged in, task_name filled."""
+        base = self.default.model_dump(exclude_unset=True)
+        out = []
+        for dataset in getattr(self, which) or []:
+            merged = DatasetConfig(**{**base, **dataset.model_dump(exclude_unset=True)})
+            if merged.task_name is None:
+                merged.task_name = merged.env_name
+            out.append(merged)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# env, checkpointing, logger, cluster
+# ----------------------------------------------------------------------------------------------
+
+
+class EnvConfig(Section):
+    """One scoring environment: a built-in resources server or the URL of a running one."""
+
+    server: str | None = None
+    """Built-in resources server to start (e.g. math); null with no url means the env's own name.
+    Default null."""
+
+    url: str | None = None
+    """Base URL of a running NeMo Gym-compatible resources server; the trainer then starts nothing.
+    Default null."""
+
+    max_steps: int | None = Field(None, ge=1)
+    """Most agent steps (model calls) per rollout; null means grpo.max_rollout_turns. Default null."""
+
+    num_workers: int | None = Field(None, ge=1)
+    """Worker pool of the built-in server (math: verifier processes; code: sandboxes at once); refused
+    for a url or a server without a pool. Null keeps the server's own (one per CPU core). Default null."""
+
+    timeout_s: float = Field(60.0, gt=0.0)
+    """Seconds one attempt of a request to this environment (session set-up, tool call, /verify) may
+    take; three attempts, then the rollout fails. Default 60."""
+
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Settings passed to the built-in server. Default {}."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvConfig:
+        if self.server is not None and self.url is not None:
+            raise ValueError("set either server or url, not both")
+        return self
+
+
+class CheckpointingConfig(Section):
+    """When and where checkpoints are written."""
+
+    enabled: bool = True
+    """Write checkpoints. Default true."""
+
+    checkpoint_dir: str = "results/grpo"
+    """Directory of ``step_<n>`` checkpoints; a run resumes from the latest one. Default results/grpo."""
+
+    save_period: int = Field(10, ge=1)
+    """Save every this many steps (and at the end). Default 10."""
+
+    keep_top_k: int | None = Field(3, ge=1)
+    """Keep the k best checkpoints by metric_name (the latest is always kept); null keeps all. Default 3."""
+
+    metric_name: str | None = "val:accuracy"
+    """Metric ranking checkpoints, ``val:<name>`` or ``train:<name>``; null ranks by recency.
+    Default val:accuracy."""
+
+    higher_is_better: bool = True
+    """Whether a larger metric_name is better. Default true."""
+
+    @field_validator("metric_name")
+    @classmethod
+    def _prefixed(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(val|train):\S+", value):
+            raise ValueError(f"expects 'val:<metric>' or 'train:<metric>', got {value!r}")
+        return value
+
+
+class WandbConfig(Section):
+    """Weights & Biases run naming."""
+
+    project: str = "grpo-dev"
+    """W&B project. Default grpo-dev."""
+
+    name: str = "grpo-dev-logger"
+    """W&B run name. Default grpo-dev-logger."""
+
+
+class LoggerConfig(Section):
+    """Where metrics go."""
+
+    log_dir: str = "logs"
+    """Directory for logs and metrics. Default logs."""
+
+    tensorboard_enabled: bool = False
+    """Write TensorBoard event files under log_dir. Default false."""
+
+    wandb_enabled: bool = False
+    """Log every record to Weights & Biases (the ``[wandb]`` extra; refused at start-up without it;
+    ``WANDB_MODE=offline`` needs no network). Default false."""
+
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """W&B settings."""
+
+    monitor_gpus: bool = False
+    """Add each GPU's utilisation and memory to every train record (NVML, the ``[gpu]`` extra);
+    refused at start-up where no NVIDIA GPU is visible. Default false."""
+
+    num_val_samples_to_print: int = Field(0, ge=0)
+    """Validation samples printed to the terminal after each validation. Default 0."""
+
+    print_every_steps: int = Field(1, ge=1)
+    """Print a metrics line every this many steps. Default 1."""
+
+
+class ClusterConfig(Section):
+    """Hardware. gym-bridge runs on one node; GPUs are optional."""
+
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs for the vllm generation backend (refused at start-up when torch sees fewer); 0 runs on CPU.
+    Default 0."""
+
+    num_nodes: Literal[1] = 1
+    """Nodes; only 1 is supported. Default 1."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole config
+# ----------------------------------------------------------------------------------------------
+
+
+class MasterConfig(Section):
+    """A whole GRPO run. Construct directly, or with :func:`load_config` from YAML."""
+
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """Algorithm settings."""
+
+    loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
+    """Loss settings."""
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """Model, optimizer and generation settings."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Datasets."""
+
+    env: dict[str, EnvConfig] = Field(default_factory=dict)
+    """Scoring environments by name; datasets pick one with env_name."""
+
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    """Checkpoint settings."""
+
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)
+    """Logging settings."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Hardware settings."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MasterConfig:
+        problems = _cross_section_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        # Resolve "null means <other key>" defaults so the saved config is explicit.
+        if self.policy.tokenizer.name is None:
+            self.policy.tokenizer.name = self.policy.model_name
+        if self.data.max_input_seq_length is None:
+            self.data.max_input_seq_length = self.policy.max_total_sequence_length
+        for name, env in self.env.items():
+            if env.server is None and env.url is None:
+                env.server = name
+        return self
+
+
+def _cross_section_problems(cfg: MasterConfig) -> list[str]:
+    grpo, policy = cfg.grpo, cfg.policy
+    problems = []
+    samples = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    if grpo.mode == "online" and samples % policy.train_global_batch_size:
+        problems.append(
+            f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples}) must be a multiple "
+            f"of policy.train_global_batch_size ({policy.train_global_batch_size})"
+        )
+    packed = policy.dynamic_batching.enabled or policy.sequence_packing.enabled
+    if not packed and policy.train_global_batch_size % policy.train_micro_batch_size:
+        problems.append(
+            f"policy.train_global_batch_size ({policy.train_global_batch_size}) must be a multiple of "
+            f"policy.train_micro_batch_size ({policy.train_micro_batch_size})"
+        )
+    if policy.dynamic_batching.enabled and policy.sequence_packing.enabled:
+        problems.append("policy.dynamic_batching.enabled and policy.sequence_packing.enabled are exclusive")
+    if policy.generation.max_new_tokens > policy.max_total_sequence_length:
+        problems.append(
+            f"policy.generation.max_new_tokens ({policy.generation.max_new_tokens}) must not exceed "
+            f"policy.max_total_sequence_length ({policy.max_total_sequence_length})"
+        )
+    if policy.generation.backend == "vllm" and cfg.cluster.gpus_per_node < 1:
+        problems.append("policy.generation.backend 'vllm' needs a GPU: set cluster.gpus_per_node >= 1")
+    for name, env in cfg.env.items():
+        if env.url is not None and env.num_workers is not None:
+            problems.append(
+                f"env.{name}.num_workers sizes a built-in server's worker pool; the server at "
+                f"env.{name}.url runs its own"
+            )
+    if grpo.async_grpo.enabled and grpo.mode != "online":
+        problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
+    if cfg.data.use_multiple_dataloader:
+        per = cfg.data.num_prompts_per_dataloader
+        if per is None:
+            problems.append("data.use_multiple_dataloader needs data.num_prompts_per_dataloader")
+        elif grpo.num_prompts_per_step % per:
+            problems.append(
+                f"grpo.num_prompts_per_step ({grpo.num_prompts_per_step}) must be a multiple of "
+                f"data.num_prompts_per_dataloader ({per})"
+            )
+    for which in ("train", "validation"):
+        for i, dataset in enumerate(cfg.data.resolved(which)):
+            where = f"data.{which}[{i}]"
+            known = ", ".join(sorted(cfg.env)) or "none configured"
+            scored_online = grpo.mode == "online" or which == "validation"
+            if scored_online and dataset.env_name is None:
+                problems.append(
+                    f"{where}.env_name is not set (set it or data.default.env_name; envs: {known})"
+                )
+            elif scored_online and dataset.env_name not in cfg.env:
+                problems.append(f"{where}.env_name {dataset.env_name!r} is not an env entry (envs: {known})")
+            if grpo.mode == "offline" and which == "train" and dataset.data_path is None:
+                problems.append(f"{where}.data_path is required in offline mode (scored rollouts JSONL)")
+    return problems
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML loading, overrides, interpolation and error messages
+# ----------------------------------------------------------------------------------------------
+

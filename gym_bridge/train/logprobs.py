@@ -1,0 +1,60 @@
+"""Log-probabilities of chosen tokens: the one gather every sampler and trainer pass goes through.
+
+``log p(token) = logit[token] - logsumexp(logits)``: a gather minus a logsumexp rather than a full
+``log_softmax``, so memory stays at one copy of the logits. The trainer's passes project only the
+positions it trains on through the output layer (on RL batches most positions are prompt or
+padding, and the vocabulary projection is the costliest part of small models).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["gather_logprobs", "hidden_logprobs", "projects_hidden_states_plainly", "token_logprobs"]
+
+
+def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[..., target]`` for logits (..., V) and targets (...), in the logits' dtype."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def hidden_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Float32 log-probs of ``targets`` (n,) from last hidden states (n, H) through the output layer."""
+    return gather_logprobs(model.get_output_embeddings()(hidden).float(), targets)
+
+
+def projects_hidden_states_plainly(model: Any) -> bool:
+    """Whether logits are just ``lm_head(hidden)`` (no soft-capping or scaling after it), so that only
+    the positions that are trained on need to go through the output layer."""
+    config = model.config
+    return all(
+        getattr(config, key, None) in (None, 1.0)
+        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere.
+
+    Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
+    """
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
+    if not projects_hidden_states_plainly(model):
+        logits = model(**inputs).logits[:, :-1].float()
+        return gather_logprobs(logits, input_ids[:, 1:]) * token_mask
+    hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
+    where = token_mask.bool()
+    picked = hidden_logprobs(model, hidden[where], input_ids[:, 1:][where])
+    out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=picked.device)
+    out[where] = picked
+    return out

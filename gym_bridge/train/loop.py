@@ -1,0 +1,254 @@
+"""The GRPO training loop, readable top to bottom (in the spirit of CleanRL and nanoGPT).
+
+``train(cfg)`` sets up (:mod:`gym_bridge.train.setup`), then repeats one GRPO step until
+``grpo.max_num_steps``:
+
+1. **prompts**: the next ``num_prompts_per_step`` prompts from the training data;
+2. **rollouts**: ``num_generations_per_prompt`` completions per prompt from the current policy through
+   the agent loop, scored by the resources servers (online), or the step's scored completions from the
+   dataset (offline) (:mod:`gym_bridge.train.sampling`). With async GRPO they were sampled while the
+   previous step trained (:mod:`gym_bridge.train.async_rollouts`);
+3. **advantages**: group-relative (leave-one-out baseline, std normalisation); with dynamic sampling,
+   groups whose rewards are all equal are dropped and more prompts are generated. A step without any
+   non-zero advantage (and no KL penalty) has no learning signal: it skips the passes below;
+4. **log-probs**: of the step's starting policy (``prev``) and the reference policy (KL > 0);
+5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.update`);
+6. **metrics**, **validation** every ``grpo.val_period`` steps, **checkpoint** every
+   ``checkpointing.save_period`` steps. A restarted run resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers.utils import logging as hf_logging
+
+from gym_bridge.train.async_rollouts import RolloutPipeline
+from gym_bridge.train.checkpoint import CheckpointManager
+from gym_bridge.train.config import MasterConfig, config_to_yaml
+from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
+from gym_bridge.train.metrics import step_summary, validate
+from gym_bridge.train.preflight import check_machine
+from gym_bridge.train.sampling import Sampler, produce_step, sample_step
+from gym_bridge.train.sequences import per_sample_logprobs
+from gym_bridge.train.setup import (
+    build_learner,
+    find_resume_point,
+    load_run_data,
+    start_samplers,
+    uses_rollout_process,
+    weights_snapshot,
+)
+from gym_bridge.train.update import Learner, StepBatch, skip_update, update_policy
+
+__all__ = ["TrainResult", "train"]
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports: where things went and the last metrics."""
+
+    steps: int
+    log_dir: Path
+    checkpoint_dir: Path | None
+    last_train: dict[str, Any] = field(default_factory=dict)
+    validations: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int | None = None
+    curves: Path | None = None
+
+
+def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False) -> TrainResult:
+    """Run GRPO as configured; resume from the latest checkpoint in ``checkpointing.checkpoint_dir``
+    (``fresh``: delete its checkpoints and start at step 0). Raises
+    :class:`~gym_bridge.train.setup.RunAlreadyComplete` when that checkpoint is the last step."""
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
+    grpo, policy = cfg.grpo, cfg.policy
+    check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
+    checkpoints, resume = find_resume_point(cfg, fresh=fresh)
+    learner, generation_threads = build_learner(cfg, resume, rollout_process=uses_rollout_process(cfg))
+    model = learner.model
+    data = load_run_data(cfg, learner.tokenizer)
+
+    step, validations = 0, []
+    if resume is not None:
+        restored = resume.load_training_state(learner.optimizer, learner.scheduler)
+        data.train.load_state_dict(restored["data"])
+        step = int(restored["info"]["step"])
+        validations = list(restored["info"].get("validations", []))
+    log_dir = Path(cfg.logger.log_dir)
+    logger = open_metrics_logger(cfg, resume_step=step if resume else None)
+    view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
+    view.print(_where_outputs_go(cfg))
+    if resume is not None:
+        view.print(f"resuming from {resume.path} (step {step})")
+    if data.dropped:
+        view.print(f"dropped {data.dropped} training prompts longer than {data.max_prompt_tokens} tokens")
+    last_train: dict[str, Any] = {}
+    last_val: dict[str, Any] = validations[-1] if validations else {}
+
+    with ExitStack() as stack:
+        stack.callback(view.close)
+        stack.callback(logger.close)
+        if uses_rollout_process(cfg):
+            view.print("starting the rollout process (async GRPO) ...")
+        train_sampler, val_sampler = start_samplers(
+            cfg, stack, learner, generation_threads, needs_validation=bool(data.validation)
+        )
+        pipeline: RolloutPipeline | None = None
+        if grpo.val_at_start and step == 0:
+            last_val = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations) or last_val
+        if grpo.mode == "online" and grpo.async_grpo.enabled:
+            pipeline = RolloutPipeline(
+                functools.partial(produce_step, cfg, train_sampler, data.train),
+                train_sampler.load_weights,
+                first_step=step + 1,
+                last_step=grpo.max_num_steps,
+                max_age=grpo.async_grpo.max_trajectory_age_steps,
+                initial_version=step,
+            )
+            stack.callback(pipeline.close)
+            pipeline.publish(step, weights_snapshot(model))
+        data_state, epochs_done = data.train.state_dict(), data.train.epochs_done
+
+        while step < grpo.max_num_steps and epochs_done < grpo.max_num_epochs:
+            step += 1
+            step_started = time.perf_counter()
+
+            # 1-2. prompts -> completions and rewards (made ahead of time by the pipeline when async)
+            if pipeline is None:
+                samples, step_stats = sample_step(cfg, train_sampler, data.train, step)
+                data_state, epochs_done = data.train.state_dict(), data.train.epochs_done
+            else:
+                produced = pipeline.take(step)
+                if produced is None:
+                    break
+                samples, step_stats = produced.samples, dict(produced.stats)
+                data_state, epochs_done = produced.data_state, step_stats.pop("epoch")
+                step_stats["time_waiting_for_rollouts_s"] = time.perf_counter() - step_started
+                step_stats["trajectory_age_steps"] = float(step - 1 - produced.weights_version)
+            if not samples:
+                view.print(f"step {step}: no group with differing rewards; step skipped")
+                continue
+
+            # 3. advantages; a step where they are all zero (and no KL term) has nothing to learn
+            batch = StepBatch.from_samples(grpo, samples)
+            if batch.has_advantage() or learner.loss_fn.needs_reference_logprobs:
+                # 4. log-probs of the step's starting policy and of the reference
+                started = time.perf_counter()
+                if len(samples) > policy.train_global_batch_size:  # several optimizer steps
+                    batch.prev_logprobs = per_sample_logprobs(cfg, model, samples, learner.pad_token_id)
+                if learner.reference is not None:
+                    batch.reference_logprobs = per_sample_logprobs(
+                        cfg, learner.reference, samples, learner.pad_token_id
+                    )
+                step_stats["time_logprobs_s"] = time.perf_counter() - started
+
+                # 5. updates
+                started = time.perf_counter()
+                train_metrics = update_policy(cfg, learner, batch)
+                step_stats["time_training_s"] = time.perf_counter() - started
+            else:
+                train_metrics = skip_update(cfg, learner, len(samples))
+            if pipeline is not None:
+                pipeline.publish(step, weights_snapshot(model))
+            elif val_sampler is not None:  # Ray replicas and vLLM refit; a no-op for a shared model
+                val_sampler.load_weights(model)
+
+            # 6. metrics
+            metrics = step_summary(
+                samples,
+                batch.advantages,
+                train_metrics,
+                step_stats,
+                lr=learner.scheduler.get_last_lr()[0],
+                step_time=time.perf_counter() - step_started,
+                epoch=epochs_done,
+            )
+            logger.log(step, metrics)
+            view.step(step, metrics)
+            data.train.set_records(reward=metrics["reward_mean"], step=step)
+            last_train = metrics
+
+            # validation and checkpoint
+            last_step = step >= grpo.max_num_steps or epochs_done >= grpo.max_num_epochs
+            if (grpo.val_period and step % grpo.val_period == 0) or (last_step and grpo.val_at_end):
+                if pipeline is not None:  # validate the trainer's current weights, not the sampler's
+                    validated = pipeline.exclusive(
+                        weights_snapshot(model),
+                        step,
+                        functools.partial(
+                            run_validation, cfg, val_sampler, data.validation, step, view, logger, validations
+                        ),
+                    )
+                else:
+                    validated = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations)
+                last_val = validated or last_val
+            if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last_step):
+                save_checkpoint(cfg, checkpoints, learner, step, data_state, metrics, last_val, validations)
+
+    return TrainResult(
+        steps=step,
+        log_dir=log_dir,
+        checkpoint_dir=Path(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None,
+        last_train=last_train,
+        validations=validations,
+        resumed_from=resume.step if resume is not None else None,
+        curves=plot_curves(log_dir),
+    )
+
+
+def run_validation(
+    cfg: MasterConfig,
+    sampler: Sampler | None,
+    prompts: list[Any],
+    step: int,
+    view: TerminalView,
+    logger: MetricsLogger,
+    validations: list[dict[str, Any]],
+) -> dict[str, float] | None:
+    """Validate, log, and append to ``validations``; None when there is nothing to validate."""
+    if sampler is None or not prompts:
+        return None
+    metrics = validate(cfg, sampler, prompts, view)
+    logger.log(step, metrics, split="val")
+    view.step(step, metrics, split="val")
+    validations.append({"step": step, **metrics})
+    return metrics
+
+
+def save_checkpoint(
+    cfg: MasterConfig,
+    checkpoints: CheckpointManager,
+    learner: Learner,
+    step: int,
+    data_state: dict[str, Any],
+    metrics: dict[str, Any],
+    last_val: dict[str, Any],
+    validations: list[dict[str, Any]],
+) -> None:
+    """Save step ``step``, ranked by its train metrics and the latest validation's."""
+    ranked = {f"train:{k}": v for k, v in metrics.items()}
+    ranked.update({f"val:{k}": v for k, v in last_val.items()})
+    checkpoints.save(
+        step,
+        model=learner.model,
+        tokenizer=learner.tokenizer,
+        optimizer=learner.optimizer,
+        scheduler=learner.scheduler,
+        data_state=data_state,
+        config_yaml=config_to_yaml(cfg),
+        metrics={k: v for k, v in ranked.items() if isinstance(v, (int, float))},
+        extra_info={"validations": validations},
+    )
+
+
+def _where_outputs_go(cfg: MasterConfig) -> str:
+    metrics = Path(cfg.logger.log_dir).resolve() / "metrics.jsonl"
+    if not cfg.checkpointing.enabled:
+        return f"outputs: metrics in {metrics}; checkpointing off"
+    return f"outputs: metrics in {metrics}; checkpoints in {Path(cfg.checkpointing.checkpoint_dir).resolve()}"

@@ -1,0 +1,121 @@
+"""What a step and a validation report: rewards, advantages, lengths, timings and accuracy."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from gym_bridge.seeding import rollout_seed
+from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.data import Prompt
+from gym_bridge.train.logging import TerminalView
+from gym_bridge.train.rollouts import Sample
+from gym_bridge.train.sampling import Sampler
+
+__all__ = ["sample_metrics", "validate"]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def sample_metrics(samples: list[Sample], advantages: torch.Tensor) -> dict[str, float]:
+    """Reward, advantage and length statistics of a step's samples (reward per task with several)."""
+    rewards = [s.reward for s in samples]
+    lengths = [s.generated_tokens for s in samples]
+    metrics = {
+        "reward_mean": _mean(rewards),
+        "reward_std": float(_std(rewards)),
+        "advantage_mean": float(advantages.mean()),
+        "advantage_std": float(advantages.std()) if len(samples) > 1 else 0.0,
+        "advantage_min": float(advantages.min()),
+        "advantage_max": float(advantages.max()),
+        "gen_length_mean": _mean(lengths),
+        "gen_length_max": float(max(lengths)),
+        "sequence_length_mean": _mean([len(s.token_ids) for s in samples]),
+        "truncation_rate": _mean([float(s.truncated) for s in samples]),
+        "num_samples": float(len(samples)),
+    }
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        by_task[s.task_name].append(s.reward)
+    if len(by_task) > 1:
+        for task, values in by_task.items():
+            metrics[f"reward_mean/{task}"] = _mean(values)
+    return metrics
+
+
+def validate(
+    cfg: MasterConfig, sampler: Sampler, prompts: list[Prompt], view: TerminalView
+) -> dict[str, float]:
+    """Accuracy (mean reward) per validation dataset: one completion per prompt, seeded by the prompt's
+    position only (``rollout_seed(seed, 0, 0, i, 0)``; training steps count from 1), so every
+    validation of a run sees the same draws."""
+    if not prompts:
+        return {}
+    limit = cfg.grpo.max_val_samples or len(prompts)
+    chosen = prompts[:limit]
+    batch = cfg.grpo.val_batch_size or len(chosen)
+    started = time.perf_counter()
+    samples: list[Sample] = []
+    for start in range(0, len(chosen), batch):
+        part = chosen[start : start + batch]
+        seeds = [[rollout_seed(cfg.grpo.seed, 0, 0, start + i, 0)] for i in range(len(part))]
+        got, _ = sampler.sample(part, seeds, group_offset=start)
+        samples.extend(got)
+    rewards_by_dataset: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        rewards_by_dataset[s.dataset].append(s.reward)
+    metrics: dict[str, float] = {
+        "accuracy": _mean([s.reward for s in samples]),
+        "num_samples": float(len(samples)),
+        "gen_length_mean": _mean([float(s.generated_tokens) for s in samples]),
+        "time_validation_s": time.perf_counter() - started,
+    }
+    if len(rewards_by_dataset) > 1:
+        for name, rewards in rewards_by_dataset.items():
+            metrics[f"accuracy/{name}"] = _mean(rewards)
+    for s in samples[: cfg.logger.num_val_samples_to_print]:
+        text = sampler.tokenizer.decode(
+            [t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m], skip_special_tokens=True
+        )
+        question = (s.record or {}).get("question") or ""
+        view.print(f"  [val sample] {question!r} -> {text!r} reward={s.reward:g}")
+    return metrics
+
+
+def step_summary(
+    samples: list[Sample],
+    advantages: torch.Tensor,
+    train_metrics: dict[str, float],
+    step_stats: dict[str, float],
+    *,
+    lr: float,
+    step_time: float,
+    epoch: int,
+) -> dict[str, Any]:
+    """The step's metrics line: sample statistics, the update's metrics, timings and throughput."""
+    generated = sum(s.generated_tokens for s in samples)
+    metrics: dict[str, Any] = {
+        **sample_metrics(samples, advantages),
+        **train_metrics,
+        **step_stats,
+        "lr": lr,
+        "time_step_s": step_time,
+        "tokens_per_s": generated / step_time if step_time > 0 else float("nan"),
+        "epoch": epoch,
+    }
+    if step_stats.get("time_generation_s"):
+        metrics["generation_tokens_per_s"] = generated / step_stats["time_generation_s"]
+    return metrics

@@ -1,0 +1,69 @@
+"""Start-up checks that need the machine, not just the YAML: run before the model loads.
+
+The schema (:mod:`gym_bridge.train.config`) refuses keys that cannot work whatever the machine; these
+refuse keys that cannot work *here* (a missing optional package, no GPU, an environment without the
+worker pool a key sizes), each with a message naming the key, before minutes go into loading a model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gym_bridge.train.config import MasterConfig
+
+__all__ = ["check_machine", "machine_problems"]
+
+
+def machine_problems(cfg: MasterConfig) -> list[str]:
+    """One message per configured key this machine cannot honour."""
+    from gym_bridge.envs import load_server_class
+    from gym_bridge.train.logging import WANDB_INSTALL_HINT
+
+    problems = []
+    if cfg.logger.wandb_enabled and importlib.util.find_spec("wandb") is None:
+        problems.append(f"logger.wandb_enabled needs the wandb package: {WANDB_INSTALL_HINT} (or set it to false)")
+    if cfg.logger.monitor_gpus:
+        from gym_bridge.train.config import ConfigError
+        from gym_bridge.train.gpu_monitor import open_gpu_monitor
+
+        try:
+            open_gpu_monitor(interval_s=3600.0).close()
+        except ConfigError as err:
+            problems.extend(err.problems)
+    if cfg.policy.generation.backend == "vllm":
+        from gym_bridge.generation.vllm_backend import VllmUnavailableError, _import_vllm
+
+        try:
+            _import_vllm()
+        except VllmUnavailableError as err:
+            problems.append(f"policy.generation.backend: {err}")
+    gpus = cfg.cluster.gpus_per_node
+    if gpus:
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible < gpus:
+            problems.append(f"cluster.gpus_per_node is {gpus} but torch sees {visible} CUDA device(s) here")
+    for name, env in cfg.env.items():
+        if env.num_workers is None or env.url is not None:
+            continue
+        server = env.server or name
+        try:
+            sized = getattr(load_server_class(server), "workers_setting", None)
+        except ValueError as err:
+            problems.append(f"env.{name}.server: {err}")
+            continue
+        if sized is None:
+            problems.append(f"env.{name}.num_workers: environment '{server}' has no worker pool to size")
+    return problems
+
+
+def check_machine(cfg: MasterConfig) -> None:
+    """Raise :class:`~gym_bridge.train.config.ConfigError` listing :func:`machine_problems`, if any."""
+    from gym_bridge.train.config import ConfigError
+
+    problems = machine_problems(cfg)
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,398 @@
+"""Where a step's samples come from: one :class:`Sampler` protocol, three samplers behind it.
+
+- :class:`OnlineSampler`: completions from the current policy through the same agent loop as
+  ``collect`` (:func:`gym_bridge.agent.run_rollout`), served by the embedded OpenAI-compatible policy
+  server over the generation backend and scored by the resources servers over HTTP. Token ids and
+  log-probs come back on the output items, so nothing is re-tokenized.
+- :class:`OfflineSampler`: the scored completions of offline groups (tokenized once, cached).
+- :class:`~gym_bridge.train.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
+  process, so that async GRPO's sampling and training run on separate cores.
+
+:func:`sample_step` draws a step's prompts and samples them, refilling with dynamic sampling (DAPO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any, Protocol
+
+import torch
+
+from gym_bridge.agent import AgentConfig, make_session, run_rollout
+from gym_bridge.chat import items_to_messages
+from gym_bridge.envs import running_env
+from gym_bridge.event_loop import new_event_loop
+from gym_bridge.policy.server import build_policy_app
+from gym_bridge.retry import RetryPolicy
+from gym_bridge.seeding import rollout_seed
+from gym_bridge.server import start_in_thread
+from gym_bridge.train.advantages import samples_in_groups_with_variance
+from gym_bridge.train.config import ConfigError, MasterConfig
+from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
+from gym_bridge.train.rollouts import (
+    Sample,
+    TurnMismatch,
+    sequence_from_chat,
+    sequence_from_items,
+    sequence_from_text,
+)
+
+__all__ = [
+    "GenerationTimer",
+    "OfflineSampler",
+    "OnlineSampler",
+    "Sampler",
+    "produce_step",
+    "sample_step",
+]
+
+
+class Sampler(Protocol):
+    """Turns prompts into scored :class:`Sample` lists; what the training loop and validation call."""
+
+    tokenizer: Any
+
+    def sample(
+        self, prompts: Sequence[Any], seeds: list[list[int]], group_offset: int = 0
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """``len(seeds[i])`` completions of ``prompts[i]`` (group ``group_offset + i``), and timings.
+
+        ``seeds[i][g]`` seeds completion g of prompt i (offline groups carry their completions and
+        their count already)."""
+        ...
+
+    def load_weights(self, weights: Any) -> None:
+        """Refit the sampling policy with a model or a ``state_dict`` (a no-op where it is shared)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class GenerationTimer:
+    """Wraps a generation backend to add up the time spent in ``generate`` (the generation phase).
+
+    ``threads``: torch threads for ``generate`` in whichever thread calls it (the policy server runs it
+    in worker threads, each with its own setting); None leaves torch's setting alone.
+    """
+
+    def __init__(self, backend: Any, threads: int | None = None) -> None:
+        self.backend = backend
+        self.threads = threads
+        self._thread_configured = threading.local()
+        self.seconds = 0.0
+        self.tokens = 0
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.seconds, self.tokens, self.calls = 0.0, 0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def generate(self, requests: list[Any]) -> list[Any]:
+        if self.threads is not None and not getattr(self._thread_configured, "done", False):
+            torch.set_num_threads(self.threads)  # this thread's OpenMP team; the trainer's is its own
+            self._thread_configured.done = True
+        started = time.perf_counter()
+        results = self.backend.generate(requests)
+        self.seconds += time.perf_counter() - started
+        self.tokens += sum(len(r.token_ids) for r in results)
+        self.calls += 1
+        return results
+
+
+class OnlineSampler:
+    """Completions for prompts through the agent loop, as :class:`Sample` lists.
+
+    Starts (or connects to) the resources servers of ``cfg.env`` and serves ``backend`` on loopback;
+    the rollouts run concurrently on a private event loop whose HTTP session (keep-alive) lasts the run.
+    """
+
+    def __init__(self, cfg: MasterConfig, backend: Any, tokenizer: Any, *, threads: int | None = None) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.timer = GenerationTimer(backend, threads=threads)
+        self.turn_mismatches = 0
+        self.max_concurrency = max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt)
+        self._services = ExitStack()
+        self._session: Any = None
+        self._loop = new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._loop_thread.start()
+        try:
+            self._start_services()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_services(self) -> None:
+        cfg = self.cfg
+        self.env_urls: dict[str, str] = {}
+        for name, env in cfg.env.items():
+            if env.url is not None:
+                self.env_urls[name] = env.url.rstrip("/")
+            else:
+                try:
+                    started = running_env(env.server or name, workers=env.num_workers, **env.config)
+                    self.env_urls[name] = self._services.enter_context(started)
+                except ValueError as err:
+                    if env.num_workers is None or "worker pool" not in str(err):
+                        raise
+                    raise ConfigError([f"env.{name}.num_workers: {err}"]) from None
+        generation = cfg.policy.generation
+        app = build_policy_app(
+            self.timer,
+            model_name="policy",
+            return_token_ids=True,  # training fields on every output item: no re-tokenization
+            max_batch_size=cfg.policy.generation_batch_size,
+            # A step's requests reach the policy server over ~20-60 ms (each rollout opens its env session
+            # first); a batch that waits for all of them runs one decode loop instead of two. A full batch
+            # starts at once, so the wait only costs when fewer requests than a batch are in flight.
+            batch_wait_ms=100.0,
+            max_output_tokens=generation.max_new_tokens,
+        )
+        policy_server = self._services.enter_context(start_in_thread(app))
+        overrides: dict[str, Any] = {
+            "model": "policy",
+            "temperature": generation.temperature,
+            "top_p": generation.top_p,
+            "max_output_tokens": generation.max_new_tokens,
+        }
+        if generation.top_k is not None:
+            overrides["top_k"] = generation.top_k
+        if generation.stop_strings:
+            overrides["stop"] = generation.stop_strings
+        # One attempt of a model request may take 600 s; of an environment request (session set-up,
+        # tool calls, /verify), env.<name>.timeout_s. Three attempts each, then the rollout fails.
+        model_retry = RetryPolicy(max_attempts=3, request_timeout=600.0)
+        self.agent_configs = {
+            name: AgentConfig(
+                model_url=f"{policy_server.url}/v1",
+                max_steps=env.max_steps or cfg.grpo.max_rollout_turns,
+                overrides=dict(overrides),
+                model_retry=model_retry,
+                env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
+            )
+            for name, env in cfg.env.items()
+        }
+
+    # ------------------------------------------------------------------ the Sampler protocol
+
+    def sample(
+        self, prompts: Sequence[Prompt], seeds: list[list[int]], group_offset: int = 0
+    ) -> tuple[list[Sample], dict[str, float]]:
+        self.timer.reset()
+        started = time.perf_counter()
+        results = asyncio.run_coroutine_threadsafe(self._rollouts(prompts, seeds), self._loop).result()
+        wall = time.perf_counter() - started
+        samples: list[Sample] = []
+        failures: list[str] = []
+        for (i, prompt), result in results:
+            if not result.ok:
+                failure = result.failure
+                failures.append(f"{failure.stage}: {failure.failure_class}: {failure.message}")
+                continue
+            sample = self.to_sample(result.record, i + group_offset, prompt)
+            if sample is not None:
+                samples.append(sample)
+        if not samples:
+            detail = failures[0] if failures else "no rollout carried token ids"
+            raise RuntimeError(f"every rollout of the step failed; first failure: {detail}")
+        stats = {
+            "time_rollouts_s": wall,
+            "time_generation_s": self.timer.seconds,
+            "time_reward_and_http_s": max(0.0, wall - self.timer.seconds),
+            "rollout_failures": len(failures),
+            "generate_calls": self.timer.calls,
+        }
+        return samples, stats
+
+    def load_weights(self, weights: Any) -> None:
+        self.timer.backend.update_weights(weights)
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            if self._session is not None:
+                asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+        self._loop.close()
+        self._services.close()
+
+    # ------------------------------------------------------------------ internals
+
+    async def _rollouts(self, prompts: Sequence[Prompt], seeds: list[list[int]]) -> list[tuple[Any, Any]]:
+        """Every (prompt, seed) through the agent loop; results in prompt-then-seed order."""
+        if self._session is None:  # created on the loop's thread, kept for later steps
+            self._session = make_session(max_connections=2 * self.max_concurrency)
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(prompt: Prompt, seed: int) -> Any:
+            env = prompt.env_name or ""
+            async with limit:
+                return await run_rollout(
+                    self._session,
+                    prompt.row,
+                    self.env_urls[env],
+                    self.agent_configs[env],
+                    extra_params={"seed": seed},
+                )
+
+        jobs = [(i, p, seed) for i, p in enumerate(prompts) for seed in seeds[i]]
+        results = await asyncio.gather(*(one(p, seed) for _, p, seed in jobs))
+        return [((i, p), r) for (i, p, _), r in zip(jobs, results, strict=True)]
+
+    def to_sample(self, record: dict[str, Any], group: int, prompt: Prompt) -> Sample | None:
+        response = record.get("response") or {}
+        try:
+            built = sequence_from_items(response.get("output") or [])
+        except TurnMismatch:
+            self.turn_mismatches += 1
+            built = None
+        if built is None:
+            return None
+        token_ids, mask, logprobs, turns = built
+        incomplete = (response.get("incomplete_details") or {}).get("reason") == "max_output_tokens"
+        sample = Sample(
+            group=group,
+            token_ids=token_ids,
+            loss_mask=mask,
+            reward=float(record.get("reward") or 0.0),
+            generation_logprobs=logprobs,
+            truncated=incomplete or self._hit_length_limit(token_ids, mask),
+            masked=bool(record.get("mask_sample")),
+            task_name=prompt.task_name,
+            dataset=prompt.dataset,
+            turns=turns,
+            record=record,
+        )
+        sample.cut(self.cfg.policy.max_total_sequence_length)
+        return sample
+
+    def _hit_length_limit(self, token_ids: list[int], mask: list[int]) -> bool:
+        """The last turn ended without an end-of-turn or stop token (and so was cut off)."""
+        stops = {self.tokenizer.eos_token_id, *(self.cfg.policy.generation.stop_token_ids or ())}
+        generated = [t for t, m in zip(token_ids, mask, strict=True) if m]
+        return (
+            bool(generated)
+            and generated[-1] not in stops
+            and len(token_ids) >= self.cfg.policy.max_total_sequence_length
+        )
+
+
+_Sequence = tuple[list[int], list[int], "list[float] | None", float]
+
+
+class OfflineSampler:
+    """The scored completions of offline groups as :class:`Sample` lists (tokenized once, cached)."""
+
+    def __init__(self, cfg: MasterConfig, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self._cache: dict[tuple[str, int], list[_Sequence]] = {}
+
+    def sample(
+        self, prompts: Sequence[OfflineGroup], seeds: list[list[int]] | None = None, group_offset: int = 0
+    ) -> tuple[list[Sample], dict[str, float]]:
+        started = time.perf_counter()
+        samples = []
+        for g, group in enumerate(prompts):
+            for token_ids, mask, logprobs, reward in self._sequences(group):
+                sample = Sample(
+                    group=g + group_offset,
+                    token_ids=list(token_ids),
+                    loss_mask=list(mask),
+                    reward=reward,
+                    generation_logprobs=list(logprobs) if logprobs is not None else None,
+                    task_name=group.task_name,
+                    dataset=group.dataset,
+                )
+                sample.cut(self.cfg.policy.max_total_sequence_length)
+                samples.append(sample)
+        return samples, {"time_data_s": time.perf_counter() - started}
+
+    def load_weights(self, weights: Any) -> None:
+        """Nothing to refit: the completions were sampled before the run."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+    def _sequences(self, group: OfflineGroup) -> list[_Sequence]:
+        key = (group.dataset, group.idx)
+        if key not in self._cache:
+            self._cache[key] = [self._sequence(group, completion) for completion in group.completions]
+        return self._cache[key]
+
+    def _sequence(self, group: OfflineGroup, completion: Any) -> _Sequence:
+        logprobs = None
+        if completion.output_items is None:
+            token_ids, mask = sequence_from_text(self.tokenizer, group.messages, completion.text or "", group.tools)
+            return token_ids, mask, logprobs, completion.reward
+        from_items = sequence_from_items(completion.output_items)
+        if from_items is not None:
+            token_ids, mask, logprobs, _ = from_items
+        else:
+            messages = items_to_messages(completion.output_items)
+            token_ids, mask = sequence_from_chat(self.tokenizer, group.messages, messages, group.tools)
+        return token_ids, mask, logprobs, completion.reward
+
+
+# ------------------------------------------------------------------ one step's samples
+
+
+def sample_step(
+    cfg: MasterConfig, sampler: Sampler, data: TrainBatches, step: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """The step's samples: one batch of prompts, or with dynamic sampling (DAPO) batches until
+    ``num_prompts_per_step`` groups whose rewards differ are kept or ``dynamic_sampling_max_gen_batches``
+    batches were drawn. Completion g of prompt i in batch ``attempt`` is seeded by
+    ``rollout_seed(seed, step, attempt, i, g)``."""
+    grpo = cfg.grpo
+    n = grpo.num_generations_per_prompt
+    stats: dict[str, float] = defaultdict(float)
+    if not grpo.use_dynamic_sampling:
+        prompts = data.next_batch()
+        seeds = [[rollout_seed(grpo.seed, step, 1, i, g) for g in range(n)] for i in range(len(prompts))]
+        samples, drawn = sampler.sample(prompts, seeds)
+        stats.update(drawn)
+        stats["generation_batches"] = 1.0
+        return samples, stats
+    samples = []
+    kept_groups, next_group, attempt = 0, 0, 0
+    while kept_groups < grpo.num_prompts_per_step and attempt < grpo.dynamic_sampling_max_gen_batches:
+        attempt += 1
+        prompts = data.next_batch(math.ceil(grpo.num_prompts_per_step * grpo.batch_multiplier))
+        seeds = [[rollout_seed(grpo.seed, step, attempt, i, g) for g in range(n)] for i in range(len(prompts))]
+        new, drawn = sampler.sample(prompts, seeds, next_group)
+        next_group += len(prompts)  # group ids stay unique across batches
+        for key, value in drawn.items():
+            stats[key] += value
+        informative = samples_in_groups_with_variance(
+            torch.tensor([s.reward for s in new]),
+            torch.tensor([s.group for s in new]),
+            torch.tensor([float(not s.masked) for s in new]),
+        ).tolist()
+        for group_id in sorted({s.group for s, keep in zip(new, informative, strict=True) if keep}):
+            if kept_groups == grpo.num_prompts_per_step:
+                break
+            samples.extend(s for s in new if s.group == group_id)
+            kept_groups += 1
+    stats["generation_batches"] = float(attempt)
+    return samples, stats
+
+
+def produce_step(
+    cfg: MasterConfig, sampler: Sampler, data: TrainBatches, step: int
+) -> tuple[list[Sample], dict[str, float], dict[str, Any]] | None:
+    """:func:`sample_step` for async GRPO's producer: also the epoch and the loader's position after it;
+    None once ``grpo.max_num_epochs`` are done."""
+    if data.epochs_done >= cfg.grpo.max_num_epochs:
+        return None
+    samples, stats = sample_step(cfg, sampler, data, step)
+    return samples, {**stats, "epoch": data.epochs_done}, data.state_dict()

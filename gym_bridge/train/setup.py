@@ -1,0 +1,270 @@
+"""Everything a GRPO run sets up before its first step, one function per piece.
+
+Seeds and torch threads, the checkpoint to resume from (or the news that the run is complete), the
+model with its optimizer and reference (:class:`~gym_bridge.train.update.Learner`), the prompts, and
+the samplers with the services behind them: in-process (the transformers backend on the training
+model, Ray replicas, or vLLM) or the rollout process of async GRPO.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import math
+import os
+import random
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from gym_bridge.chat import tools_to_chat_tools
+from gym_bridge.generation.ray_backend import RayBackend
+from gym_bridge.generation.transformers_backend import TransformersBackend
+from gym_bridge.generation.vllm_backend import VllmBackend
+from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
+from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
+from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
+from gym_bridge.train.loss import ClippedPGLossFn
+from gym_bridge.train.packing import require_packing_support
+from gym_bridge.train.rollout_worker import ProcessSampler
+from gym_bridge.train.rollouts import render_prompt
+from gym_bridge.train.sampling import OfflineSampler, OnlineSampler, Sampler
+from gym_bridge.train.update import Learner
+
+__all__ = [
+    "RunAlreadyComplete",
+    "RunData",
+    "build_learner",
+    "build_optimizer",
+    "find_resume_point",
+    "load_run_data",
+    "seed_everything",
+    "start_samplers",
+    "torch_threads",
+    "weights_snapshot",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Models up to this size generate on one torch thread, and train on one unless OMP_NUM_THREADS asks
+# for more. Their ops are tiny, so more threads gain little, and they are fragile: every op is an
+# OpenMP barrier, so when another process takes a core the whole step waits for the descheduled
+# thread, op after op. Measured with the tiny recipe on a shared 2-core machine, s/step:
+#   light load:  2 threads median 0.35-0.42, max 0.7-4.1     1 thread median 0.43-0.46, max 0.8-0.9
+#   heavier:     2 threads median 0.55, mean 1.22, max 8.3    1 thread median 0.45, mean 0.51, max 0.9
+# Generation stays on one thread even then: each thread that runs torch ops has its own OpenMP team,
+# and two 2-thread teams on 2 cores made the trainer's team sleep between ops (training 0.14 -> 0.20 s)
+# while one-thread generation was no slower.
+SMALL_MODEL_MAX_PARAMS = 20_000_000
+
+
+class RunAlreadyComplete(RuntimeError):
+    """The checkpoint directory already holds the run's last step: nothing to train."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def weights_snapshot(model: Any) -> dict[str, Any]:
+    """A detached copy of the model's weights (what async GRPO's sampler is refit with)."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def torch_threads(model: Any) -> tuple[int, int]:
+    """Torch threads for (training, generation): small models generate on one thread and train on
+    one unless ``OMP_NUM_THREADS`` asks for more; larger ones use every core torch may use for both."""
+    available = max(1, min(torch.get_num_threads(), os.cpu_count() or 1))
+    if sum(p.numel() for p in model.parameters()) > SMALL_MODEL_MAX_PARAMS:
+        return available, available
+    return (available if os.environ.get("OMP_NUM_THREADS") else 1), 1
+
+
+def uses_rollout_process(cfg: MasterConfig) -> bool:
+    """Whether async GRPO samples in a child process. It samples with transformers; Ray replicas and
+    vLLM already run outside the trainer's interpreter, so async GRPO with them stays in-process."""
+    return (
+        cfg.grpo.mode == "online"
+        and cfg.grpo.async_grpo.enabled
+        and cfg.grpo.async_grpo.rollout_process
+        and cfg.policy.generation.backend == "transformers"
+    )
+
+
+def optimizer_steps_per_step(cfg: MasterConfig) -> int:
+    samples = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    return max(1, math.ceil(samples / cfg.policy.train_global_batch_size))
+
+
+def build_optimizer(cfg: MasterConfig, model: Any, total_optimizer_steps: int) -> tuple[Any, Any]:
+    """``policy.optimizer`` (AdamW by default) and a LambdaLR following ``policy.scheduler``."""
+    module_name, _, class_name = cfg.policy.optimizer.name.rpartition(".")
+    optimizer_class = getattr(importlib.import_module(module_name), class_name)
+    kwargs = {k: v for k, v in cfg.policy.optimizer.kwargs.model_dump().items() if v is not None}
+    optimizer = optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
+    schedule = cfg.policy.scheduler
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: schedule.lr_factor(s, total_optimizer_steps)
+    )
+    return optimizer, scheduler
+
+
+def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[CheckpointManager, Checkpoint | None]:
+    """The run's checkpoint manager and the checkpoint to resume from (None: start at step 0).
+
+    ``fresh`` deletes the directory's checkpoints first. Raises :class:`RunAlreadyComplete` when the
+    latest checkpoint is at ``grpo.max_num_steps`` already, before anything heavy starts.
+    """
+    checkpointing = cfg.checkpointing
+    manager = CheckpointManager(
+        checkpointing.checkpoint_dir,
+        keep_top_k=checkpointing.keep_top_k,
+        metric_name=checkpointing.metric_name,
+        higher_is_better=checkpointing.higher_is_better,
+    )
+    if not checkpointing.enabled:
+        return manager, None
+    manager.clean_leftovers()
+    if fresh:
+        manager.clear()
+    resume = manager.latest()
+    if resume is not None and resume.step >= cfg.grpo.max_num_steps:
+        raise RunAlreadyComplete(
+            f"the run is already complete: {resume.path} is step {resume.step} of grpo.max_num_steps="
+            f"{cfg.grpo.max_num_steps}. To train again from step 0, pass --fresh (deletes the checkpoints "
+            f"in {checkpointing.checkpoint_dir}) or set checkpointing.checkpoint_dir to a new directory; "
+            "to train further, raise grpo.max_num_steps."
+        )
+    return manager, resume
+
+
+def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_process: bool) -> tuple[Learner, int]:
+    """The policy (resumed weights if any), its frozen reference when the loss has a KL penalty, the
+    optimizer and LR schedule; and the torch threads generation gets."""
+    policy = cfg.policy
+    seed_everything(cfg.grpo.seed)
+    model, tokenizer = load_model_and_tokenizer(
+        policy.model_name, tokenizer_name=policy.tokenizer.name, chat_template=policy.tokenizer.chat_template
+    )
+    model.to(DTYPES[policy.precision])
+    if policy.sequence_packing.enabled:
+        require_packing_support(model, policy.model_name)
+    threads, generation_threads = torch_threads(model)
+    if rollout_process:  # the rollout process samples on its own cores meanwhile: leave them to it
+        threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
+    torch.set_num_threads(threads)
+    loss_fn = ClippedPGLossFn(cfg.loss_fn)
+    reference = None
+    if loss_fn.needs_reference_logprobs:  # the initial policy, frozen
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    if resume is not None:
+        resume.load_weights(model)
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total = cfg.grpo.max_num_steps * optimizer_steps_per_step(cfg)
+    optimizer, scheduler = build_optimizer(cfg, model, total)
+    learner = Learner(model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id)
+    return learner, generation_threads
+
+
+@dataclass
+class RunData:
+    """The run's training prompts (or offline groups) and validation prompts."""
+
+    train: TrainBatches
+    validation: list[Prompt]
+    dropped: int
+    """Training prompts dropped for being longer than ``max_prompt_tokens``."""
+    max_prompt_tokens: int
+
+
+def _prompt_tokens(tokenizer: Any, prompt: Prompt) -> int:
+    tools = tools_to_chat_tools(prompt.row["responses_create_params"].get("tools"))
+    return len(render_prompt(tokenizer, prompt.messages(), tools))
+
+
+def load_run_data(cfg: MasterConfig, tokenizer: Any) -> RunData:
+    """Training prompts (online) or scored groups (offline), and the validation prompts, without the
+    prompts whose chat-templated length exceeds ``data.max_input_seq_length``."""
+    data, grpo = cfg.data, cfg.grpo
+    max_prompt = data.max_input_seq_length or cfg.policy.max_total_sequence_length
+    count = functools.partial(_prompt_tokens, tokenizer)
+    if grpo.mode == "online":
+        train_items, held_out = load_prompts(data, "train")
+        train_items, dropped = drop_long_prompts(train_items, count, max_prompt)
+    else:
+        train_items, held_out, dropped = load_offline_groups(data), [], 0
+    validation = (load_prompts(data, "validation")[0] if data.validation else []) + held_out
+    validation, _ = drop_long_prompts([p for p in validation if p.env_name in cfg.env], count, max_prompt)
+    batches = TrainBatches(
+        train_items,
+        num_prompts_per_step=grpo.num_prompts_per_step,
+        shuffle=data.shuffle,
+        seed=grpo.seed,
+        use_multiple_dataloader=data.use_multiple_dataloader,
+        num_prompts_per_dataloader=data.num_prompts_per_dataloader,
+        custom_dataloader=data.custom_dataloader,
+    )
+    return RunData(batches, validation, dropped, max_prompt)
+
+
+def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -> Any:
+    """The in-process generation backend ``policy.generation.backend`` names, refit with ``load_weights``."""
+    policy, grpo = cfg.policy, cfg.grpo
+    model, tokenizer = learner.model, learner.tokenizer
+    local = {
+        "model_name": "policy",
+        "seed": grpo.seed,
+        "max_context": policy.max_total_sequence_length,
+        "stop_token_ids": policy.generation.stop_token_ids or (),
+    }
+    if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
+        generator = RayBackend(model, tokenizer, **local, **policy.generation.ray.model_dump())
+        stack.callback(generator.close)
+        return generator
+    if policy.generation.backend == "vllm":  # GPU: an engine on the same weights, refit each step
+        engine = policy.generation.vllm_cfg
+        generator = VllmBackend(
+            resolve_model(policy.model_name).path,
+            model_name="policy",
+            stop_token_ids=policy.generation.stop_token_ids or (),
+            tensor_parallel_size=engine.tensor_parallel_size,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            max_model_len=engine.max_model_len or policy.max_total_sequence_length,
+            enforce_eager=engine.enforce_eager,
+            seed=grpo.seed,
+            dtype=policy.precision,
+        )
+        stack.callback(generator.close)
+        generator.update_weights(model)  # a resumed run's weights, not the directory's
+        return generator
+    # Async GRPO samples from its own copy of the policy, refit after every step; synchronous GRPO
+    # samples from the training model itself.
+    asynchronous = grpo.mode == "online" and grpo.async_grpo.enabled
+    return TransformersBackend(copy.deepcopy(model).eval() if asynchronous else model, tokenizer, **local)
+
+
+def start_samplers(
+    cfg: MasterConfig, stack: ExitStack, learner: Learner, generation_threads: int, *, needs_validation: bool
+) -> tuple[Sampler | None, Sampler | None]:
+    """(training sampler, validation sampler), closed with ``stack``. Online both are the same
+    policy sampler; offline, training reads the scored groups and validation (if any) samples."""
+    online = cfg.grpo.mode == "online"
+    policy_sampler: Sampler | None = None
+    if online or needs_validation:
+        if uses_rollout_process(cfg):
+            policy_sampler = ProcessSampler(
+                cfg, learner.tokenizer, weights_snapshot(learner.model), threads=generation_threads
+            )
+        else:
+            backend = _generation_backend(cfg, stack, learner)
+            policy_sampler = OnlineSampler(cfg, backend, learner.tokenizer, threads=generation_threads)
+        stack.callback(policy_sampler.close)
+    train_sampler = policy_sampler if online else OfflineSampler(cfg, learner.tokenizer)
+    return train_sampler, policy_sampler

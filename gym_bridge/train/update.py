@@ -1,0 +1,171 @@
+"""The policy update of one GRPO step: its samples cut into optimizer steps of micro-batches.
+
+Each ``policy.train_global_batch_size`` samples are one optimizer step: gradients accumulate over
+micro-batches (each loss normalised by the whole batch's valid tokens/sequences, so the sum equals
+the full-batch loss), are clipped to ``policy.max_grad_norm``, then AdamW and the scheduler step.
+The scheduler steps once per optimizer batch whatever happens, so the LR schedule follows the total
+that :func:`gym_bridge.train.setup.build_optimizer` planned.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gym_bridge.train.advantages import grpo_advantages
+from gym_bridge.train.config import GRPOConfig, MasterConfig
+from gym_bridge.train.loss import reduce_microbatch_metrics
+from gym_bridge.train.rollouts import Sample
+from gym_bridge.train.sequences import (
+    make_micro_batch,
+    micro_batch_logprobs,
+    micro_batches,
+    packing_layout,
+    pad_rows,
+    shares_prompts,
+)
+
+__all__ = ["Learner", "StepBatch", "skip_update", "update_policy"]
+
+
+@dataclass
+class Learner:
+    """The model being trained and what updates it."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    loss_fn: Any
+    reference: Any | None
+    """The frozen initial policy when the loss has a KL penalty, else None."""
+    pad_token_id: int
+
+
+@dataclass
+class StepBatch:
+    """A step's samples with their advantages, loss mask and (optionally) fixed log-probs."""
+
+    samples: list[Sample]
+    advantages: torch.Tensor
+    """(b,) group-relative advantages."""
+    sample_mask: torch.Tensor
+    """(b,) 1 for samples in the loss: masked samples and, with ``overlong_filtering``, truncated ones
+    are out (truncated ones still count in their group's baseline, as in NeMo RL)."""
+    prev_logprobs: list[torch.Tensor] | None = None
+    """The step-start policy's log-probs; None when the step is one optimizer step (the first forward
+    pass's own detached log-probs are then exactly these, which saves a pass)."""
+    reference_logprobs: list[torch.Tensor] | None = None
+
+    @classmethod
+    def from_samples(cls, grpo: GRPOConfig, samples: list[Sample]) -> StepBatch:
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        groups = torch.tensor([s.group for s in samples])
+        valid = torch.tensor([float(not s.masked) for s in samples])
+        advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid)
+        sample_mask = valid.clone()
+        if grpo.overlong_filtering:
+            sample_mask *= torch.tensor([float(not s.truncated) for s in samples])
+        return cls(samples, advantages, sample_mask)
+
+    def has_advantage(self) -> bool:
+        """Whether any sample in the loss has a non-zero advantage (groups whose rewards all tie have none)."""
+        return bool(((self.advantages != 0) & (self.sample_mask > 0)).any())
+
+
+def optimizer_batches(cfg: MasterConfig, num_samples: int) -> list[list[int]]:
+    """Sample indices of each optimizer step: ``train_global_batch_size`` at a time, in order."""
+    size = cfg.policy.train_global_batch_size
+    return [list(range(start, min(start + size, num_samples))) for start in range(0, num_samples, size)]
+
+
+def _step_scheduler(scheduler: Any) -> None:
+    """Advance the LR schedule; torch warns when that precedes any optimizer step, which is intended
+    for a skipped update."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+        scheduler.step()
+
+
+def skip_update(cfg: MasterConfig, learner: Learner, num_samples: int) -> dict[str, float]:
+    """No update for a step without learning signal: the schedule still advances by its optimizer steps."""
+    for _ in optimizer_batches(cfg, num_samples):
+        _step_scheduler(learner.scheduler)
+    return {"optimizer_steps": 0.0, "no_learning_signal": 1.0}
+
+
+def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
+    """Optimizer steps over the batch's samples, ``train_global_batch_size`` at a time; their metrics."""
+    model, samples, sample_mask = learner.model, batch.samples, batch.sample_mask
+    model.train()
+    share, packing = shares_prompts(cfg, model), packing_layout(cfg)
+    max_norm = cfg.policy.max_grad_norm if cfg.policy.max_grad_norm is not None else math.inf
+    step_metrics: list[dict[str, float]] = []
+    for batch_index in optimizer_batches(cfg, len(samples)):
+        groups = micro_batches(cfg, samples, batch_index, for_logprobs=False, share_prompts=share)
+        mbs = [
+            make_micro_batch(samples, g, learner.pad_token_id, share_prompts=share, packing=packing) for g in groups
+        ]
+        valid_toks = sum(float((mb.token_mask * sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in mbs)
+        valid_seqs = float(sample_mask[batch_index].sum())
+        if valid_toks == 0:  # nothing to learn from: no optimizer step, but the schedule moves on
+            _step_scheduler(learner.scheduler)
+            continue
+        learner.optimizer.zero_grad(set_to_none=True)
+        metrics: list[dict[str, float]] = []
+        for mb in mbs:
+            width = mb.token_mask.shape[1]
+            current = micro_batch_logprobs(model, mb, learner.pad_token_id)
+            prev = (
+                current.detach()
+                if batch.prev_logprobs is None
+                else pad_rows([batch.prev_logprobs[i] for i in mb.index], width)
+            )
+            generation = mb.generation_logprobs if mb.generation_logprobs is not None else prev
+            reference = (
+                pad_rows([batch.reference_logprobs[i] for i in mb.index], width)
+                if batch.reference_logprobs
+                else None
+            )
+            loss, mb_metrics = learner.loss_fn(
+                current,
+                prev_logprobs=prev,
+                generation_logprobs=generation * mb.token_mask,
+                advantages=batch.advantages[mb.index],
+                token_mask=mb.token_mask,
+                sample_mask=sample_mask[mb.index],
+                reference_logprobs=reference,
+                global_valid_toks=valid_toks,
+                global_valid_seqs=valid_seqs,
+            )
+            loss.backward()
+            metrics.append(mb_metrics)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        learner.optimizer.step()
+        learner.scheduler.step()
+        reduced = reduce_microbatch_metrics(metrics)
+        reduced["grad_norm"] = float(grad_norm)
+        step_metrics.append(reduced)
+    return _mean_over_optimizer_steps(step_metrics)
+
+
+def _mean_over_optimizer_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Means over the step's optimizer steps (``*_min`` / ``*_max`` kept as such)."""
+    if not step_metrics:
+        return {"optimizer_steps": 0}
+    out: dict[str, float] = {}
+    for key in step_metrics[0]:
+        values = [m[key] for m in step_metrics if key in m]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    out["optimizer_steps"] = len(step_metrics)
+    out["clip_fraction"] = out.get("clip_fraction_low", 0.0) + out.get("clip_fraction_high", 0.0)
+    return out

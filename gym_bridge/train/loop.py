@@ -34,6 +34,7 @@ from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.metrics import step_summary, validate
 from gym_bridge.train.preflight import check_machine
+from gym_bridge.train.sample_log import write_step_samples
 from gym_bridge.train.sampling import Sampler, produce_step, sample_step
 from gym_bridge.train.sequences import per_sample_logprobs
 from gym_bridge.train.setup import (
@@ -170,6 +171,9 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 epoch=epochs_done,
             )
             logger.log(step, metrics)
+            write_step_samples(
+                log_dir, step, samples, batch.advantages.tolist(), cfg.logger.num_rollout_groups_to_log
+            )
             view.step(step, metrics)
             data.train.set_records(reward=metrics["reward_mean"], step=step)
             last_train = metrics

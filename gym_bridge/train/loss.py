@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gym_bridge.train.logprobs import gather_logprobs
+
 if TYPE_CHECKING:
     from gym_bridge.train.config import ClippedPGLossConfig
 
@@ -123,11 +125,9 @@ def gather_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torc
     """Log-probs (b, s-1) of tokens 1..s-1 under logits (b, s, V) of a causal LM, in float32.
 
     ``logits[:, j]`` predicts ``input_ids[:, j + 1]``; the last position's logits are unused.
-    Uses gather minus logsumexp rather than a full log_softmax, to keep memory at one (b, s, V) copy.
+    The shift of NeMo RL's loss, then :func:`gym_bridge.train.logprobs.gather_logprobs`.
     """
-    logits = logits[:, :-1].float()
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    return (logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)).squeeze(-1)
+    return gather_logprobs(logits[:, :-1].float(), input_ids[:, 1:])
 
 
 def global_normalizers(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SAMPLES_DIR", "list_sample_files", "sample_file", "write_rollout_samples"]
+__all__ = ["SAMPLES_DIR", "list_sample_files", "sample_file", "sample_record", "write_rollout_samples", "write_step_samples"]
 
 SAMPLES_DIR = "rollouts"
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -78,6 +78,35 @@ def write_rollout_samples(
             f.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def sample_record(sample: Any) -> dict[str, Any]:
+    """A training sample as a line to keep: its rollout record when it has one (online), else a NeMo
+    RL-shaped token record (offline rows), which the viewer decodes with ``--tokenizer``."""
+    if sample.record is not None:
+        return sample.record
+    return {
+        "token_ids": sample.token_ids,
+        "token_loss_mask": sample.loss_mask,
+        "generation_logprobs": sample.generation_logprobs,
+        "rewards": sample.reward,
+    }
+
+
+def write_step_samples(
+    log_dir: str | os.PathLike[str], step: int, samples: Sequence[Any], advantages: Sequence[float], max_groups: int
+) -> Path | None:
+    """:func:`write_rollout_samples` for a step's training samples (``gym_bridge.train.rollouts.Sample``)."""
+    if max_groups == 0:
+        return None
+    return write_rollout_samples(
+        log_dir,
+        step,
+        [sample_record(s) for s in samples],
+        [s.group for s in samples],
+        advantages=advantages,
+        max_groups=max_groups,
+    )
 
 
 def list_sample_files(log_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:

@@ -194,6 +194,17 @@ def tool_use_seeds() -> dict[str, list[Any]]:
     }
 
 
+def reasoning_gym_seeds() -> dict[str, list[Any]]:
+    """Two real reasoning-gym rows (generated, seed 0) answered right in NeMo Gym's ``<answer>`` form."""
+    from resources_servers.reasoning_gym.generate import task_rows
+
+    verify = [
+        {**row, "response": response_with(assistant_message(f"<answer>{row['answer']}</answer>", i), i=i)}
+        for i, row in enumerate(task_rows(["basic_arithmetic", "knights_knaves"], 2, seed=0))
+    ]
+    return {"/verify": verify, "/seed_session": [verify[0]], "/aggregate_metrics": [aggregate_body(verify[0], 1.0)]}
+
+
 def seed_tool_use_session(post: Any, path: str) -> None:
     """Give the fuzzer's session a fresh store before each request (its ``prepare`` hook), so tool calls
     reach the store; requests to /seed_session itself are left to do what they do."""

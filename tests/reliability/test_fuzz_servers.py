@@ -43,6 +43,7 @@ SEEDS: dict[str, tuple[Callable[[], dict[str, list[Any]]], Any]] = {
     "math": (bodies.math_seeds, None),
     "code": (bodies.code_seeds, None),
     "tool_use": (bodies.tool_use_seeds, bodies.seed_tool_use_session),
+    "reasoning_gym": (bodies.reasoning_gym_seeds, None),
 }
 """Mutation seeds and the ``prepare`` hook per built-in server (a server not listed here still gets
 the schema and raw-body fuzzing)."""

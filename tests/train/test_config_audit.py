@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import types
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -32,11 +31,11 @@ def sample(group: int, reward: float, length: int = 6, truncated: bool = False) 
 
 
 def test_overlong_filtering_takes_truncated_samples_out_of_the_loss() -> None:
-    from gym_bridge.train.trainer import step_advantages
+    from gym_bridge.train.update import StepBatch
 
     samples = [sample(0, 1.0), sample(0, 0.0, truncated=True), sample(0, 1.0), sample(0, 0.0)]
-    _, kept = step_advantages(cfg_with("grpo.overlong_filtering=false").grpo, samples)
-    _, filtered = step_advantages(cfg_with("grpo.overlong_filtering=true").grpo, samples)
+    kept = StepBatch.from_samples(cfg_with("grpo.overlong_filtering=false").grpo, samples).sample_mask
+    filtered = StepBatch.from_samples(cfg_with("grpo.overlong_filtering=true").grpo, samples).sample_mask
     assert kept.tolist() == [1.0, 1.0, 1.0, 1.0]
     assert filtered.tolist() == [1.0, 0.0, 1.0, 1.0]
 
@@ -56,23 +55,26 @@ class CountingBatches:
         return out
 
 
-def uninformative_draw(prompts: list[int], group_offset: int, attempt: int) -> tuple[list[Sample], dict]:
+class UninformativeSampler:
     """Every group's rewards are equal: dynamic sampling keeps none."""
-    return [sample(group_offset + i, 1.0) for i in range(len(prompts)) for _ in range(2)], {}
+
+    def sample(self, prompts: list[int], seeds: Any, group_offset: int = 0) -> tuple[list[Sample], dict]:
+        return [sample(group_offset + i, 1.0) for i in range(len(prompts)) for _ in range(2)], {}
 
 
 def test_dynamic_sampling_gives_up_after_max_gen_batches_drawing_batch_multiplier_prompts() -> None:
-    from gym_bridge.train.trainer import collect_samples
+    from gym_bridge.train.sampling import sample_step
 
     for batches, multiplier, expected in ((3, 1.0, [2, 2, 2]), (2, 2.5, [5, 5])):
-        grpo = cfg_with(
+        cfg = cfg_with(
             "grpo.num_prompts_per_step=2",
+            "grpo.num_generations_per_prompt=2",
             "grpo.use_dynamic_sampling=true",
             f"grpo.dynamic_sampling_max_gen_batches={batches}",
             f"grpo.batch_multiplier={multiplier}",
-        ).grpo
+        )
         data = CountingBatches()
-        samples, stats = collect_samples(grpo, data, uninformative_draw)
+        samples, stats = sample_step(cfg, UninformativeSampler(), data, 1)  # type: ignore[arg-type]
         assert samples == [] and stats["generation_batches"] == batches
         assert data.asked == expected
 
@@ -81,7 +83,7 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gym_bridge.generation.transformers_backend import TransformersBackend
-    from gym_bridge.train.trainer import start_services
+    from gym_bridge.train.sampling import OnlineSampler
     from tests.train.helpers import PARITY_SERVER, save_random_tiny
 
     model_dir = save_random_tiny(tmp_path / "m")
@@ -99,15 +101,17 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
             "grpo.max_rollout_turns=5",
         ],
     )
-    with ExitStack() as stack:
-        runner = start_services(cfg, stack, backend)
-        assert runner.configs["p"].max_steps == 5  # grpo.max_rollout_turns
-        assert runner.configs["q"].max_steps == 2  # an env's own max_steps wins
-        assert runner.configs["p"].env_retry.request_timeout == 60.0  # env.p.timeout_s default
+    sampler = OnlineSampler(cfg, backend, backend.tokenizer)
+    try:
+        assert sampler.agent_configs["p"].max_steps == 5  # grpo.max_rollout_turns
+        assert sampler.agent_configs["q"].max_steps == 2  # an env's own max_steps wins
+        assert sampler.agent_configs["p"].env_retry.request_timeout == 60.0  # env.p.timeout_s default
+    finally:
+        sampler.close()
 
 
 def test_optimizer_foreach_and_fused_reach_the_optimizer() -> None:
-    from gym_bridge.train.trainer import build_optimizer
+    from gym_bridge.train.setup import build_optimizer
 
     model = torch.nn.Linear(3, 2)
     optimizer, _ = build_optimizer(cfg_with("policy.optimizer.kwargs.foreach=true"), model, 10)
@@ -117,7 +121,7 @@ def test_optimizer_foreach_and_fused_reach_the_optimizer() -> None:
 
 
 def test_dynamic_batching_length_rounding_changes_the_micro_batches() -> None:
-    from gym_bridge.train.trainer import micro_batches
+    from gym_bridge.train.sequences import micro_batches
 
     samples = [sample(0, 1.0, length=n) for n in (10, 9, 9, 9, 5, 5)]
     common = ["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=36"]
@@ -130,7 +134,7 @@ def test_dynamic_batching_length_rounding_changes_the_micro_batches() -> None:
 
 
 def test_sequence_packing_length_rounding_aligns_packed_sequences() -> None:
-    from gym_bridge.train.trainer import make_micro_batch, packing_layout
+    from gym_bridge.train.sequences import make_micro_batch, packing_layout
 
     samples = [sample(0, 1.0, length=n) for n in (7, 5, 3)]
     cfg = cfg_with("policy.sequence_packing.enabled=true", "policy.sequence_packing.sequence_length_round=8")
@@ -153,7 +157,7 @@ def test_values_gym_bridge_cannot_run_are_refused_naming_the_key(override: str, 
 
 def test_vllm_engine_settings_reach_the_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """vLLM cannot run here: a stand-in records what the trainer builds its engine with."""
-    from gym_bridge.train.trainer import train
+    from gym_bridge.train.loop import train
     from tests.train.helpers import save_random_tiny
 
     engines: list[dict[str, Any]] = []
@@ -207,7 +211,8 @@ def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.Capt
     from gym_bridge.train.logging import TerminalView
 
     for every, expected in ((1, 6), (3, 2)):
-        view = TerminalView(6, every=every, enabled=True)
+        cfg = cfg_with(f"logger.print_every_steps={every}")
+        view = TerminalView(6, every=cfg.logger.print_every_steps, enabled=True)  # as the loop builds it
         view._progress.stop()  # plain prints, as without a terminal
         view._progress = None
         capsys.readouterr()
@@ -220,7 +225,7 @@ def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.Capt
 
 
 def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
-    from gym_bridge.train.trainer import validate
+    from gym_bridge.train.metrics import validate
 
     class Sampler:
         class tokenizer:  # noqa: N801 - stands in for a tokenizer object
@@ -228,7 +233,7 @@ def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
             def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
                 return " ".join(map(str, ids))
 
-        def sample(self, prompts: list[Any], n: int, seeds: Any, group_offset: int = 0) -> tuple[list[Sample], dict]:
+        def sample(self, prompts: list[Any], seeds: Any, group_offset: int = 0) -> tuple[list[Sample], dict]:
             out = [sample(group_offset + i, 1.0) for i in range(len(prompts))]
             for s in out:
                 s.record = {"question": "q"}
@@ -244,13 +249,13 @@ def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
     prompts = [types.SimpleNamespace(dataset="d") for _ in range(5)]
     for count in (0, 3):
         view = View()
-        metrics = validate(cfg_with(f"logger.num_val_samples_to_print={count}"), Sampler(), prompts, 1, view)
+        metrics = validate(cfg_with(f"logger.num_val_samples_to_print={count}"), Sampler(), prompts, view)
         assert metrics["num_samples"] == 5
         assert sum("[val sample]" in line for line in view.lines) == count
 
 
 def test_packing_logprob_budget_sets_the_log_prob_passes_rows() -> None:
-    from gym_bridge.train.trainer import micro_batches
+    from gym_bridge.train.sequences import micro_batches
 
     samples = [sample(0, 1.0, length=n) for n in (30, 30, 30, 30, 20, 20, 10, 10)]
     index = list(range(8))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import types
@@ -293,3 +294,32 @@ def test_monitor_gpus_adds_gpu_readings_to_every_train_record(
 def test_gpus_that_torch_cannot_see_are_refused() -> None:
     cfg = load_config(None, ["data.train.data_path=a.jsonl", "grpo.mode=offline", "cluster.gpus_per_node=2"])
     assert "cluster.gpus_per_node is 2 but torch sees 0 CUDA device(s) here" in machine_problems(cfg)
+
+
+# ---------------------------------------------------------------------------------------- logger.num_rollout_groups_to_log
+
+
+@pytest.mark.timeout(300)
+def test_rollout_groups_to_log_writes_whole_groups_with_their_advantages(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Each step's first N groups land whole in <log_dir>/rollouts/step_NNNNNN.jsonl; 0 writes none."""
+    from gym_bridge.train.loop import train
+    from gym_bridge.train.sample_log import list_sample_files
+    from tests.train.helpers import PARITY_SERVER
+
+    cfg = online(tmp_path / "one", tiny_model_dir, f"env.say.server={PARITY_SERVER}", "logger.num_rollout_groups_to_log=1")
+    train(cfg, show_progress=False)
+    files = list_sample_files(tmp_path / "one" / "logs")
+    assert [step for step, _ in files] == [1, 2]
+    group_size = cfg.grpo.num_generations_per_prompt
+    for step, path in files:
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(lines) == group_size and {line["_gb_group"] for line in lines} == {lines[0]["_gb_group"]}
+        assert all(line["_gb_step"] == step and "response" in line for line in lines)
+        rewards = [line["reward"] for line in lines]
+        mean = sum(rewards) / len(rewards)
+        for line, reward in zip(lines, rewards, strict=True):  # the advantage has the sign of reward - mean
+            assert (line["advantage"] > 0) == (reward > mean) and (line["advantage"] < 0) == (reward < mean)
+
+    off = online(tmp_path / "off", tiny_model_dir, f"env.say.server={PARITY_SERVER}", "logger.num_rollout_groups_to_log=0")
+    train(off, show_progress=False)
+    assert list_sample_files(tmp_path / "off" / "logs") == []

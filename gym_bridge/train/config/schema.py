@@ -385,6 +385,10 @@ class LoggerConfig(Section):
     print_every_steps: int = Field(1, ge=1)
     """Print a metrics line every this many steps. Default 1."""
 
+    num_rollout_groups_to_log: int = Field(2, ge=0)
+    """Whole GRPO groups of each step written to ``<log_dir>/rollouts/step_NNNNNN.jsonl`` (rollout
+    records with their advantages) for ``gym-bridge view <log_dir>``; 0 turns it off. Default 2."""
+
 
 class ClusterConfig(Section):
     """Hardware. gym-bridge runs on one node; GPUs are optional."""

@@ -1,0 +1,32 @@
+"""Task families for pretrained-model recipes: held-out validation problems and correct answers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gym_bridge.data.families import FAMILIES, PROMPT_FORMATS, messages_for, problem_space, split_problems
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_validation_problems_are_disjoint_from_training_and_answers_are_right(family: str) -> None:
+    train, val = split_problems(family, n_val=200, seed=3)
+    assert len(val) == 200 and len(train) >= 200
+    assert not {p["question"] for p in train} & {p["question"] for p in val}
+    for problem in problem_space(family)[:50] + val[:50]:
+        numbers = [int(n) for n in re.findall(r"\d+", problem["question"])]
+        if family != "word":  # "a + b" or "a + b - c"
+            expected = numbers[0] + numbers[1] - (numbers[2] if len(numbers) == 3 else 0)
+            assert problem["answer"] == str(expected), problem
+    assert split_problems(family, n_val=200, seed=3) == (train, val)  # seeded
+    assert split_problems(family, n_val=200, seed=4)[1] != val
+
+
+def test_unknown_family_and_every_prompt_format() -> None:
+    with pytest.raises(ValueError, match="unknown task family"):
+        problem_space("nope")
+    for fmt in PROMPT_FORMATS:
+        messages = messages_for("What is 1 + 2?", fmt)
+        assert messages[-1] == {"role": "user", "content": messages[-1]["content"]}
+        assert "What is 1 + 2?" in messages[-1]["content"]

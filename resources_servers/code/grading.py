@@ -3,9 +3,13 @@
 * The program is the last fenced Python block of the assistant's text (```` ```python ````, ```` ```py ````,
   ```` ```python3 ```` or an untagged fence), as NeMo Gym's and LiveCodeBench's graders take it.
 * Stdin/stdout tests pass when the outputs agree line by line after whitespace normalisation (blank lines
-  dropped, runs of spaces collapsed, ends stripped), with numeric tokens compared with a 1e-6 tolerance.
+  dropped, runs of spaces collapsed, ends stripped). Integer tokens (``[+-]?digits``) must be equal as
+  integers, exactly; only when either token is a real number (a point or an exponent) are they compared
+  with a 1e-6 relative/absolute tolerance. So ``1000000008`` never passes for ``1000000007``.
 * Function-call tests pass when the return value equals the expected one after tuples become lists, or
-  equals the single element of a one-element expected list (APPS wraps return values in a list).
+  equals the single element of a one-element expected list (APPS wraps return values in a list). Two
+  ints compare exactly; tolerance (1e-9) applies only where a float is involved, and a number too large
+  for a float is simply unequal to one (never an error).
 """
 
 from __future__ import annotations
@@ -41,9 +45,14 @@ def _number(token: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
 def _tokens_match(got: str, expected: str) -> bool:
     if got == expected:
         return True
+    if _INTEGER.fullmatch(got) and _INTEGER.fullmatch(expected):
+        return int(got) == int(expected)  # integers are exact: a near-miss is a wrong answer
     a, b = _number(got), _number(expected)
     return a is not None and b is not None and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
@@ -80,8 +89,13 @@ def _normalise(value: Any) -> Any:
 def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b  # exact, however large
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int too large for a float equals no float
+            return False
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):

@@ -98,3 +98,16 @@ def test_test_messages_for_stdin_and_calls() -> None:
     assert test_message("[2,7,11,15]\n9", "f") == {"args": [[2, 7, 11, 15], 9]}
     assert test_message("not json", "f") == {"args": ["not json"]}
     assert test_message({"k": (1, 2)}, "f") == {"args": [{"k": [1, 2]}]}
+
+
+def test_integers_compare_exactly_and_reals_with_tolerance() -> None:
+    """A near-miss integer is a wrong answer, however large (issue 12: a+b+1 passed 1e9-sized answers)."""
+    assert not stdout_matches("2000000001\n", "2000000000\n")
+    assert not stdout_matches("1000000008\n", "1000000007\n")
+    assert stdout_matches("+5 007\n", "5 7\n")  # the same integers, written differently
+    assert stdout_matches("2000000000.0000001\n", "2000000000\n")  # a real token keeps the tolerance
+    assert not call_output_matches(1000000008, [1000000007])
+    assert not call_output_matches(10**18 + 1, 10**18)
+    assert call_output_matches(10**18, "1000000000000000000")
+    assert not call_output_matches(10**400, [1.5])  # too large for a float: unequal, not an error
+    assert call_output_matches(2.0000000000001, [2])

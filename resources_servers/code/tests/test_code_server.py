@@ -254,3 +254,27 @@ def test_stdin_test_data_must_be_text(
     assert response.status_code == 422 and f"{field}[0] must be text" in response.json()["detail"]
     lines = stdio_task([["1 2"]], [["3"]])  # lists of lines are text too
     assert verify(client, lines, fenced("a, b = map(int, input().split())\nprint(a + b)"))["reward"] == 1.0
+
+
+def test_near_miss_integer_programs_score_zero(server: tuple[CodeServer, httpx.Client]) -> None:
+    """Over HTTP: printing a+b+1 against answers 2000000000 and 1000000007 scores 0; a+b scores 1."""
+    _, client = server
+    row = stdio_task(["1000000000 1000000000\n", "1000000000 7\n"], ["2000000000\n", "1000000007\n"])
+    wrong = verify(client, row, fenced("a, b = map(int, input().split())\nprint(a + b + 1)"))
+    assert wrong["reward"] == 0.0 and wrong["failure_kind"] == "wrong_answer"
+    right = verify(client, row, fenced("a, b = map(int, input().split())\nprint(a + b)"))
+    assert right["reward"] == 1.0
+
+
+def test_near_miss_and_huge_return_values_score_zero(server: tuple[CodeServer, httpx.Client]) -> None:
+    _, client = server
+    row = {
+        "responses_create_params": {"input": [{"role": "user", "content": "solve"}]},
+        "verifier_metadata": {"unit_tests": {"inputs": [["1000000000", "7"]], "outputs": [1000000007], "fn_name": "f"}},
+    }
+    near = verify(client, row, fenced("def f(a, b):\n    return int(a) + int(b) + 1"))
+    assert near["reward"] == 0.0
+    huge = verify(client, row, fenced("def f(a, b):\n    return 10**400"))
+    assert huge["reward"] == 0.0  # was an HTTP 500 (OverflowError)
+    right = verify(client, row, fenced("def f(a, b):\n    return int(a) + int(b)"))
+    assert right["reward"] == 1.0

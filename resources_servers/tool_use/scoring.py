@@ -28,8 +28,13 @@ def _show(value: Any) -> str:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b  # exact, however large
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int too large for a float equals no float
+            return False
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
@@ -76,14 +81,34 @@ class Call:
         return f"{self.name}({args})"
 
 
+MAX_ARGUMENT_DEPTH = 64
+"""Arguments nested deeper than this are unusable (scored as malformed): the comparisons recurse."""
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_ARGUMENT_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 def normalise_arguments(arguments: Any) -> dict[str, Any] | None:
-    """Arguments as a dict (JSON text parsed), with null-valued keys dropped (an omitted optional)."""
+    """Arguments as a dict (JSON text parsed), with null-valued keys dropped (an omitted optional);
+    None when they are not a JSON object or are nested past :data:`MAX_ARGUMENT_DEPTH`."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # a model may write JSON too deep for the parser
             return None
-    if not isinstance(arguments, dict):
+    if not isinstance(arguments, dict) or _depth(arguments) > MAX_ARGUMENT_DEPTH:
         return None
     return {k: v for k, v in arguments.items() if v is not None}
 

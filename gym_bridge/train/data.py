@@ -115,6 +115,11 @@ def load_rows(dataset: DatasetConfig, where: str) -> list[tuple[str, dict[str, A
         )
     path = Path(dataset.data_path).expanduser()
     if path.is_file():
+        if dataset.subset is not None or dataset.split != "train":
+            raise DataError(
+                f"{where}: subset {dataset.subset!r} / split {dataset.split!r} name parts of a Hugging Face "
+                f"dataset; {dataset.data_path} is a local file (leave subset null and split 'train')"
+            )
         try:
             return [(f"{path}:{line}", row) for line, row in iter_jsonl(path)]
         except JsonlError as exc:  # names file:line; a DataError so the CLI prints it instead of a traceback
@@ -124,7 +129,7 @@ def load_rows(dataset: DatasetConfig, where: str) -> list[tuple[str, dict[str, A
     try:
         import datasets
 
-        rows = datasets.load_dataset(dataset.data_path, split="train")
+        rows = datasets.load_dataset(dataset.data_path, dataset.subset, split=dataset.split)
         return [(f"{dataset.data_path}:{i + 1}", dict(row)) for i, row in enumerate(rows)]
     except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one clear message
         raise DataError(
@@ -219,6 +224,11 @@ def load_prompts(data: DataConfig, which: str = "train") -> tuple[list[Prompt], 
         for index, (line, row) in enumerate(rows):
             if "responses_create_params" in row:
                 task_row = dict(row)
+            elif dataset.processor == "nemo_gym_data_processor":
+                raise DataError(
+                    f"{where}: {line}: processor 'nemo_gym_data_processor' expects NeMo Gym task rows "
+                    "(with responses_create_params)"
+                )
             else:
                 messages, answer = formatter.prompt_and_answer(row, line)
                 task_row = {k: v for k, v in row.items() if k not in (formatter.input_key, "messages")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 import types
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gym_bridge.train.config.base import ConfigError
+from gym_bridge.train.config.gym_guide_layout import translate_gym_guide_layout
 from gym_bridge.train.config.schema import MasterConfig
 
 __all__ = ["config_to_dict", "config_to_yaml", "load_config", "validate_config"]
@@ -87,6 +89,8 @@ def _anchor_paths(tree: dict[str, Any], folder: Path) -> None:
     data = tree.get("data")
     if not isinstance(data, dict):
         return
+    if "train_data_path" in data:  # NeMo Gym's guide layout (see gym_guide_layout)
+        data["train_data_path"] = _anchor(data["train_data_path"], folder)
     for which in ("train", "validation", "default"):
         datasets = data.get(which)
         for dataset in datasets if isinstance(datasets, list) else [datasets]:
@@ -332,6 +336,9 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Maste
     for item in overrides:
         _apply_override(tree, item)
     tree = _resolve_interpolations(tree)
+    notes = translate_gym_guide_layout(tree)
+    if notes:
+        print(f"config: NeMo Gym guide layout translated: {'; '.join(notes)}", file=sys.stderr)
     cfg = validate_config(tree)
     if not cfg.data.train:
         raise ConfigError(["data.train: no training dataset configured"])

@@ -184,6 +184,17 @@ class ClippedPGLossConfig(Section):
 # ----------------------------------------------------------------------------------------------
 
 
+GRPO_PROCESSORS = ("default", "math_hf_data_processor", "math_data_processor", "nemo_gym_data_processor")
+"""NeMo RL's processor names (``nemo_rl/data/processors.py``) that turn a row into a GRPO prompt."""
+OTHER_NEMO_RL_PROCESSORS = (
+    "helpsteer3_data_processor",
+    "sft_processor",
+    "multichoice_qa_processor",
+    "vlm_hf_data_processor",
+    "kd_data_processor",
+)
+
+
 class DatasetConfig(Section):
     """One dataset. Keys left out inherit from ``data.default``, then from the defaults below."""
 
@@ -219,6 +230,32 @@ class DatasetConfig(Section):
 
     env_name: str | None = None
     """Which ``env`` entry scores this dataset's rollouts (online mode). Default null."""
+
+    processor: str = "default"
+    """NeMo RL's data processor: how a row becomes a prompt. ``default`` and
+    ``math_hf_data_processor`` (NeMo RL's default) and ``math_data_processor``: the system prompt file
+    as a system message, the input formatted into the prompt file as the user message, the output as
+    the reference answer; ``nemo_gym_data_processor``: rows must already be NeMo Gym task rows
+    (``responses_create_params``), used as they are. NeMo RL's other processors (SFT, preference,
+    multiple-choice, vision, distillation) do not make GRPO prompts and are refused. Default default."""
+
+    subset: str | None = None
+    """Hugging Face dataset configuration (``datasets.load_dataset(name, subset)``); must be null for
+    a local file. Default null."""
+
+    split: str = "train"
+    """Hugging Face dataset split to read; a local JSONL file has only ``train``. Default train."""
+
+    @field_validator("processor")
+    @classmethod
+    def _known_processor(cls, value: str) -> str:
+        if value in GRPO_PROCESSORS:
+            return value
+        if value in OTHER_NEMO_RL_PROCESSORS:
+            raise ValueError(
+                f"NeMo RL's {value!r} does not make GRPO prompts; use one of {', '.join(GRPO_PROCESSORS)}"
+            )
+        raise ValueError(f"unknown processor {value!r}; expected one of {', '.join(GRPO_PROCESSORS)}")
 
     task_name: str | None = None
     """Task label attached to each record; null means env_name. Default null."""

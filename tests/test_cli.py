@@ -142,3 +142,26 @@ def test_a_gguf_file_path_loads_what_the_builtin_gguf_model_loads() -> None:
 def test_train_help_says_where_the_config_keys_are_documented() -> None:
     flat = " ".join(help_text("train").split())
     assert "gym_bridge/train/config/" in flat and "recipes/" in flat
+
+
+def test_train_show_config_prints_the_resolved_config_and_trains_nothing(tmp_path: Path) -> None:
+    out = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(REPO / "recipes" / "grpo_smollm2_135m.yaml"),
+            "--show-config",
+            "grpo.max_num_steps=7",
+            f"logger.log_dir={tmp_path / 'logs'}",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    import yaml
+
+    shown = yaml.safe_load(out.output)
+    assert shown["grpo"]["max_num_steps"] == 7  # the override
+    assert shown["policy"]["model_name"] == "smollm2-135m"  # the recipe
+    assert shown["policy"]["tokenizer"]["name"] == "smollm2-135m"  # ${...} and null defaults resolved
+    assert shown["env"]["math"]["server"] == "math"  # inherited from grpo_math_tiny.yaml
+    assert not (tmp_path / "logs").exists()  # nothing ran

@@ -28,6 +28,14 @@ def train(
             help="Start at step 0: delete the checkpoints in checkpointing.checkpoint_dir instead of resuming.",
         ),
     ] = False,
+    show_config: Annotated[
+        bool,
+        typer.Option(
+            "--show-config",
+            help="Print the resolved config (inheritance, interpolation and overrides applied; every key "
+            "with its value) as YAML and exit without training.",
+        ),
+    ] = False,
 ) -> None:
     """Train a policy with GRPO: online through the resources servers, or offline from scored rollouts.
 
@@ -35,13 +43,16 @@ def train(
     gym_bridge/train/config/ (the schema's field docstrings); recipes/ holds working examples. An
     unknown or mistyped key fails at start-up naming its full path.
     """
-    from gym_bridge.train.config import ConfigError, load_config
+    from gym_bridge.train.config import ConfigError, config_to_yaml, load_config
 
     try:
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if show_config:
+        typer.echo(config_to_yaml(cfg), nl=False)
+        return
 
     from gym_bridge.generation.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError

@@ -45,12 +45,12 @@ def grade(expected: str, text: str, mode: str) -> tuple[float, str]:
     return float(correct), found.method
 
 
-def measure(backend: TransformersBackend, problems: list[dict[str, Any]], prompt_format: str,
+def measure(backend: TransformersBackend, family: str, problems: list[dict[str, Any]], prompt_format: str,
             temperature: float, max_new_tokens: int, samples: int, seed: int) -> dict[str, Any]:
     tok = backend.tokenizer
     requests = []
     for i, p in enumerate(problems):
-        ids = tok.apply_chat_template(messages_for(p["question"], prompt_format), add_generation_prompt=True,
+        ids = tok.apply_chat_template(messages_for(p["question"], prompt_format, family), add_generation_prompt=True,
                                       tokenize=True)
         ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
         for s in range(samples):
@@ -61,13 +61,18 @@ def measure(backend: TransformersBackend, problems: list[dict[str, Any]], prompt
     for b in range(0, len(requests), 32):
         results += backend.generate(requests[b : b + 32])
     seconds = time.perf_counter() - start
-    out: dict[str, Any] = {"generation_s": round(seconds, 1),
+    out: dict[str, Any] = {"worked_examples": "per family (families.WORKED_EXAMPLES)", "generation_s": round(seconds, 1),
                            "tokens": sum(len(r.token_ids) for r in results),
                            "prompt_tokens": len(requests[0].prompt_token_ids)}
     for mode in ("boxed", "boxed_or_final"):
         grades = [grade(problems[i // samples]["answer"], r.text, mode) for i, r in enumerate(results)]
         out[f"accuracy_{mode}"] = round(sum(g for g, _ in grades) / len(grades), 3)
         out[f"methods_{mode}"] = dict(Counter(m for _, m in grades))
+    if samples > 1:
+        boxed_or_final = [grade(problems[i // samples]["answer"], r.text, "boxed_or_final")[0] for i, r in enumerate(results)]
+        out[f"pass@{samples}_boxed_or_final"] = round(
+            sum(max(boxed_or_final[j : j + samples]) for j in range(0, len(results), samples)) / len(problems), 3
+        )
     out["examples"] = [r.text for r in results[:3]]
     return out
 
@@ -96,7 +101,7 @@ def main() -> None:
                 cell = {"family": family, "prompt_format": prompt_format, "temperature": temperature,
                         "n_problems": len(problems), "samples": args.samples,
                         "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-                        **measure(backend, problems, prompt_format, temperature, args.max_new_tokens,
+                        **measure(backend, family, problems, prompt_format, temperature, args.max_new_tokens,
                                   args.samples, args.seed)}
                 print(json.dumps(cell), flush=True)
                 RESULTS.parent.mkdir(exist_ok=True)

@@ -32,16 +32,26 @@ from gym_bridge.data.arithmetic import write_rows
 ANSWER_FORMAT_SYSTEM_PROMPT = "Solve the problem. End your reply with: The answer is N."
 """System prompt asking for the phrase answer format (read by the math server's ``boxed_or_final``)."""
 
-ONE_SHOT = (
-    {"role": "user", "content": "What is 3 + 4 - 2?"},
-    {"role": "assistant", "content": "3 + 4 = 7, and 7 - 2 = 5. The answer is 5."},
-)
-"""A worked exchange placed before the question when a prompt format asks for a one-shot example."""
+WORKED_EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "sum_2d1d": (("What is 100 + 5?", "100 + 5 = 105. The answer is 105."),),
+    "add_sub": (("What is 3 + 4 - 2?", "3 + 4 = 7, and 7 - 2 = 5. The answer is 5."),),
+    "word": (
+        ("Sam has 3 pens. Sam buys 4 more. How many pens does Sam have now?", "3 + 4 = 7. The answer is 7."),
+        ("Ann has 14 cards. Ann gives away 5. How many cards does Ann have now?", "14 - 5 = 9. The answer is 9."),
+    ),
+}
+"""Per family, worked exchanges (question, answer) shown before the question by ``phrase_one_shot``:
+the same shape of problem as the family's (the answer's arithmetic written out, then the phrase), and
+outside the family's problem space, so no validation problem is answered in its own prompt. Measured
+with SmolLM2-135M-Instruct at temperature 0.7 (bench/smollm2_base_accuracy.py): matched examples
+lifted ``word`` from 0.05 to about 0.23 and ``sum_2d1d`` from 0.075 to about 0.2 against one generic
+example."""
 
 PromptFormat = str
 PROMPT_FORMATS: tuple[PromptFormat, ...] = ("boxed", "phrase", "phrase_one_shot")
 """``boxed``: the question plus "Put the answer in \\boxed{}." (the tiny recipe's format);
-``phrase``: the answer-format system prompt; ``phrase_one_shot``: that plus :data:`ONE_SHOT`."""
+``phrase``: the answer-format system prompt; ``phrase_one_shot``: that plus the family's
+:data:`WORKED_EXAMPLES`."""
 
 _NAMES = ("Tom", "Ann", "Sam", "Mia", "Ben", "Eva", "Max", "Zoe")
 _ITEMS = ("apples", "books", "coins", "cards", "pens", "stamps", "shells", "marbles")
@@ -115,21 +125,25 @@ def split_problems(
     return rest, val
 
 
-def messages_for(question: str, prompt_format: PromptFormat) -> list[dict[str, str]]:
-    """The chat messages that ask ``question`` in ``prompt_format`` (see :data:`PROMPT_FORMATS`)."""
+def messages_for(question: str, prompt_format: PromptFormat, family: str = "add_sub") -> list[dict[str, str]]:
+    """The chat messages that ask ``question`` (of ``family``) in ``prompt_format`` (see
+    :data:`PROMPT_FORMATS`)."""
     if prompt_format == "boxed":
         return [{"role": "user", "content": question + " Put the answer in \\boxed{}."}]
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"unknown prompt format {prompt_format!r}; expected one of {PROMPT_FORMATS}")
     system = [{"role": "system", "content": ANSWER_FORMAT_SYSTEM_PROMPT}]
-    shot = list(ONE_SHOT) if prompt_format == "phrase_one_shot" else []
-    return [*system, *shot, {"role": "user", "content": question}]
+    shots: list[dict[str, str]] = []
+    if prompt_format == "phrase_one_shot":
+        for shot_question, shot_answer in WORKED_EXAMPLES[family]:
+            shots += [{"role": "user", "content": shot_question}, {"role": "assistant", "content": shot_answer}]
+    return [*system, *shots, {"role": "user", "content": question}]
 
 
-def to_nemo_gym_row(problem: dict[str, Any], prompt_format: PromptFormat) -> dict[str, Any]:
+def to_nemo_gym_row(problem: dict[str, Any], prompt_format: PromptFormat, family: str = "add_sub") -> dict[str, Any]:
     """A NeMo Gym math task row whose input messages ask the question in ``prompt_format``."""
     return {
-        "responses_create_params": {"input": messages_for(problem["question"], prompt_format)},
+        "responses_create_params": {"input": messages_for(problem["question"], prompt_format, family)},
         "question": problem["question"],
         "expected_answer": problem["answer"],
     }
@@ -148,8 +162,8 @@ def write_split(
     train, val = split_problems(family, n_val, n_train, seed)
     out = Path(out_dir)
     return {
-        f"{family}_train.jsonl": write_rows((to_nemo_gym_row(p, prompt_format) for p in train), out / f"{family}_train.jsonl"),
-        f"{family}_val.jsonl": write_rows((to_nemo_gym_row(p, prompt_format) for p in val), out / f"{family}_val.jsonl"),
+        f"{family}_train.jsonl": write_rows((to_nemo_gym_row(p, prompt_format, family) for p in train), out / f"{family}_train.jsonl"),
+        f"{family}_val.jsonl": write_rows((to_nemo_gym_row(p, prompt_format, family) for p in val), out / f"{family}_val.jsonl"),
     }
 
 

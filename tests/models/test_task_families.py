@@ -30,3 +30,18 @@ def test_unknown_family_and_every_prompt_format() -> None:
         messages = messages_for("What is 1 + 2?", fmt)
         assert messages[-1] == {"role": "user", "content": messages[-1]["content"]}
         assert "What is 1 + 2?" in messages[-1]["content"]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_worked_examples_are_outside_the_problem_space_and_shown_before_the_question(family: str) -> None:
+    from gym_bridge.data.families import WORKED_EXAMPLES
+
+    questions = {p["question"] for p in problem_space(family)}
+    for question, answer in WORKED_EXAMPLES[family]:
+        assert question not in questions  # no validation problem is answered inside its own prompt
+        assert answer.endswith(f"The answer is {answer.split()[-1]}")
+    messages = messages_for("Q?", "phrase_one_shot", family)
+    shots = WORKED_EXAMPLES[family]
+    assert len(messages) == 2 + 2 * len(shots)
+    assert [m["content"] for m in messages[1:-1:2]] == [q for q, _ in shots]
+    assert messages[-1] == {"role": "user", "content": "Q?"}

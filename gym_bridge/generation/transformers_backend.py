@@ -24,7 +24,7 @@ from gym_bridge.generation.backend import (
     GenerationResult,
 )
 from gym_bridge.train.logprobs import gather_logprobs
-from gym_bridge.train.shared_prefix import distinct_prompts, prefill
+from gym_bridge.train.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
 __all__ = ["TransformersBackend", "checked_stop_token_ids"]
 
@@ -205,10 +205,10 @@ class TransformersBackend(GenerationBackend):
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
                 position_ids=position,
-                past_key_values=cache,
                 use_cache=True,
+                **cache_kwargs(self.model, cache),
             )
-            cache = out.past_key_values
+            cache = output_cache(out)
             logits = out.logits[:, -1, :].float()
 
     def _finished(self, row: _Row) -> bool:

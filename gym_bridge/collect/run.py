@@ -168,7 +168,7 @@ async def collect_async(
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
         aggregate = await env_aggregate_metrics(
-            pool.session, output, router.url_of, report, timeout=config.request_timeout
+            pool.session, output, router.url_of, report, timeout=retry.request_timeout
         )
     finally:
         writer.close()
@@ -180,6 +180,7 @@ async def collect_async(
     metrics["run"] = stats.run_metrics(
         already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
     )
+    metrics["run"].update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
     metrics_path = metrics_path_for(output)
     write_json(metrics_path, metrics)
     if aggregate:

@@ -79,10 +79,26 @@ def collect(
     strict: Annotated[
         bool, typer.Option(help="Stop at the first bad task row instead of skipping it.")
     ] = False,
-    request_timeout: Annotated[float, typer.Option(help="Seconds for one HTTP request attempt.")] = 300.0,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds for one HTTP request attempt. Default: sized so a slow model can answer "
+            "--concurrency requests of --max-output-tokens (1024 if unset) at 10 tokens/s in all: "
+            "60 + concurrency x tokens / 10, within 300-3600.",
+            show_default=False,
+        ),
+    ] = None,
     max_retries: Annotated[
-        int, typer.Option(help="Retries per request on 429/5xx/timeouts/connection errors.")
+        int,
+        typer.Option(help="Retries per request on 429/5xx/connection errors (and timeouts, with --retry-timeouts)."),
     ] = 3,
+    retry_timeouts: Annotated[
+        bool,
+        typer.Option(
+            help="Send a timed-out request again. Off by default: the server may still be working on it, "
+            "and a slow model asked twice only gets slower."
+        ),
+    ] = False,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -124,6 +140,7 @@ def collect(
         strict=strict,
         request_timeout=request_timeout,
         max_retries=max_retries,
+        retry_timeouts=retry_timeouts,
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
@@ -225,6 +242,8 @@ def _print_summary(console: Any, result: Any) -> None:
             "/".join(_fmt(run.get("model_latency_s", {}).get(q)) for q in ("p50", "p90", "p99")),
         ),
         ("tokens in/out", f"{run.get('input_tokens', 0)}/{run.get('output_tokens', 0)}"),
+        ("retries (requests sent again)", run.get("retries")),
+        ("request timeout (s)", run.get("request_timeout_s")),
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))

@@ -245,7 +245,9 @@ async def run_code_tests(
         "wall_timeout_s": wall_timeout,
         "output_bytes": limits.output_bytes,
     }
-    async with sandbox.open(command, sandbox_limits, ro_files={"harness.py": str(HARNESS), "proctree.py": str(PROCTREE)}) as proc:
+    async with sandbox.open(
+        command, sandbox_limits, ro_files={"harness.py": str(HARNESS), "proctree.py": str(PROCTREE)}
+    ) as proc:
         await proc.send(_frame(config))
         try:
             line = await proc.readline(timeout=min(60.0, limits.task_timeout_s))

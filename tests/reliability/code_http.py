@@ -72,12 +72,13 @@ def processes_of_uids(uids: range) -> list[int]:
 
 
 @contextmanager
-def serving_code(args: list[str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """Start a code server command that prints its URL; yield (url, process); stop it by PID afterwards."""
+def serving_code(args: list[str]) -> Iterator[tuple[str, subprocess.Popen[str], str]]:
+    """Start a code server command that prints its URL; yield (url, process, the line it printed); stop it
+    by PID afterwards."""
     proc = start(args, stderr=subprocess.DEVNULL)  # nothing reads it: a full pipe would block the server
     try:
         line = wait_for_line(proc, "http://")
         url = next(word for word in line.split() if word.startswith("http://"))
-        yield url.rstrip("/"), proc
+        yield url.rstrip("/"), proc, line
     finally:
         stop(proc)

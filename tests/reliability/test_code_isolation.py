@@ -47,7 +47,7 @@ SUM = task(["1 2\n"], ["3\n"])
 
 @pytest.fixture(scope="module")
 def code_server() -> Iterator[tuple[str, int]]:
-    with serving_code(cli("serve", "code", "--port", "0")) as (url, proc):
+    with serving_code(cli("serve", "code", "--port", "0")) as (url, proc, _):
         yield url, proc.pid
 
 

@@ -189,6 +189,7 @@ class Sandbox:
     def _probe(self, backend: Backend) -> str | None:
         if backend.kind == "bwrap" and not backend.as_root:
             backend.disable_userns = bwrap_supports("--disable-userns")
+            backend.as_pid_1 = bwrap_supports("--as-pid-1")
         argv = self._argv(backend, [backend.python, "-I", "-S", "-c", "print(6*7)"], SandboxLimits(), {}, 0)
         try:
             done = subprocess.run(

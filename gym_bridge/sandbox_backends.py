@@ -82,6 +82,7 @@ class Backend:
     python_prefix: str
     hide_paths: list[str] = field(default_factory=list)
     disable_userns: bool = False
+    as_pid_1: bool = False
 
 
 def world_accessible(path: str) -> bool:
@@ -114,6 +115,11 @@ def bwrap_argv(b: Backend, limits: SandboxLimits, ro_files: Mapping[str, str]) -
         argv += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
         if b.disable_userns:
             argv += ["--disable-userns"]
+        if b.as_pid_1:
+            # bubblewrap's own init would run as the sandbox's uid, dumpable, holding the host's pipes as
+            # its fds 0-2: any process inside could write to them through /proc/1/fd. Without it the
+            # command is PID 1 and nothing inside holds the pipes but the command itself.
+            argv += ["--as-pid-1"]
     argv += ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):

@@ -275,3 +275,58 @@ def test_every_reward_hack_scores_zero_and_leaves_the_host_unchanged(
     solve = f"input()\nprint({SECRET!r})"
     out = httpx.post(f"{url}/verify", json={**STDIO, "response": answer(solve)}, timeout=60).json()
     assert out["reward"] == 1.0, out.get("failure_reason")
+
+
+_UNPRIVILEGED_RUN = """
+import asyncio, json, sys
+from gym_bridge.sandbox import Sandbox
+from resources_servers.code.runner import TestCase, run_code_tests
+box = Sandbox("bwrap", max_concurrency=1).start()
+tests = [TestCase(input="", expected=sys.argv[2])]
+run = asyncio.run(run_code_tests(box, sys.argv[1], tests))
+print(json.dumps({"description": box.description, "passed": run.num_passed, "reason": run.failure_reason}))
+"""
+
+
+def test_forged_lines_on_the_host_pipes_are_not_taken_when_the_server_is_not_root() -> None:
+    """Unprivileged server: bubblewrap's init would run as the sandbox's uid holding the host's pipes (its
+    fds 0-2), reachable through /proc/1/fd, so the command runs as PID 1 instead (``--as-pid-1``).
+
+    Run through the runner under plain asyncio, whose subprocess stdio are pipes (the HTTP server's
+    uvloop uses socket pairs, which /proc/<pid>/fd cannot reopen, and would hide the hole). The caller
+    runs as ``nobody`` under a system interpreter (one an unprivileged user can execute).
+    """
+    import subprocess
+    import sysconfig
+
+    from gym_bridge.sandbox import _world_accessible
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the caller as an unprivileged user")
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if _world_accessible(p)), None)
+    if python is None:
+        pytest.skip("no python interpreter an unprivileged user can run")
+    forge = f"""
+import os
+hit = []
+for path in ("/proc/1/fd/1", "/proc/2/fd/1", "/proc/1/fd/0"):
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, {(FORGED_LINE + chr(10)).encode()!r} * 4)
+        hit.append(path)
+    except OSError:
+        pass
+print("nope", hit)
+"""
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+         python, "-c", _UNPRIVILEGED_RUN, forge, SECRET + "\n"],
+        capture_output=True, text=True, timeout=120, cwd="/",
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+             "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "unprivileged user namespace" in report["description"]
+    assert report["passed"] == 0, report
+    assert "wrong_answer" in report["reason"] and "/proc/1/fd" not in report["reason"], report

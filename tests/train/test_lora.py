@@ -285,3 +285,42 @@ def test_lora_checkpoint_loads_in_peft_in_transformers_and_in_resume(tmp_path: P
     # a LoRA checkpoint is not resumed as full fine-tuning
     with pytest.raises(ConfigError, match=f"{LORA}.enabled is false but"):
         train(offline_config(run, model_dir, data, "grpo.max_num_steps=6"), show_progress=False)
+
+
+def test_lora_recipe_trains_end_to_end_through_the_cli(tmp_path: Path, model_dir: Path) -> None:
+    """``gym-bridge train --config recipes/grpo_math_tiny_lora.yaml``: async GRPO with the rollout process
+    refit with merged weights, the trainable count on the terminal, adapter checkpoints."""
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    args = [
+        "train",
+        "--config",
+        str(root / "recipes" / "grpo_math_tiny_lora.yaml"),
+        f"policy.model_name={model_dir}",
+        "grpo.max_num_steps=3",
+        "grpo.num_prompts_per_step=4",
+        "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=16",
+        "policy.train_micro_batch_size=16",
+        "grpo.val_period=0",
+        "grpo.max_val_samples=8",
+        "grpo.val_batch_size=8",
+        "checkpointing.save_period=3",
+        "checkpointing.save_merged=true",
+        "logger.tensorboard_enabled=false",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        f"logger.log_dir={tmp_path / 'logs'}",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("trainable parameters: "))
+    trainable, total = (int(n.replace(",", "")) for n in line.split(": ")[1].split(" (")[0].split(" / "))
+    assert 0 < trainable < total and line.endswith(f"({100 * trainable / total:.2f}%)")
+    assert "done: 3 steps" in result.output
+    policy = tmp_path / "ckpt" / "step_3" / "policy"
+    assert (policy / "adapter" / "adapter_model.safetensors").is_file()
+    assert (policy / "merged" / "model.safetensors").is_file()
+    assert not (policy / "weights").exists()

@@ -324,3 +324,66 @@ def test_lora_recipe_trains_end_to_end_through_the_cli(tmp_path: Path, model_dir
     assert (policy / "adapter" / "adapter_model.safetensors").is_file()
     assert (policy / "merged" / "model.safetensors").is_file()
     assert not (policy / "weights").exists()
+
+
+# ------------------------------------------------------------------------- refits of other backends
+
+
+def _requests() -> list[Any]:
+    from gym_bridge.generation.backend import GenerationRequest, SamplingParams
+
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, seed=11)
+    return [GenerationRequest([5, 17, 42, 99, 7], params), GenerationRequest([8, 9, 10], params)]
+
+
+def test_vllm_refit_sends_merged_weights_under_the_base_names(tmp_path: Path, model_dir: Path) -> None:
+    """VllmBackend.update_weights over a stand-in engine (vLLM needs CUDA): what its model loads."""
+    from gym_bridge.generation.vllm_backend import VllmBackend
+    from gym_bridge.models.registry import load_model_and_tokenizer
+    from gym_bridge.train.lora import merged_model
+
+    _, learner = lora_learner(tmp_path, model_dir)
+    _randomise_adapters(learner.model)
+    loaded: dict[str, torch.Tensor] = {}
+
+    class Engine:
+        def collective_rpc(self, function: Any) -> None:
+            worker = type("W", (), {})()
+            worker.model_runner = type("R", (), {})()
+            worker.model_runner.model = type(
+                "M", (), {"load_weights": lambda self, weights: loaded.update(weights)}
+            )()
+            function(worker)
+
+    backend = object.__new__(VllmBackend)
+    backend.llm = Engine()
+    backend.update_weights(learner.model)
+    expected = merged_model(learner.peft).state_dict()
+    base, _ = load_model_and_tokenizer(str(model_dir))
+    assert set(loaded) == set(base.state_dict())
+    for name, tensor in expected.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=1e-6)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(loaded[q], base.state_dict()[q])  # the adapter is in it
+
+
+@pytest.mark.timeout(180)
+def test_ray_replicas_generate_what_the_adapted_policy_does(tmp_path: Path, model_dir: Path) -> None:
+    pytest.importorskip("ray")
+    from gym_bridge.generation.ray_backend import RayBackend
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+
+    _, learner = lora_learner(tmp_path, model_dir)
+    _randomise_adapters(learner.model, seed=1)
+    local = TransformersBackend(learner.model, learner.tokenizer, seed=7)
+    replicas = RayBackend(learner.model, learner.tokenizer, seed=7, num_workers=1)
+    try:
+        assert [r.token_ids for r in replicas.generate(_requests())] == [
+            r.token_ids for r in local.generate(_requests())
+        ]
+        _randomise_adapters(learner.model, seed=2)  # a training step's worth of change, then the refit
+        replicas.update_weights(learner.model)
+        after = [r.token_ids for r in replicas.generate(_requests())]
+        assert after == [r.token_ids for r in local.generate(_requests())]
+    finally:
+        replicas.close()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.generation.weights import plain_state_dict
 
 __all__ = ["VllmBackend", "VllmUnavailableError"]
 
@@ -106,12 +107,12 @@ class VllmBackend(GenerationBackend):
         return results
 
     def update_weights(self, weights: Any) -> None:
-        """Refit vLLM's model from a ``state_dict`` (or a model) with the model's own ``load_weights``.
+        """Refit vLLM's model from a ``state_dict`` (or a model, LoRA merged) with its own ``load_weights``.
 
         Tries vLLM's ``collective_rpc`` (V1 engine; workers may run in other processes, which needs
         ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to ship the function), then the V0 in-process path.
         """
-        state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+        state = plain_state_dict(weights)  # LoRA adapters merged in: vLLM gets plain weights
         items = [(name, tensor.detach()) for name, tensor in state.items()]
 
         def load(worker: Any) -> None:

@@ -25,10 +25,12 @@ from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.generation.ray_backend import RayBackend
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.vllm_backend import VllmBackend
+from gym_bridge.generation.weights import plain_state_dict
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
-from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
+from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
 from gym_bridge.train.loss import ClippedPGLossFn
 from gym_bridge.train.packing import require_packing_support
 from gym_bridge.train.rollout_worker import ProcessSampler
@@ -74,8 +76,8 @@ def seed_everything(seed: int) -> None:
 
 
 def weights_snapshot(model: Any) -> dict[str, Any]:
-    """A detached copy of the model's weights (what async GRPO's sampler is refit with)."""
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    """A detached copy of the model's weights (what async GRPO's sampler is refit with), LoRA merged in."""
+    return {name: tensor.detach().clone() for name, tensor in plain_state_dict(model).items()}
 
 
 def torch_threads(model: Any) -> tuple[int, int]:
@@ -161,16 +163,40 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
     torch.set_num_threads(threads)
     loss_fn = ClippedPGLossFn(cfg.loss_fn)
-    reference = None
-    if loss_fn.needs_reference_logprobs:  # the initial policy, frozen
+    lora = policy.dtensor_cfg.lora_cfg
+    reference, peft_model = None, None
+    if lora.enabled:  # adapters only train; the reference is the base model with them switched off
+        try:
+            peft_model = apply_lora(model, lora)
+        except ValueError as err:
+            raise ConfigError([str(err)]) from None
+    elif loss_fn.needs_reference_logprobs:  # the initial policy, frozen
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     if resume is not None:
-        resume.load_weights(model)
+        _check_checkpoint_kind(resume, lora.enabled)
+        if peft_model is not None:
+            load_adapter(peft_model, resume.adapter_dir)
+        else:
+            resume.load_weights(model)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     total = cfg.grpo.max_num_steps * optimizer_steps_per_step(cfg)
     optimizer, scheduler = build_optimizer(cfg, model, total)
-    learner = Learner(model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id)
+    learner = Learner(model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id, peft_model)
     return learner, generation_threads
+
+
+def _check_checkpoint_kind(resume: Checkpoint, lora: bool) -> None:
+    """Refuse to resume a LoRA checkpoint as full fine-tuning or the other way round."""
+    if resume.is_lora and not lora:
+        raise ConfigError([
+            f"{LORA_KEY}.enabled is false but {resume.path} holds a LoRA adapter: enable LoRA with the "
+            "same settings to resume it, or train in a new checkpointing.checkpoint_dir (or --fresh)"
+        ])
+    if lora and not resume.is_lora:
+        raise ConfigError([
+            f"{LORA_KEY}.enabled is true but {resume.path} holds full fine-tuning weights: train LoRA in a "
+            "new checkpointing.checkpoint_dir (or --fresh)"
+        ])
 
 
 @dataclass
@@ -246,8 +272,12 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         return generator
     # Async GRPO samples from its own copy of the policy, refit after every step; synchronous GRPO
     # samples from the training model itself.
+    # With LoRA that copy is a plain model with the adapters merged in (what every refit sends).
     asynchronous = grpo.mode == "online" and grpo.async_grpo.enabled
-    return TransformersBackend(copy.deepcopy(model).eval() if asynchronous else model, tokenizer, **local)
+    if asynchronous:
+        model = merged_model(learner.peft) if learner.peft is not None else copy.deepcopy(model)
+        model.eval()
+    return TransformersBackend(model, tokenizer, **local)
 
 
 def start_samplers(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +44,25 @@ class Learner:
     scheduler: Any
     loss_fn: Any
     reference: Any | None
-    """The frozen initial policy when the loss has a KL penalty, else None."""
+    """The frozen initial policy when the loss has a KL penalty (full fine-tuning), else None."""
     pad_token_id: int
+    peft: Any | None = None
+    """With LoRA, the ``PeftModel`` around ``model`` (whose layers hold the adapters), else None."""
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the loss needs reference log-probs and there is a reference to take them from."""
+        return self.reference is not None or (self.peft is not None and self.loss_fn.needs_reference_logprobs)
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[Any]:
+        """The KL reference to run forward passes on: the frozen copy, or with LoRA the trained model
+        itself with its adapters switched off for the duration (the base model, no second copy)."""
+        if self.peft is None:
+            yield self.reference
+            return
+        with self.peft.disable_adapter():
+            yield self.model
 
 
 @dataclass

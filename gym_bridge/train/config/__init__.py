@@ -28,8 +28,10 @@ inheritance, interpolation, overrides and error messages).
 from gym_bridge.train.config.base import ConfigError
 from gym_bridge.train.config.loader import config_to_dict, config_to_yaml, load_config, validate_config
 from gym_bridge.train.config.policy import (
+    DTensorConfig,
     DynamicBatchingConfig,
     GenerationConfig,
+    LoRAConfig,
     OptimizerConfig,
     OptimizerKwargs,
     PolicyConfig,
@@ -59,10 +61,12 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DatasetConfig",
+    "DTensorConfig",
     "DynamicBatchingConfig",
     "EnvConfig",
     "GRPOConfig",
     "GenerationConfig",
+    "LoRAConfig",
     "LoggerConfig",
     "MasterConfig",
     "OptimizerConfig",

@@ -378,6 +378,11 @@ class CheckpointingConfig(Section):
     higher_is_better: bool = True
     """Whether a larger metric_name is better. Default true."""
 
+    save_merged: bool = False
+    """gym-bridge, with LoRA: also write the merged model (base + adapter, a plain transformers
+    model, loadable by vLLM) to ``step_<n>/policy/merged/`` in every checkpoint. Refused without
+    LoRA (full fine-tuning checkpoints are whole models already). Default false."""
+
     @field_validator("metric_name")
     @classmethod
     def _prefixed(cls, value: str | None) -> str | None:
@@ -516,6 +521,11 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
                 f"env.{name}.num_workers sizes a built-in server's worker pool; the server at "
                 f"env.{name}.url runs its own"
             )
+    if cfg.checkpointing.save_merged and not policy.dtensor_cfg.lora_cfg.enabled:
+        problems.append(
+            "checkpointing.save_merged merges a LoRA adapter into its base model: it needs "
+            "policy.dtensor_cfg.lora_cfg.enabled (full fine-tuning checkpoints are whole models already)"
+        )
     if grpo.async_grpo.enabled and grpo.mode != "online":
         problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
     if cfg.data.use_multiple_dataloader:

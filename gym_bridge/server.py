@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
+from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
@@ -164,8 +165,10 @@ class ResourcesServer:
     verify_request_model: ClassVar[type[VerifyRequest]] = VerifyRequest
     """Subclasses may narrow this to require task fields (e.g. ``expected_answer``)."""
     seed_request_model: ClassVar[type[BaseModel] | None] = None
-    """When set, ``/seed_session`` bodies are validated against it (422 naming the field) before
-    :meth:`seed_session` gets them as a dict; None: any JSON object (an empty body is ``{}``)."""
+    """When set, the fields of a ``/seed_session`` body are validated against it (422 naming the field)
+    before :meth:`seed_session` gets them as a dict. No field is required, whatever the model says: NeMo
+    Gym's ``BaseSeedSessionRequest`` declares none and its agents seed with ``{}`` or ``{"task_idx": 0}``,
+    so only fields that are present are checked. None: any JSON object (an empty body is ``{}``)."""
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
@@ -243,7 +246,7 @@ class ResourcesServer:
 
         routes = [
             Route("GET", "/health", health, open=True, raw_json=True, summary="Liveness and session count"),
-            Route("POST", "/seed_session", self._seed, body=self.seed_request_model or dict[str, Any],
+            Route("POST", "/seed_session", self._seed, body=_fields_optional(self.seed_request_model),
                   default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
             Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
                   summary="Score a rollout"),
@@ -288,6 +291,21 @@ class ResourcesServer:
 
     async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
         return dump(await self.verify(body, session))
+
+
+def _fields_optional(model: type[BaseModel] | None) -> Any:
+    """``model`` with each required field made optional (absent: not set; present, even null: validated as
+    ``model`` says); why: see
+    :attr:`ResourcesServer.seed_request_model`. None gives any JSON object."""
+    if model is None:
+        return dict[str, Any]
+    required = {name: info for name, info in model.model_fields.items() if info.is_required()}
+    if not required:
+        return model
+    fields: dict[str, Any] = {
+        name: (info.annotation, FieldInfo.merge_field_infos(info, default=None)) for name, info in required.items()
+    }
+    return create_model(model.__name__, __base__=model, __doc__=model.__doc__, **fields)
 
 
 def _state_bytes(state: dict[str, Any]) -> int:

@@ -349,17 +349,30 @@ HEADER_TIMEOUT_S = 10.0
 """A connection must deliver a request's whole header block this long after it opens (or after the
 request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``)."""
 
+MAX_HEADER_BYTES = 64 * 1024
+"""Most bytes of a request's head (request line and headers); more is a 431 and the connection closes."""
 
-def _protocol_with_header_deadline(header_timeout_s: float) -> type:
-    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time.
+
+def _protocol_with_header_limits(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
+    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time or do not end.
 
     Why: uvicorn arms no timer on a new connection nor while headers trickle in, so 1,000 clients that
-    open connections and send a header byte now and then hold 1,000 descriptors forever.
+    open connections and send a header byte now and then hold 1,000 descriptors forever; and it puts no
+    bound on a head's size, so one connection streaming a header for the whole deadline grows the
+    server by ~100 MB (h11 has ``max_incomplete_event_size``; httptools has nothing like it).
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
+    refusal = json.dumps({"detail": f"request headers larger than the limit of {max_header_bytes} bytes"}).encode()
+    answer_431 = (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(refusal), refusal)
+    )
+
+    class HeaderLimits(HttpToolsProtocol):  # type: ignore[misc]
         _deadline: Any = None
+        _in_head = True  # between a request's first byte (or the connection's start) and its end of headers
+        _head_bytes = 0
 
         def _arm(self) -> None:
             if self._deadline is None:
@@ -378,19 +391,41 @@ def _protocol_with_header_deadline(header_timeout_s: float) -> type:
             super().connection_made(transport)
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            if not self._in_head:
+                super().data_received(data)
+                return
+            budget = max_header_bytes - self._head_bytes  # feed the head at most its budget
+            self._head_bytes += min(len(data), budget)
+            super().data_received(data[:budget])
+            rest = data[budget:]
+            if not rest or self.transport.is_closing():
+                return
+            if self._in_head:
+                self._disarm()
+                self.transport.write(answer_431)
+                self.transport.close()
+            else:  # the headers ended inside the budget: the rest is body (or the next request)
+                self.data_received(rest)
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
 
         def on_headers_complete(self) -> None:
+            self._in_head = False
             self._disarm()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head, self._head_bytes = True, 0
+            super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
-    return HeaderDeadline
+    return HeaderLimits
 
 
 def start_in_thread(
@@ -403,7 +438,7 @@ def start_in_thread(
     # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096,
-        http=_protocol_with_header_deadline(header_timeout_s),
+        http=_protocol_with_header_limits(header_timeout_s),
     )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

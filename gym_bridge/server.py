@@ -56,6 +56,8 @@ class ServerSettings(BaseModel):
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 16 * 1024 * 1024
+    max_held_body_bytes: int = 256 * 1024 * 1024
+    """Bytes of request bodies all requests may hold at once; past it, 503 with ``Retry-After``."""
     body_timeout_s: float = 60.0
     """A request body must arrive whole within this many seconds of its headers (else 408)."""
     session_ttl_s: float = 3600.0
@@ -220,6 +222,7 @@ class ResourcesServer:
             self.routes(),
             title=f"gym-bridge resources server: {self.name}",
             max_body_bytes=self.settings.max_body_bytes,
+            max_held_body_bytes=self.settings.max_held_body_bytes,
             body_timeout_s=self.settings.body_timeout_s,
             auth_token=self.settings.auth_token,
             context=self._session_of,

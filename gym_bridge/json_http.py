@@ -400,8 +400,8 @@ class JsonApp:
         value: Any = _NO_BODY
         if method in ("POST", "PUT", "PATCH"):
             try:
-                if declared is not None and not claim.fits(_declared_size(declared)):
-                    raise BodiesBusy
+                if declared is not None:
+                    await claim.reserve(_declared_size(declared), self.body_timeout_s)
                 raw = await read_body(receive, self.max_bytes, self.body_timeout_s, claim)
             except BodyTooLarge:
                 return self._too_big(), []
@@ -482,8 +482,8 @@ class JsonApp:
 
     def _busy(self) -> Answer:
         assert self.bodies is not None
-        detail = (f"the server holds the most request bodies it may at once ({self.bodies.limit} bytes); "
-                  "retry shortly")  # fmt: skip
+        detail = (f"the server holds the most request bodies it may at once ({self.bodies.limit} bytes) "
+                  "and this one did not fit in time; retry shortly")  # fmt: skip
         return self.errors.error(503, detail, "body", ((b"retry-after", b"1"), (b"connection", b"close")))
 
     def _too_big(self) -> Answer:

@@ -1,7 +1,8 @@
 """JSON over HTTP: a route table served by one small ASGI app, documented through FastAPI's OpenAPI.
 
 Every server of the project (the resources servers and the policy server) is a table of :class:`Route`
-values served by :class:`JsonApp`, the only request path: per request it checks the body's size (413),
+values served by :class:`JsonApp`, the only request path: per request it checks the body's size (413)
+and the bodies held at once (waits for room, else 503: :mod:`gym_bridge.body_budget`),
 the bearer token (401), finds the caller's context (a resources server's session), reads the body as
 JSON whatever its ``Content-Type`` (``curl -d`` sends a form type), refuses a lone UTF-16 surrogate
 escape and JSON nested deeper than :data:`MAX_JSON_DEPTH` (400), validates it against the route's type

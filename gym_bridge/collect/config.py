@@ -64,6 +64,8 @@ class CollectConfig:
     model asked twice only gets slower). 429, retryable 5xx and connection errors are retried either way."""
     progress: bool = True
     model_headers: dict[str, str] = field(default_factory=dict)
+    env_headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request to the env servers (``--env-api-key``: servers started with ``--token``)."""
 
     def timeout_s(self) -> float:
         """The request timeout this run uses (given, or sized)."""

@@ -96,6 +96,7 @@ async def collect_async(
         model_retry=retry,
         env_retry=retry,
         model_headers=dict(config.model_headers),
+        env_headers=dict(config.env_headers),
     )
     workers = config.concurrency
     queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))

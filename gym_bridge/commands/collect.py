@@ -105,6 +105,14 @@ def collect(
             envvar="OPENAI_API_KEY", help="Bearer token for the model endpoint.", show_default=False
         ),
     ] = None,
+    env_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GYM_BRIDGE_ENV_API_KEY",
+            help="Bearer token for the env servers (those started with 'serve <env> --token').",
+            show_default=False,
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
@@ -142,6 +150,7 @@ def collect(
         max_retries=max_retries,
         retry_timeouts=retry_timeouts,
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
+        env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
     try:

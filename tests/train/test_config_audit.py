@@ -98,6 +98,8 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
             f"env.p.server={PARITY_SERVER}",
             f"env.q.server={PARITY_SERVER}",
             "env.q.max_steps=2",
+            "env.r.url=http://127.0.0.1:9",
+            "env.r.api_key=env-sekrit",
             "grpo.max_rollout_turns=5",
         ],
     )
@@ -106,6 +108,9 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
         assert sampler.agent_configs["p"].max_steps == 5  # grpo.max_rollout_turns
         assert sampler.agent_configs["q"].max_steps == 2  # an env's own max_steps wins
         assert sampler.agent_configs["p"].env_retry.request_timeout == 60.0  # env.p.timeout_s default
+        assert sampler.agent_configs["r"].env_headers == {"authorization": "Bearer env-sekrit"}  # env.r.api_key
+        assert sampler.agent_configs["p"].env_headers == {}
+        assert not sampler.agent_configs["p"].model_retry.retry_timeouts  # a slow model is not asked twice
     finally:
         sampler.close()
 

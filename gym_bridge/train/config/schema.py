@@ -349,10 +349,16 @@ class EnvConfig(Section):
     config: dict[str, Any] = Field(default_factory=dict)
     """Settings passed to the built-in server. Default {}."""
 
+    api_key: str | None = None
+    """Bearer token sent to a running server at ``url`` that was started with ``--token`` (every request:
+    session set-up, tools, /verify); refused without a url (built-in servers need none). Default null."""
+
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
         if self.server is not None and self.url is not None:
             raise ValueError("set either server or url, not both")
+        if self.api_key is not None and self.url is None:
+            raise ValueError("api_key is sent to a running server: set url (built-in servers need no token)")
         return self
 
 

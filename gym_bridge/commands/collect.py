@@ -118,8 +118,9 @@ def collect(
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
     from rich.console import Console
 
-    from gym_bridge.collect import CollectConfig, CollectError
+    from gym_bridge.collect import CollectConfig
     from gym_bridge.collect import collect as run_collect
+    from gym_bridge.commands.resumable import resumable_exit
 
     console = Console(stderr=True)
     overrides = parse_params(param or [])
@@ -153,15 +154,8 @@ def collect(
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
-    try:
-        with bar:
-            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
-    except CollectError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished rollouts are in {output}; rerun with --resume to make the rest")
-        raise typer.Exit(130) from None
+    with resumable_exit(console, output, "finished rollouts"), bar:
+        result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
     _print_summary(console, result)
 
 

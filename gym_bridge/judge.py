@@ -305,12 +305,18 @@ def _failed(
     )  # fmt: skip
 
 
+def _orders_disagree(entries: list[Any]) -> bool:
+    """Equal with the expected answer first, not equal the other way round (position bias)."""
+    by_order = {e.get("order"): e.get("equal") for e in entries if isinstance(e, dict)}
+    return by_order.get("expected_first") is True and by_order.get("generated_first") is False
+
+
 def judge_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Judge figures over verified records (their ``judge_evaluations``), for ``/aggregate_metrics``.
 
     ``judge_calls``, ``judge_used_rate`` (records the judge was asked about), judge latency (mean, p50, p95,
     max in seconds), ``judge_timeouts`` / ``judge_errors`` (calls), ``judge_no_verdict`` (answers without a
-    label), and ``judge_accuracy``: mean reward of the records the judge decided (NeMo Gym's name).
+    label), ``judge_order_disagreements`` (records whose two orders got different verdicts), and ``judge_accuracy``: mean reward of the records the judge decided (NeMo Gym's name).
     """
     evaluations: list[dict[str, Any]] = []
     judged: list[dict[str, Any]] = []
@@ -328,6 +334,7 @@ def judge_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
         "judge_timeouts": sum(e.get("failure_kind") == "judge_timeout" for e in evaluations),
         "judge_errors": sum(e.get("failure_kind") == "judge_error" for e in evaluations),
         "judge_no_verdict": sum(e.get("failure_kind") is None and e.get("verdict_label") is None for e in evaluations),
+        "judge_order_disagreements": sum(_orders_disagree(r["judge_evaluations"]) for r in judged),
     }
     if latencies:
         out.update({

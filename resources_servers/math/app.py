@@ -1,6 +1,6 @@
 """The ``math`` resources server: rewards a response whose final answer equals ``expected_answer``.
 
-NeMo Gym-compatible (``math_with_judge`` without the judge): task rows carry ``expected_answer`` and the
+NeMo Gym-compatible (``math_with_judge``; its LLM-judge fallback is :mod:`resources_servers.math.judge`): task rows carry ``expected_answer`` and the
 problem as ``question`` (NeMo Gym) or ``problem`` (OpenMathInstruct-2); ``/verify`` answers with the
 request echoed plus ``reward``, ``extracted_answer``, ``library_reward``, ``judge_evaluations: null``,
 ``mask_sample: false`` and, specific to gym-bridge, ``extraction_method`` and ``failure_kind`` /

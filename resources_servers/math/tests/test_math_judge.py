@@ -75,6 +75,12 @@ def test_off_by_default() -> None:
         MathConfig(should_use_judge=True)
     with pytest.raises(ValueError, match="judge_model_server"):
         MathConfig.model_validate({"should_use_judge": True, "judge_model_server": {"name": "policy_model"}})
+    # `gym-bridge serve math --judge-url URL` turns the fallback on over the server's own config.yaml.
+    from gym_bridge.commands.serve import _server_config
+
+    served = _server_config(MathServer, None, judge_url="http://127.0.0.1:9/v1", judge_model="m")
+    assert isinstance(served, MathConfig) and served.should_use_judge and served.judge_model == "m"
+    assert served.timeout_s == config.timeout_s
 
 
 def test_right_answers_never_reach_the_judge(judged: tuple[str, FakeJudge]) -> None:

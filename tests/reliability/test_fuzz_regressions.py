@@ -30,6 +30,7 @@ def verify_body(name: str) -> dict:
         "code": lambda: bodies.code_seeds()["/verify"][0],
         "tool_use": lambda: bodies.tool_use_seeds()["/verify"][0],
         "reasoning_gym": lambda: {**first_row("reasoning_gym"), "response": bodies.response_with(bodies.assistant_message("x"))},
+        "equivalence_judge": lambda: {**first_row("equivalence_judge"), "response": bodies.response_with(bodies.assistant_message("x"))},
     }[name]()
 
 

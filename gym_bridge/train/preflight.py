@@ -39,7 +39,10 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         try:
             _import_vllm()
         except VllmUnavailableError as err:
-            problems.append(f"policy.generation.backend: {err}")
+            problems.append(
+                f"policy.generation.backend: {err}; in a training config that is policy.generation.backend: "
+                "transformers, which generates on the policy's own device (the same GPU)"
+            )
     problems.extend(device_problems(cfg))  # CUDA asked for and absent, bf16 on a GPU without it
     for name, env in cfg.env.items():
         if env.num_workers is None or env.url is not None:

@@ -24,7 +24,7 @@ import torch
 from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.generation.ray_backend import RayBackend
 from gym_bridge.generation.transformers_backend import TransformersBackend
-from gym_bridge.generation.vllm_backend import VllmBackend
+from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
 from gym_bridge.generation.weights import plain_state_dict
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
@@ -246,6 +246,12 @@ def load_run_data(cfg: MasterConfig, tokenizer: Any) -> RunData:
     return RunData(batches, validation, dropped, max_prompt)
 
 
+def _training_bytes_to_come(model: Any) -> int:
+    """Bytes of GPU memory training allocates at its first step: a gradient and AdamW's two moments
+    per trainable parameter (an estimate for other optimizers; activations come on top)."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -> Any:
     """The in-process generation backend ``policy.generation.backend`` names, refit with ``load_weights``."""
     policy, grpo = cfg.policy, cfg.grpo
@@ -262,6 +268,13 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         return generator
     if policy.generation.backend == "vllm":  # GPU: an engine on the same weights, refit each step
         engine = policy.generation.vllm_cfg
+        colocated = learner.placement.device.type == "cuda"
+        if colocated:  # the policy is on the GPU already: vLLM's share must fit beside it
+            problem = colocation_problem(
+                engine.gpu_memory_utilization, _training_bytes_to_come(model), learner.placement.device
+            )
+            if problem:
+                raise ConfigError([problem])
         generator = VllmBackend(
             resolve_model(policy.model_name).path,
             model_name="policy",
@@ -272,6 +285,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
             enforce_eager=engine.enforce_eager,
             seed=grpo.seed,
             dtype=policy.precision,
+            colocated=colocated,
         )
         stack.callback(generator.close)
         generator.update_weights(model)  # a resumed run's weights, not the directory's

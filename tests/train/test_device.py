@@ -292,3 +292,103 @@ def test_an_overflowing_float16_step_is_skipped_and_counted(tmp_path: Path, mode
     assert metrics["amp_loss_scale"] == 2.0**119  # the scaler backed off
     for name, parameter in learner.model.named_parameters():
         assert torch.equal(parameter, before[name]), name
+
+
+# ---------------------------------------------------------------------------------------- vLLM (stand-in)
+
+
+class StandInLLM:
+    """What the trainer uses of ``vllm.LLM``, run in this process: ``collective_rpc`` calls the function
+    on a worker whose model records what ``load_weights`` received."""
+
+    built: list[dict[str, Any]] = []
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        import os
+
+        self.kwargs = kwargs
+        self.multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        self.loaded: list[tuple[str, torch.Tensor]] = []
+        config = type("C", (), {"max_model_len": 64, "get_vocab_size": lambda self: 300})()
+        self.llm_engine = type("E", (), {"model_config": config})()
+        StandInLLM.built.append({"engine": self})
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    def collective_rpc(self, function: Any) -> None:
+        loaded = self.loaded
+        model = type("M", (), {"load_weights": lambda self, weights: loaded.extend(weights)})()
+        worker = type("W", (), {"model_runner": type("R", (), {"model": model})()})()
+        function(worker)
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch: pytest.MonkeyPatch) -> type[StandInLLM]:
+    import sys
+    import types
+
+    fake = types.ModuleType("vllm")
+    fake.LLM = StandInLLM  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    StandInLLM.built = []
+    return StandInLLM
+
+
+def test_a_colocated_one_gpu_engine_runs_in_process_and_is_refit_with_the_trainers_own_tensors(
+    stand_in_vllm: type[StandInLLM], model_dir: Path
+) -> None:
+    from gym_bridge.generation.vllm_backend import VllmBackend
+    from gym_bridge.models.registry import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(str(model_dir))
+    backend = VllmBackend(str(model_dir), colocated=True, tensor_parallel_size=1, gpu_memory_utilization=0.3)
+    engine = backend.llm
+    assert engine.multiprocessing == "0" and backend.in_process  # no engine process to ship weights to
+    assert engine.kwargs["gpu_memory_utilization"] == 0.3
+    backend.update_weights(model)
+    params = dict(model.state_dict())
+    assert {name for name, _ in engine.loaded} == set(params)
+    for name, tensor in engine.loaded:  # the very memory of the trainer's weights: no copy anywhere
+        assert tensor.data_ptr() == params[name].data_ptr(), name
+
+
+def test_an_engine_not_colocated_keeps_vllms_own_process_layout(
+    stand_in_vllm: type[StandInLLM], model_dir: Path
+) -> None:
+    from gym_bridge.generation.vllm_backend import VllmBackend
+
+    assert not VllmBackend(str(model_dir), tensor_parallel_size=1).in_process
+    assert stand_in_vllm.built[-1]["engine"].multiprocessing is None
+    assert not VllmBackend(str(model_dir), colocated=True, tensor_parallel_size=2).in_process
+
+
+def test_weights_for_worker_processes_go_by_value_only_from_the_cpu() -> None:
+    import pickle
+
+    from gym_bridge.generation.vllm_backend import weight_payload
+
+    items = [("w", torch.arange(6.0).reshape(2, 3))]
+    payload = weight_payload(items, shared=True)  # CPU tensors: there is no GPU memory to map
+    ((name, tensor),) = pickle.loads(pickle.dumps(payload)).tensors()
+    assert name == "w" and torch.equal(tensor, items[0][1])
+    assert weight_payload(items, shared=False).tensors()[0][1] is items[0][1]
+
+
+@pytest.mark.parametrize(
+    ("utilization", "free_gib", "fits"),
+    [(0.3, 60, True), (0.7, 60, False), (0.5, 48, True), (0.5, 47, False)],
+)
+def test_vllms_memory_share_must_fit_beside_the_policy_and_its_training_state(
+    monkeypatch: pytest.MonkeyPatch, utilization: float, free_gib: int, fits: bool
+) -> None:
+    from gym_bridge.generation.vllm_backend import GIB, colocation_problem
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib * GIB, 80 * GIB))
+    problem = colocation_problem(utilization, 8 * GIB)  # 8 GiB of gradients and AdamW state to come
+    if fits:
+        assert problem is None
+    else:
+        assert problem is not None and "policy.generation.vllm_cfg.gpu_memory_utilization" in problem
+        assert f"at most {(free_gib - 8) / 80:.2f}" in problem

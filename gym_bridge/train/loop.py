@@ -146,10 +146,14 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 # 4. log-probs of the step's starting policy and of the reference
                 started = time.perf_counter()
                 if len(samples) > policy.train_global_batch_size:  # several optimizer steps
-                    batch.prev_logprobs = per_sample_logprobs(cfg, model, samples, learner.pad_token_id)
+                    batch.prev_logprobs = per_sample_logprobs(
+                        cfg, model, samples, learner.pad_token_id, learner.placement.autocast
+                    )
                 if learner.has_reference:
                     with learner.reference_policy() as reference:
-                        batch.reference_logprobs = per_sample_logprobs(cfg, reference, samples, learner.pad_token_id)
+                        batch.reference_logprobs = per_sample_logprobs(
+                            cfg, reference, samples, learner.pad_token_id, learner.placement.autocast
+                        )
                 step_stats["time_logprobs_s"] = time.perf_counter() - started
 
                 # 5. updates

@@ -63,6 +63,7 @@ __all__ = [
     "gather_token_logprobs",
     "global_normalizers",
     "masked_mean",
+    "metrics_to_floats",
     "reduce_microbatch_metrics",
 ]
 
@@ -140,20 +141,35 @@ def global_normalizers(
     return float(mask.sum()), float(sample_mask.sum())
 
 
-def reduce_microbatch_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """Combine per-micro-batch metrics of one global batch: min/max for ``*_min``/``*_max``, else sum."""
-    out: dict[str, float] = {}
+def reduce_microbatch_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine per-micro-batch metrics of one global batch: min/max for ``*_min``/``*_max``, else sum.
+
+    Values are floats or 0-dim tensors (:meth:`ClippedPGLossFn.loss_and_metrics`); tensors are combined
+    on their device, without a transfer."""
+    out: dict[str, Any] = {}
     for item in metrics:
         for key, value in item.items():
             if key not in out:
                 out[key] = value
-            elif key.endswith("_min"):
-                out[key] = min(out[key], value)
-            elif key.endswith("_max"):
-                out[key] = max(out[key], value)
+            elif key.endswith(("_min", "_max")):
+                pick_min = key.endswith("_min")
+                if isinstance(value, torch.Tensor):
+                    out[key] = torch.minimum(out[key], value) if pick_min else torch.maximum(out[key], value)
+                else:
+                    out[key] = min(out[key], value) if pick_min else max(out[key], value)
             else:
-                out[key] += value
+                out[key] = out[key] + value
     return out
+
+
+def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """Tensor metrics as Python floats, in one transfer from their device."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().double().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, values, strict=True))
+    return {k: out[k] for k in metrics}
 
 
 class ClippedPGLossFn:
@@ -196,7 +212,12 @@ class ClippedPGLossFn:
         per_sequence = masked_mean(values, token_mask, dim=-1)
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
 
-    def __call__(
+    def __call__(self, curr_logprobs: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss and metrics (as floats) of one micro-batch; arguments as :meth:`loss_and_metrics`."""
+        loss, metrics = self.loss_and_metrics(curr_logprobs, **kwargs)
+        return loss, metrics_to_floats(metrics)
+
+    def loss_and_metrics(
         self,
         curr_logprobs: torch.Tensor,
         *,
@@ -208,8 +229,9 @@ class ClippedPGLossFn:
         reference_logprobs: torch.Tensor | None = None,
         global_valid_toks: torch.Tensor | float | None = None,
         global_valid_seqs: torch.Tensor | float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss and metrics of one micro-batch.
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss and metrics of one micro-batch, the metrics as 0-dim tensors on the loss's device (the
+        trainer reads them once per step, not once per micro-batch).
 
         Args:
             curr_logprobs: (b, t) log-probs of the generated tokens under the policy being trained
@@ -241,8 +263,8 @@ class ClippedPGLossFn:
         if global_valid_seqs is None:
             global_valid_seqs = sample_mask.sum().detach()
 
-        def token_mean(values: torch.Tensor) -> float:
-            return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
+        def token_mean(values: torch.Tensor) -> torch.Tensor:
+            return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
 
         with torch.no_grad():
             mismatch = self._mismatch_metrics(prev_logprobs, generation_logprobs, mask, token_mean)
@@ -300,22 +322,26 @@ class ClippedPGLossFn:
         with torch.no_grad():
             r = ratios.detach()
             valid = mask.bool()
+            inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
+
+            def valid_min(values: torch.Tensor) -> torch.Tensor:  # +inf without valid tokens, no sync
+                return torch.where(valid, values.detach(), inf).amin()
+
+            def valid_max(values: torch.Tensor) -> torch.Tensor:
+                return torch.where(valid, values.detach(), -inf).amax()
+
             metrics = {
-                "loss": loss.item(),
-                "actor_loss": actor_loss.item(),
-                "kl_penalty": kl.item() / self.reference_policy_kl_penalty
+                "loss": loss.detach(),
+                "actor_loss": actor_loss.detach(),
+                "kl_penalty": kl.detach() / self.reference_policy_kl_penalty
                 if self.reference_policy_kl_penalty
-                else 0.0,
+                else torch.zeros_like(loss.detach()),
                 "probs_ratio": token_mean(r),
                 "probs_ratio_clamped": token_mean(ratios_clamped.detach()),
-                "probs_ratio_min": r[valid].min().item() if valid.any() else float("inf"),
-                "probs_ratio_max": r[valid].max().item() if valid.any() else float("-inf"),
-                "probs_ratio_clamped_min": ratios_clamped[valid].min().item()
-                if valid.any()
-                else float("inf"),
-                "probs_ratio_clamped_max": ratios_clamped[valid].max().item()
-                if valid.any()
-                else float("-inf"),
+                "probs_ratio_min": valid_min(r),
+                "probs_ratio_max": valid_max(r),
+                "probs_ratio_clamped_min": valid_min(ratios_clamped),
+                "probs_ratio_clamped_max": valid_max(ratios_clamped),
                 "clip_fraction_low": token_mean(((r < 1.0 - self.ratio_clip_min) & (advantages < 0)).to(r)),
                 "clip_fraction_high": token_mean(((r > 1.0 + self.ratio_clip_max) & (advantages > 0)).to(r)),
                 "dual_clip_fraction": token_mean(dual_clipped.to(r)),
@@ -323,7 +349,7 @@ class ClippedPGLossFn:
                 "sampling_importance_ratio": token_mean(importance_weights),
                 # E_gen[-(pi / pi_gen) log pi]: a Monte Carlo entropy estimate from the rollouts.
                 "approx_entropy": -token_mean(torch.exp(curr_logprobs - generation_logprobs) * curr_logprobs),
-                "num_valid_samples": sample_mask.sum().item(),
+                "num_valid_samples": sample_mask.sum(),
             }
         return loss, metrics
 
@@ -333,7 +359,7 @@ class ClippedPGLossFn:
         generation_logprobs: torch.Tensor,
         mask: torch.Tensor,
         token_mean: Any,
-    ) -> dict[str, float]:
+    ) -> dict[str, torch.Tensor]:
         """How far the sampler's log-probs are from the trainer's (docs/guides/grpo.md#metrics)."""
         kl_type = self.reference_policy_kl_type
         lp_error = torch.abs(generation_logprobs - prev_logprobs)

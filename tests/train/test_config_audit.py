@@ -200,10 +200,12 @@ def test_vllm_engine_settings_reach_the_engine(monkeypatch: pytest.MonkeyPatch, 
             "policy.generation.vllm_cfg.enforce_eager=true",
             "policy.generation.vllm_cfg.max_model_len=48",
             "cluster.gpus_per_node=2",
+            "policy.device=cpu",  # the policy trains here; only the (stand-in) engine is on the GPUs
             f"logger.log_dir={tmp_path / 'logs'}",
             "checkpointing.enabled=false",
         ],
     )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(Built):
         train(cfg, show_progress=False)

@@ -305,8 +305,17 @@ class PolicyConfig(Section):
     max_total_sequence_length: int = Field(512, ge=2)
     """Most tokens of prompt plus completion. Default 512."""
 
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """gym-bridge: where the policy, its KL reference, the optimizer state and every micro-batch live.
+    ``auto`` is ``cuda`` when cluster.gpus_per_node > 0 and ``cpu`` otherwise; ``cuda`` is the first
+    visible GPU (choose it with CUDA_VISIBLE_DEVICES). Refused at start-up when CUDA is asked for and
+    torch cannot use it. Default auto."""
+
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Training dtype; bfloat16 is much slower on CPUs without native bf16. Default float32."""
+    """Training precision on either device. ``bfloat16``: bf16 weights and compute (slow on CPUs without
+    native bf16). ``float16``: float32 master weights, float16 autocast forward passes and a loss scaler
+    (steps with overflowing gradients are skipped and counted as ``amp_skipped_steps``); it runs on
+    the CPU but several times slower than float32 there. Default float32."""
 
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this; null disables. Default 1.0."""

@@ -27,7 +27,8 @@ class AsyncGRPOConfig(Section):
     rollout_process: bool = True
     """gym-bridge: sample in a child process (a policy copy, the policy server, the built-in
     environments and the agent loop), so sampling and training use separate cores instead of sharing
-    one interpreter. false keeps everything in the trainer's process. Default true."""
+    one interpreter. false keeps everything in the trainer's process. A policy on CUDA samples in the
+    trainer's process whatever this says (its copy on the same GPU). Default true."""
 
     max_trajectory_age_steps: int = Field(1, ge=1)
     """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
@@ -442,7 +443,8 @@ class ClusterConfig(Section):
     """Hardware. gym-bridge runs on one node; GPUs are optional."""
 
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs for the vllm generation backend (refused at start-up when torch sees fewer); 0 runs on CPU.
+    """GPUs of this node: with policy.device auto, > 0 trains the policy on CUDA (and the vllm backend
+    generates there); refused at start-up when torch sees fewer or no CUDA at all; 0 runs on CPU.
     Default 0."""
 
     num_nodes: Literal[1] = 1

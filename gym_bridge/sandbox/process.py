@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
-from gym_bridge.sandbox_limits import SandboxLimits
+from gym_bridge.sandbox.limits import SandboxLimits
 
 __all__ = ["RunResult", "SandboxProcess", "feed"]
 

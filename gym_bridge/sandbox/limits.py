@@ -1,6 +1,6 @@
 """Resource limits of one sandboxed run, and the ``prlimit`` command line that applies them.
 
-Kept apart from the namespaces (:mod:`gym_bridge.sandbox_backends`) because the limits are the part
+Kept apart from the namespaces (:mod:`gym_bridge.sandbox.backends`) because the limits are the part
 callers tune; the backends only decide how a run is isolated.
 """
 

@@ -19,9 +19,9 @@ read-only and hides the server's directories. If neither works, :class:`SandboxU
 code is never run unsandboxed.
 
 The sandbox is generic (any argv); the code environment's test harness is one user of it. The parts
-live in their own modules: limits (:mod:`gym_bridge.sandbox_limits`), command lines of the backends
-(:mod:`gym_bridge.sandbox_backends`), the running process (:mod:`gym_bridge.sandbox_process`) and the
-concurrency slots (:mod:`gym_bridge.sandbox_slots`); this module ties them together.
+live in their own modules: limits (:mod:`gym_bridge.sandbox.limits`), command lines of the backends
+(:mod:`gym_bridge.sandbox.backends`), the running process (:mod:`gym_bridge.sandbox.process`) and the
+concurrency slots (:mod:`gym_bridge.sandbox.slots`); this module ties them together.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
-from gym_bridge.sandbox_backends import (
+from gym_bridge.sandbox.backends import (
     CLEAN_ENV,
     RO_DIR,
     Backend,
@@ -49,9 +49,9 @@ from gym_bridge.sandbox_backends import (
     unshare_argv,
     world_accessible,
 )
-from gym_bridge.sandbox_limits import SandboxLimits, prlimit_argv
-from gym_bridge.sandbox_process import RunResult, SandboxProcess, feed
-from gym_bridge.sandbox_slots import Slots, default_uid_base
+from gym_bridge.sandbox.limits import SandboxLimits, prlimit_argv
+from gym_bridge.sandbox.process import RunResult, SandboxProcess, feed
+from gym_bridge.sandbox.slots import Slots, default_uid_base
 
 __all__ = [
     "RO_DIR",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gym_bridge.sandbox_limits import SandboxLimits
+from gym_bridge.sandbox.limits import SandboxLimits
 
 __all__ = [
     "CLEAN_ENV",

@@ -1,0 +1,88 @@
+"""GSPO, CISPO and Dr. GRPO pinned to numbers worked by hand from their published formulas, and the
+config rules that keep them consistent (refusals name the key)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from gym_bridge.train.config import ClippedPGLossConfig
+from gym_bridge.train.loss import ClippedPGLossFn
+
+F64 = torch.float64
+
+# Two samples; sample 1's last token is padding. Probabilities chosen so the ratios are round:
+#   sample 0 (A = +1): curr / prev = 0.5/0.5, 0.6/0.4, 0.3/0.3 = 1, 1.5, 1
+#   sample 1 (A = -2): curr / prev = 0.2/0.4, 0.9/0.6        = 0.5, 1.5
+CURR = [[0.5, 0.6, 0.3], [0.2, 0.9, 1.0]]
+PREV = [[0.5, 0.4, 0.3], [0.4, 0.6, 1.0]]
+GEN = [[0.4, 0.4, 0.25], [0.5, 0.6, 1.0]]
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=F64)
+ADV = torch.tensor([1.0, -2.0], dtype=F64)
+
+
+def lp(probs: list[list[float]], grad: bool = False) -> torch.Tensor:
+    return torch.tensor([[math.log(p) for p in row] for row in probs], dtype=F64, requires_grad=grad)
+
+
+def run(max_completion_length: int | None = None, curr: torch.Tensor | None = None, **settings: object):
+    cfg = ClippedPGLossConfig(reference_policy_kl_penalty=0.0, **settings)
+    fn = ClippedPGLossFn(cfg, max_completion_length=max_completion_length)
+    return fn(
+        lp(CURR) if curr is None else curr,
+        prev_logprobs=lp(PREV),
+        generation_logprobs=lp(GEN),
+        advantages=ADV,
+        token_mask=MASK,
+    )
+
+
+# ------------------------------------------------------------------------------------------ GSPO
+
+
+def test_gspo_uses_one_length_normalised_ratio_per_sequence_clipped_per_sequence() -> None:
+    # GSPO (Zheng et al. 2025, eq. 7): s_i = (prod_t r_t)^(1/|y_i|) = exp(mean_t log r_t).
+    #   s_0 = (1 * 1.5 * 1)^(1/3) = 1.1447142   s_1 = (0.5 * 1.5)^(1/2) = sqrt(0.75) = 0.8660254
+    # With ratio_clip_max = 0.1, s_0 (A > 0) is clipped to 1.1: term_0 = max(-1.1447, -1.1) = -1.1.
+    # s_1 = 0.866 lies in [0.8, 1.1]: term_1 = -(-2) * 0.8660254 = 1.7320508.
+    # Sequence-level mean (GSPO's 1/G sum_i): (-1.1 + 1.7320508) / 2 = 0.3160254.
+    loss, metrics = run(sequence_level_importance_ratios=True, ratio_clip_max=0.1)
+    assert loss.item() == pytest.approx(0.3160254038, rel=1e-7)
+    # Token ratios give another number. Sample 0: -1, max(-1.5, -1.1) = -1.1, -1; sample 1 (A = -2):
+    # max(2 * 0.5, 2 * 0.8) = 1.6 and max(2 * 1.5, 2 * 1.1) = 3.0. (-3.1 / 3 + 4.6 / 2) / 2 = 0.6333333.
+    token, _ = run(token_level_loss=False, ratio_clip_max=0.1)
+    assert token.item() == pytest.approx(0.6333333333, rel=1e-7)
+    assert metrics["probs_ratio_max"] == pytest.approx(1.5 ** (1 / 3), rel=1e-7)
+
+
+def test_gspo_gradient_flows_through_every_token_of_an_unclipped_sequence_only() -> None:
+    # d loss / d logp_t = (1/2) * (-A_1) * s_1 / |y_1| = 0.5 * 2 * 0.8660254 / 2 = 0.4330127 on each of
+    # sample 1's two tokens; sample 0 is clipped (s_0 = 1.1447 > 1.1 with A > 0): no gradient.
+    curr = lp(CURR, grad=True)
+    loss, _ = run(curr=curr, sequence_level_importance_ratios=True, ratio_clip_max=0.1)
+    loss.backward()
+    assert curr.grad[0].tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-12)
+    assert curr.grad[1, :2].tolist() == pytest.approx([0.4330127019] * 2, rel=1e-7)
+    assert curr.grad[1, 2].item() == 0.0  # padding
+
+
+def test_gspo_off_policy_correction_is_the_sequence_likelihood_ratio() -> None:
+    # NeMo RL's sequence-level correction: w_i = exp(sum_t(logp_prev - logp_gen)) = prod_t prev/gen
+    #   w_0 = (0.5/0.4) * (0.4/0.4) * (0.3/0.25) = 1.25 * 1.2 = 1.5     w_1 = (0.4/0.5) * (0.6/0.6) = 0.8
+    # clip 0.2: term_0 = max(-1.1447, -1.2) = -1.1447142; term_1 = 1.7320508.
+    # (1.5 * -1.1447142 + 0.8 * 1.7320508) / 2 = (-1.7170714 + 1.3856406) / 2 = -0.1657154
+    loss, metrics = run(sequence_level_importance_ratios=True, use_importance_sampling_correction=True)
+    assert loss.item() == pytest.approx(-0.16571537, rel=1e-6)
+    assert metrics["sampling_importance_ratio"] == pytest.approx((1.5 + 0.8) / 2, rel=1e-7)
+
+
+def test_gspo_sets_sequence_level_loss_and_refuses_token_level_loss() -> None:
+    assert ClippedPGLossConfig(sequence_level_importance_ratios=True).token_level_loss is False
+    with pytest.raises(
+        ValidationError,
+        match="loss_fn.token_level_loss=true contradicts loss_fn.sequence_level_importance_ratios=true",
+    ):
+        ClippedPGLossConfig(sequence_level_importance_ratios=True, token_level_loss=True)

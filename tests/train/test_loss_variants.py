@@ -86,3 +86,96 @@ def test_gspo_sets_sequence_level_loss_and_refuses_token_level_loss() -> None:
         match="loss_fn.token_level_loss=true contradicts loss_fn.sequence_level_importance_ratios=true",
     ):
         ClippedPGLossConfig(sequence_level_importance_ratios=True, token_level_loss=True)
+
+
+# ------------------------------------------------------------------------------------------ CISPO
+
+
+def test_cispo_is_reinforce_weighted_by_the_clipped_stop_gradient_ratio() -> None:
+    # CISPO (MiniMax-M1, eq. 4): J = 1/sum|y_i| * sum_i sum_t sg(clip(r_t)) * A_i * log pi(y_t); loss = -J.
+    # Clipped weights (0.2 / 0.2): sample 0 -> 1, 1.2, 1; sample 1 -> clip(0.5) = 0.8, clip(1.5) = 1.2.
+    #   sample 0: -(+1) * (1 * ln 0.5 + 1.2 * ln 0.6 + 1 * ln 0.3)
+    #           = -(-0.6931472 - 0.6129907 - 1.2039728)       =  2.5101107
+    #   sample 1: -(-2) * (0.8 * ln 0.2 + 1.2 * ln 0.9)
+    #           = 2 * (-1.2875503 - 0.1264326)                 = -2.8279659
+    # over the 5 valid tokens: (2.5101107 - 2.8279659) / 5 = -0.0635710
+    curr = lp(CURR, grad=True)
+    loss, _ = run(curr=curr, use_cispo=True)
+    assert loss.item() == pytest.approx(-0.0635710328, rel=1e-7)
+    # The weight's gradient is stopped: d loss / d logp_t = -A_i * w_t / 5, so a clipped token (sample 0
+    # token 1, ratio 1.5 > 1.2) still gets -1.2 / 5 = -0.24, where PPO clipping would give it 0.
+    loss.backward()
+    assert curr.grad[0].tolist() == pytest.approx([-0.2, -0.24, -0.2], rel=1e-7)
+    assert curr.grad[1, :2].tolist() == pytest.approx([2 * 0.8 / 5, 2 * 1.2 / 5], rel=1e-7)
+    ppo_curr = lp(CURR, grad=True)
+    ppo, _ = run(curr=ppo_curr)
+    ppo.backward()
+    assert ppo_curr.grad[0, 1].item() == 0.0
+
+
+def test_cispo_config_rules_name_the_key() -> None:
+    assert ClippedPGLossConfig(loss_type="cispo").use_cispo is True
+    with pytest.raises(
+        ValidationError, match="loss_fn.token_level_loss=false contradicts loss_fn.use_cispo=true"
+    ):
+        ClippedPGLossConfig(use_cispo=True, token_level_loss=False)
+    with pytest.raises(ValidationError, match="loss_fn.ratio_clip_c"):
+        ClippedPGLossConfig(use_cispo=True, ratio_clip_c=3.0)
+    with pytest.raises(ValidationError, match="loss_fn.sequence_level_importance_ratios"):
+        ClippedPGLossConfig(use_cispo=True, sequence_level_importance_ratios=True)
+    with pytest.raises(
+        ValidationError, match="loss_fn.use_cispo=false contradicts loss_fn.loss_type='cispo'"
+    ):
+        ClippedPGLossConfig(loss_type="cispo", use_cispo=False)
+
+
+# ------------------------------------------------------------------------------------------ Dr. GRPO
+
+
+def test_dr_grpo_divides_the_token_sum_by_sequences_times_max_completion_length() -> None:
+    # Token terms (clip 0.2): sample 0: -1, max(-1.5, -1.2) = -1.2, -1 -> -3.2;
+    # sample 1 (A = -2): max(1.0, 1.6) = 1.6, max(3.0, 2.4) = 3.0 -> 4.6. Sum 1.4.
+    # Dr. GRPO (Liu et al. 2025; TRL's loss_type="dr_grpo"): 1.4 / (2 sequences * L = 4) = 0.175,
+    # where the token mean is 1.4 / 5 = 0.28.
+    dr, _ = run(max_completion_length=4, loss_type="dr_grpo")
+    assert dr.item() == pytest.approx(0.175, rel=1e-7)
+    token, _ = run()
+    assert token.item() == pytest.approx(0.28, rel=1e-7)
+
+
+def test_dr_grpo_micro_batches_add_up_to_the_full_batch() -> None:
+    fn = ClippedPGLossFn(
+        ClippedPGLossConfig(reference_policy_kl_penalty=0.0, loss_type="dr_grpo"), max_completion_length=4
+    )
+    parts = [
+        fn(
+            lp(CURR)[i : i + 1],
+            prev_logprobs=lp(PREV)[i : i + 1],
+            generation_logprobs=lp(GEN)[i : i + 1],
+            advantages=ADV[i : i + 1],
+            token_mask=MASK[i : i + 1],
+            global_valid_toks=5.0,
+            global_valid_seqs=2.0,
+        )[0].item()
+        for i in range(2)
+    ]
+    assert parts == pytest.approx([-3.2 / 8, 4.6 / 8], rel=1e-7)
+
+
+def test_dr_grpo_needs_its_normaliser_and_token_level_sums() -> None:
+    with pytest.raises(ValueError, match="'dr_grpo' needs max_completion_length"):
+        ClippedPGLossFn(ClippedPGLossConfig(loss_type="dr_grpo"))
+    with pytest.raises(
+        ValidationError, match="loss_fn.token_level_loss=false contradicts loss_fn.loss_type='dr_grpo'"
+    ):
+        ClippedPGLossConfig(loss_type="dr_grpo", token_level_loss=False)
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "token_level_loss"), [("grpo", False), ("bnpo", True), ("dapo", True), ("dr_grpo", True)]
+)
+def test_trl_loss_types_set_the_nemo_rl_keys_they_stand_for(loss_type: str, token_level_loss: bool) -> None:
+    cfg = ClippedPGLossConfig(loss_type=loss_type)
+    assert cfg.token_level_loss is token_level_loss and cfg.use_cispo is False
+    with pytest.raises(ValidationError, match="loss_type"):
+        ClippedPGLossConfig(loss_type="sapo")

@@ -3,9 +3,12 @@
 The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
 
     r_t       = exp(logp_t - logp_prev_t)                      probability ratio to the step's policy
+    r_t       = exp(mean_t'(logp_t' - logp_prev_t'))  GSPO: sequence_level_importance_ratios, one per sequence
     actor_t   = max(-A_i * r_t, -A_i * clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
+    actor_t   = -A_i * sg(clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max)) * logp_t     CISPO: use_cispo
     actor_t   = min(actor_t, -A_i * c)           only where A_i < 0 and ratio_clip_c = c is set (dual clip)
-    actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS)
+    actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS);
+                                                 GSPO: exp(sum_t(logp_prev_t - logp_gen_t)) per sequence
     w_t       = exp(logp_t - logp_gen_t)         with use_on_policy_kl_approximation
     w_t       = exp(logp_t - sg(logp_t))         otherwise (value 1; sg = stop-gradient)
     kl_t      = beta * clamp_out(w_t * k(clamp_in(logp_ref_t - logp_t)))   Schulman's k1/k2/k3
@@ -13,7 +16,10 @@ The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
 
 ``reduce`` is, with ``token_level_loss``, the sum over valid tokens divided by the number of valid
 tokens in the *global* batch; otherwise each sequence's token mean, summed over valid sequences and
-divided by the number of valid sequences in the global batch. Because the denominators are global
+divided by the number of valid sequences in the global batch. With ``loss_type: dr_grpo`` (Dr. GRPO,
+Liu et al. 2025; TRL's name) it is the sum over valid tokens divided by a constant per sequence:
+valid sequences in the global batch x ``max_completion_length``, so a token's weight does not depend
+on how long its sequence or the batch's sequences are. Because the denominators are global
 (``global_valid_toks`` / ``global_valid_seqs``, from :func:`global_normalizers` on the whole batch),
 the losses of micro-batches add up to the loss of the full batch: call ``backward()`` on each
 micro-batch loss and the gradients accumulate to the full-batch gradient.
@@ -173,12 +179,22 @@ def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class ClippedPGLossFn:
-    """Clipped policy-gradient loss with KL regularisation (PPO / GRPO / DAPO clip-higher / dual clip).
+    """Clipped policy-gradient loss with KL regularisation (PPO / GRPO / DAPO clip-higher / dual clip /
+    GSPO / CISPO / Dr. GRPO's normaliser).
 
     Construct from the ``loss_fn`` config section; call once per micro-batch.
     """
 
-    def __init__(self, cfg: ClippedPGLossConfig):
+    def __init__(self, cfg: ClippedPGLossConfig, max_completion_length: int | None = None):
+        """``max_completion_length`` (generated tokens a sample may have) is Dr. GRPO's normaliser."""
+        if cfg.loss_type == "dr_grpo" and max_completion_length is None:
+            raise ValueError(
+                "loss_fn.loss_type 'dr_grpo' needs max_completion_length (its length normaliser)"
+            )
+        self.loss_type = cfg.loss_type
+        self.max_completion_length = max_completion_length
+        self.sequence_level_importance_ratios = cfg.sequence_level_importance_ratios
+        self.use_cispo = cfg.use_cispo
         self.ratio_clip_min = cfg.ratio_clip_min
         self.ratio_clip_max = cfg.ratio_clip_max
         self.ratio_clip_c = cfg.ratio_clip_c
@@ -207,6 +223,10 @@ class ClippedPGLossFn:
         global_valid_toks: Any,
         global_valid_seqs: Any,
     ) -> torch.Tensor:
+        if self.loss_type == "dr_grpo":
+            return masked_mean(
+                values, mask, global_normalization_factor=global_valid_seqs * self.max_completion_length
+            )
         if self.token_level_loss:
             return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
         per_sequence = masked_mean(values, token_mask, dim=-1)
@@ -293,12 +313,17 @@ class ClippedPGLossFn:
         else:
             kl = torch.zeros((), dtype=curr_logprobs.dtype, device=curr_logprobs.device)
 
-        # Clipped surrogate.
-        ratios = torch.exp(curr_logprobs - prev_logprobs)
+        # Clipped surrogate (GSPO: one length-normalised ratio per sequence; CISPO: a clipped weight).
+        log_ratios = curr_logprobs - prev_logprobs
+        if self.sequence_level_importance_ratios:
+            ratios = masked_mean(log_ratios, token_mask, dim=-1).exp().unsqueeze(-1).expand_as(log_ratios)
+        else:
+            ratios = torch.exp(log_ratios)
         ratios_clamped = ratios.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
-        loss1 = -advantages * ratios
-        loss2 = -advantages * ratios_clamped
-        clip_loss = torch.max(loss1, loss2)
+        if self.use_cispo:
+            clip_loss = -advantages * ratios_clamped.detach() * curr_logprobs
+        else:
+            clip_loss = torch.max(-advantages * ratios, -advantages * ratios_clamped)
         dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
         if self.ratio_clip_c is not None:
             loss3 = -advantages * self.ratio_clip_c
@@ -306,9 +331,10 @@ class ClippedPGLossFn:
             clip_loss = torch.where(advantages < 0, torch.min(clip_loss, loss3), clip_loss)
 
         # Off-policy correction pi_prev / pi_gen on the actor term.
-        importance_weights = torch.nan_to_num(
-            torch.exp(prev_logprobs - generation_logprobs), nan=0.0, posinf=0.0, neginf=0.0
-        )
+        log_weights = prev_logprobs - generation_logprobs
+        if self.sequence_level_importance_ratios:  # GSPO: the sequence's likelihood ratio, per sequence
+            log_weights = (log_weights * mask).sum(dim=-1, keepdim=True).expand_as(log_weights)
+        importance_weights = torch.nan_to_num(torch.exp(log_weights), nan=0.0, posinf=0.0, neginf=0.0)
         if self.truncated_importance_sampling_ratio is not None:
             importance_weights = importance_weights.clamp(max=self.truncated_importance_sampling_ratio)
         weights = (
@@ -346,7 +372,11 @@ class ClippedPGLossFn:
                 "clip_fraction_high": token_mean(((r > 1.0 + self.ratio_clip_max) & (advantages > 0)).to(r)),
                 "dual_clip_fraction": token_mean(dual_clipped.to(r)),
                 **mismatch,
-                "sampling_importance_ratio": token_mean(importance_weights),
+                "sampling_importance_ratio": masked_mean(
+                    importance_weights[:, 0], sample_mask, global_normalization_factor=global_valid_seqs
+                ).item()
+                if self.sequence_level_importance_ratios
+                else token_mean(importance_weights),
                 # E_gen[-(pi / pi_gen) log pi]: a Monte Carlo entropy estimate from the rollouts.
                 "approx_entropy": -token_mean(torch.exp(curr_logprobs - generation_logprobs) * curr_logprobs),
                 "num_valid_samples": sample_mask.sum(),

@@ -166,7 +166,7 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
     if rollout_process:  # the rollout process samples on its own cores meanwhile: leave them to it
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
     torch.set_num_threads(threads)
-    loss_fn = ClippedPGLossFn(cfg.loss_fn)
+    loss_fn = ClippedPGLossFn(cfg.loss_fn, max_completion_length=policy.generation.max_new_tokens)
     lora = policy.dtensor_cfg.lora_cfg
     reference, peft_model = None, None
     if lora.enabled:  # adapters only train; the reference is the base model with them switched off

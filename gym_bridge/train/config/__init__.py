@@ -27,6 +27,7 @@ inheritance, interpolation, overrides and error messages).
 
 from gym_bridge.train.config.base import ConfigError
 from gym_bridge.train.config.loader import config_to_dict, config_to_yaml, load_config, validate_config
+from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.config.policy import (
     DTensorConfig,
     DynamicBatchingConfig,
@@ -42,8 +43,8 @@ from gym_bridge.train.config.policy import (
     VllmConfig,
 )
 from gym_bridge.train.config.schema import (
+    AdvEstimatorConfig,
     CheckpointingConfig,
-    ClippedPGLossConfig,
     ClusterConfig,
     DataConfig,
     DatasetConfig,
@@ -51,10 +52,12 @@ from gym_bridge.train.config.schema import (
     GRPOConfig,
     LoggerConfig,
     MasterConfig,
+    RewardShapingConfig,
     WandbConfig,
 )
 
 __all__ = [
+    "AdvEstimatorConfig",
     "CheckpointingConfig",
     "ClippedPGLossConfig",
     "ClusterConfig",
@@ -73,6 +76,7 @@ __all__ = [
     "OptimizerKwargs",
     "PolicyConfig",
     "RayConfig",
+    "RewardShapingConfig",
     "SchedulerConfig",
     "SequencePackingConfig",
     "TokenizerConfig",

@@ -42,7 +42,7 @@ echo "== 1. gym env validate"
 
 echo "== 2. policy server ($POLICY)"
 setsid env PYTHONPATH="$REPO" "$PY" -m gym_bridge.cli serve policy --model "$POLICY" --port "$POLICY_PORT" \
-    --max-output-tokens 256 > policy.log 2>&1 < /dev/null &
+    --max-output-tokens 64 > policy.log 2>&1 < /dev/null &
 pids+=($!)
 until curl -sf "http://127.0.0.1:$POLICY_PORT/health" > /dev/null; do sleep 2; done
 
@@ -61,9 +61,9 @@ run() {  # name input limit repeats
     echo "-- $1: exit $?"
     grep -A12 "^Key metrics" "eval_$1.log" | grep -v "^Finished\|^Fully\|^Rollouts"
 }
-run math arith.jsonl 20 2
-run code "$REPO/resources_servers/code/data/example.jsonl" 5 1
-run tool_use "$REPO/resources_servers/tool_use/data/example.jsonl" 4 1
+run math arith.jsonl 8 1
+run code "$REPO/resources_servers/code/data/example.jsonl" 3 1
+run tool_use "$REPO/resources_servers/tool_use/data/example.jsonl" 2 1
 "$PY" - "$WORK" <<'PYEOF'
 import json, sys
 from pathlib import Path
@@ -96,5 +96,5 @@ pids+=($!)
 until grep -q "servers ready!" env_start_running.log; do sleep 3; done
 sleep 3
 grep "already at" env_start_running.log
-run math arith.jsonl 10 1
+run math arith.jsonl 4 1
 echo "requests our already-running math server saw: $(curl -s "http://127.0.0.1:$MATH_PORT/health")"

@@ -49,7 +49,7 @@ until curl -sf "http://127.0.0.1:$POLICY_PORT/health" > /dev/null; do sleep 2; d
 echo "== 3. gym env start"
 setsid "$NG_VENV/bin/gym" env start "${SERVERS[@]}" "${MODEL[@]}" "${VENVS[@]}" > env_start.log 2>&1 < /dev/null &
 pids+=($!)
-until grep -q "servers ready!" env_start.log; do sleep 3; done
+until grep -qs "servers ready!" env_start.log; do sleep 3; done
 sleep 3
 grep "listening on\|Starting \`" env_start.log
 
@@ -93,7 +93,7 @@ YAML
 setsid "$NG_VENV/bin/gym" env start --search-dir "$REPO" --config "$REPO/resources_servers/math/configs/math.yaml" \
     --config running_math.yaml "${MODEL[@]}" "${VENVS[@]}" > env_start_running.log 2>&1 < /dev/null &
 pids+=($!)
-until grep -q "servers ready!" env_start_running.log; do sleep 3; done
+until grep -qs "servers ready!" env_start_running.log; do sleep 3; done
 sleep 3
 grep "already at" env_start_running.log
 run math arith.jsonl 4 1

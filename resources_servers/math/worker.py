@@ -29,6 +29,8 @@ MAX_MAGNITUDE_DIGITS = 5000
 
 _GOLD_CONFIG = (LatexExtractionConfig(),)
 _PRED_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
+_TEXT_PRED_CONFIG = (ExprExtractionConfig(), LatexExtractionConfig())
+"""NeMo Gym's prediction targets, in its order, for a whole response (``check(..., whole_text=True)``)."""
 
 
 class CheckTimeout(BaseException):
@@ -41,15 +43,19 @@ def _parse_gold(expected: str) -> tuple[Any, ...]:
     return tuple(parse("\\boxed{" + expected + "}", list(_GOLD_CONFIG), parsing_timeout=None))
 
 
-def check(expected: str, candidate: str) -> dict[str, Any]:
+def check(expected: str, candidate: str, whole_text: bool = False) -> dict[str, Any]:
     """math-verify's verdict on ``candidate`` against ``expected`` (both without math delimiters).
 
     Returns ``{"correct": bool, "extracted": str | None, "failure_kind": str | None}``. As in NeMo Gym,
     the gold answer is parsed as the contents of ``\\boxed{}`` and ``extracted`` is SymPy's rendering of
-    the prediction.
+    the prediction. ``candidate`` is an answer (parsed as the contents of a box), or with ``whole_text``
+    a whole response, parsed as NeMo Gym's math_with_judge parses it (every box, phrases, expressions).
     """
     gold = list(_parse_gold(expected))
-    pred = parse("\\boxed{" + candidate + "}", list(_PRED_CONFIG), parsing_timeout=None)
+    if whole_text:
+        pred = parse(candidate, list(_TEXT_PRED_CONFIG), parsing_timeout=None)
+    else:
+        pred = parse("\\boxed{" + candidate + "}", list(_PRED_CONFIG), parsing_timeout=None)
     correct = bool(gold and pred) and (
         same_number(gold[0], pred[0]) or bool(verify(gold, pred, timeout_seconds=None))
     )
@@ -58,7 +64,10 @@ def check(expected: str, candidate: str) -> dict[str, Any]:
         failure_kind = "unparsable_expected_answer"
     elif not correct and not _has_math(pred):
         failure_kind = "unparsable_answer"
-    extracted = str(pred[0])[:MAX_EXTRACTED_CHARS] if pred else candidate[:MAX_EXTRACTED_CHARS]
+    if pred:
+        extracted: str | None = str(pred[0])[:MAX_EXTRACTED_CHARS]
+    else:
+        extracted = None if whole_text else candidate[:MAX_EXTRACTED_CHARS]
     return {"correct": correct, "extracted": extracted, "failure_kind": failure_kind}
 
 
@@ -105,14 +114,14 @@ def _on_alarm(signum: int, frame: Any) -> None:
         raise CheckTimeout
 
 
-def _checked(expected: str, candidate: str, timeout_s: float) -> dict[str, Any]:
+def _checked(expected: str, candidate: str, timeout_s: float, whole_text: bool = False) -> dict[str, Any]:
     """Run :func:`check` under the interval timer; failures become results, never exceptions."""
     global _armed
     try:
         try:
             _armed = True
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            return {"status": "ok", **check(expected, candidate)}
+            return {"status": "ok", **check(expected, candidate, whole_text)}
         finally:
             _armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -137,7 +146,8 @@ def _limit_memory(memory_mb: int | None) -> None:
 
 
 def worker_main(conn: Any, memory_mb: int | None) -> None:
-    """Serve checks over ``conn`` until it closes: receive ``(task_id, expected, candidate, timeout_s)``,
+    """Serve checks over ``conn`` until it closes: receive ``(task_id, expected, candidate, timeout_s,
+    whole_text)``,
     send back ``(task_id, result)``. Sends ``("ready", pid)`` once warm."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server; it shuts workers down
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -152,5 +162,5 @@ def worker_main(conn: Any, memory_mb: int | None) -> None:
             return
         if message is None:
             return
-        task_id, expected, candidate, timeout_s = message
-        conn.send((task_id, _checked(expected, candidate, timeout_s)))
+        task_id, expected, candidate, timeout_s, whole_text = message
+        conn.send((task_id, _checked(expected, candidate, timeout_s, whole_text)))

@@ -275,7 +275,10 @@ def main() -> None:
     summary = {name: median_round(name) for name in rounds}
     if args.only:  # a partial run: print, write nothing
         for name, result in summary.items():
-            print(f"{name:13s} {result['per_s']:8.1f} req/s  mean reward {result['mean_reward']}")
+            print(
+                f"{name:13s} {result['per_s']:8.1f} req/s  {result['per_server_cpu_s']:6.0f} per server CPU-s  "
+                f"mean reward {result['mean_reward']}"
+            )
         return
     noop, health = summary["noop_verify"]["per_s"], summary["health"]["per_s"]
     for result in summary.values():

@@ -49,7 +49,8 @@ class MathConfig(BaseModel):
     extraction: ExtractionMode = "boxed"
     """``boxed``: only a non-empty last ``\\boxed{}`` (NeMo Gym's rule); ``boxed_or_final``: else "answer
     is X" / "Answer: X" / "#### X"; ``boxed_or_last``: else also the last number in the text (rewards
-    garbage ending in an operand). A ``/verify`` request's own ``extraction`` field overrides it."""
+    garbage ending in an operand); ``nemo_gym``: every response whole to math-verify, boxed or not
+    (NeMo Gym's library check exactly). A ``/verify`` request's own ``extraction`` field overrides it."""
     max_answer_chars: int = Field(100_000, ge=1)
     """Longest answer handed to math-verify (with several boxes: the whole response); a longer one
     gets reward 0 with ``failure_kind: answer_too_long``, never a cut answer."""
@@ -169,7 +170,7 @@ class MathServer(ResourcesServer):
         if extraction is None:
             return _answer(body, failure=("no_answer", _no_answer_reason(mode)))
         method = extraction.method
-        whole_text = method == "all_boxes"
+        whole_text = method in ("all_boxes", "whole_text")
 
         if self.config.fast_path and not whole_text:
             plain = compare_plain(expected, extraction.answer)
@@ -179,7 +180,7 @@ class MathServer(ResourcesServer):
 
         limit = self.config.max_answer_chars
         if len(extraction.answer) > limit:
-            what = "response (several \\boxed{}: math-verify reads all of it)" if whole_text else "answer"
+            what = "response (math-verify reads all of it)" if whole_text else "answer"
             reason = f"the {what} has {len(extraction.answer)} characters, over max_answer_chars ({limit})"
             raw = extraction.answer[:_MAX_RAW_CHARS]
             return _answer(body, extracted=raw, method=method, failure=("answer_too_long", reason))
@@ -226,6 +227,7 @@ def _no_answer_reason(mode: ExtractionMode) -> str:
         "boxed": "non-empty last \\boxed{}",
         "boxed_or_final": "\\boxed{} answer nor final-answer phrase ('The answer is X', 'Answer: X', '#### X')",
         "boxed_or_last": "\\boxed{} answer, final-answer phrase nor number",
+        "nemo_gym": "text",
     }[mode]
     return f"the response has no final answer: no {looked_for} (extraction mode '{mode}')"
 

@@ -74,6 +74,26 @@ def test_no_non_empty_last_box_scores_zero_by_default(default_math: str, text: s
     assert out["reward"] == 0.0 and out["failure_kind"] == "no_answer" and out["extraction_method"] is None
 
 
+UNBOXED_CASES = [
+    ("The answer is 7", "7"),
+    ("Answer: 7", "7"),
+    ("#### 7", "7"),
+    ("7", "7"),
+    ("So $\\frac{1}{2}$ it is", "0.5"),
+    ("The final answer is $8$. Or \\boxed{7}", "7"),
+    ("no idea", "7"),
+    ("3 * 4 = 13", "12"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BOXED_CASES + UNBOXED_CASES)
+def test_mode_nemo_gym_scores_every_response_as_nemo_gym(default_math: str, text: str, expected: str) -> None:
+    body = verify_body(text, expected, extraction="nemo_gym")
+    out = httpx.post(f"{default_math}/verify", json=body, timeout=60).json()
+    assert out["reward"] == nemo_gym_reward(expected, text), out
+    assert out["extraction_method"] == "whole_text"
+
+
 def test_a_config_opts_in_to_the_phrase_fallbacks() -> None:
     # What a trainer's env.math.config does (recipes/grpo_math_tiny.yaml).
     with running_env("math", workers=1, extraction="boxed_or_final") as url:

@@ -16,6 +16,7 @@ BUILTIN_SERVERS: dict[str, str] = {
     "code": "resources_servers.code.app:CodeServer",
     "tool_use": "resources_servers.tool_use.app:ToolUseServer",
     "reasoning_gym": "resources_servers.reasoning_gym.app:ReasoningGymServer",
+    "equivalence_judge": "resources_servers.equivalence_judge.app:EquivalenceJudgeServer",
 }
 
 

@@ -1,7 +1,8 @@
 """JSON over HTTP: a route table served by one small ASGI app, documented through FastAPI's OpenAPI.
 
 Every server of the project (the resources servers and the policy server) is a table of :class:`Route`
-values served by :class:`JsonApp`, the only request path: per request it checks the body's size (413),
+values served by :class:`JsonApp`, the only request path: per request it checks the body's size (413)
+and the bodies held at once (waits for room, else 503: :mod:`gym_bridge.body_budget`),
 the bearer token (401), finds the caller's context (a resources server's session), reads the body as
 JSON whatever its ``Content-Type`` (``curl -d`` sends a form type), refuses a lone UTF-16 surrogate
 escape and JSON nested deeper than :data:`MAX_JSON_DEPTH` (400), validates it against the route's type
@@ -28,6 +29,8 @@ from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
+
+from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -276,18 +279,21 @@ class BodyTimeout(Exception):
     """The request body did not all arrive within the time given to :func:`read_body`."""
 
 
-async def read_body(receive: Any, limit: int | None = None, timeout: float | None = None) -> bytes | None:
+async def read_body(
+    receive: Any, limit: int | None = None, timeout: float | None = None, claim: BodyClaim | None = None
+) -> bytes | None:
     """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
-    bytes, :class:`BodyTimeout` when it is not all there ``timeout`` seconds after the headers)."""
+    bytes, :class:`BodyTimeout` when it is not all there ``timeout`` seconds after the headers,
+    :class:`BodiesBusy` when ``claim`` cannot take it from its budget)."""
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     try:
         async with asyncio.timeout_at(deadline):  # one timer for the whole body, not one per chunk
-            return await _read_chunks(receive, limit)
+            return await _read_chunks(receive, limit, claim or BodyClaim(None))
     except TimeoutError:
         raise BodyTimeout from None
 
 
-async def _read_chunks(receive: Any, limit: int | None) -> bytes | None:
+async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -299,6 +305,7 @@ async def _read_chunks(receive: Any, limit: int | None) -> bytes | None:
             size += len(chunk)
             if limit is not None and size > limit:
                 raise BodyTooLarge
+            claim.take(len(chunk))
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -327,6 +334,7 @@ class JsonApp:
         title: str,
         errors: ErrorStyle | None = None,
         max_body_bytes: int = 16 * 1024 * 1024,
+        max_held_body_bytes: int | None = 256 * 1024 * 1024,
         auth_token: str | None = None,
         body_timeout_s: float | None = 60.0,
         context: ContextHook | None = None,
@@ -339,6 +347,7 @@ class JsonApp:
         self.title = title
         self.errors = errors or ErrorStyle()
         self.max_bytes = max_body_bytes
+        self.bodies = BodyBudget(max_held_body_bytes) if max_held_body_bytes is not None else None
         self.expected_auth = f"Bearer {auth_token}".encode() if auth_token else None
         self.body_timeout_s = body_timeout_s
         self.context = context
@@ -352,12 +361,16 @@ class JsonApp:
             return
         if scope["type"] != "http":
             return
-        answer, extra = await self._answer(scope, receive, send)
-        if answer is not None:
-            await _send_answer(send, answer, extra)
+        claim = BodyClaim(self.bodies)
+        try:
+            answer, extra = await self._answer(scope, receive, send, claim)
+            if answer is not None:
+                await _send_answer(send, answer, extra)
+        finally:
+            claim.release()
 
     async def _answer(
-        self, scope: dict[str, Any], receive: Any, send: Any
+        self, scope: dict[str, Any], receive: Any, send: Any, claim: BodyClaim
     ) -> tuple[Answer | None, list[tuple[bytes, bytes]]]:
         auth, cookies, declared = b"", [], None
         for key, value in scope["headers"]:
@@ -388,9 +401,13 @@ class JsonApp:
         value: Any = _NO_BODY
         if method in ("POST", "PUT", "PATCH"):
             try:
-                raw = await read_body(receive, self.max_bytes, self.body_timeout_s)
+                if declared is not None:
+                    await claim.reserve(_declared_size(declared), self.body_timeout_s)
+                raw = await read_body(receive, self.max_bytes, self.body_timeout_s, claim)
             except BodyTooLarge:
                 return self._too_big(), []
+            except BodiesBusy:
+                return self._busy(), []
             except BodyTimeout:
                 detail = f"request body not received within {self.body_timeout_s:g} s"
                 return self.errors.error(408, detail, "body", ((b"connection", b"close"),)), []
@@ -464,6 +481,12 @@ class JsonApp:
         answer = self.not_found(method, path) if self.not_found is not None else None
         return answer if answer is not None else self.errors.error(404, "Not Found")
 
+    def _busy(self) -> Answer:
+        assert self.bodies is not None
+        detail = (f"the server holds the most request bodies it may at once ({self.bodies.limit} bytes) "
+                  "and this one did not fit in time; retry shortly")  # fmt: skip
+        return self.errors.error(503, detail, "body", ((b"retry-after", b"1"), (b"connection", b"close")))
+
     def _too_big(self) -> Answer:
         return self.errors.error(413, f"request body larger than the limit of {self.max_bytes} bytes", "body")
 
@@ -497,10 +520,14 @@ class JsonApp:
 
 
 def _over(declared: bytes, limit: int) -> bool:
+    return _declared_size(declared) > limit
+
+
+def _declared_size(declared: bytes) -> int:
     try:
-        return int(declared) > limit
+        return int(declared)
     except ValueError:
-        return False
+        return 0
 
 
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -5,8 +5,10 @@ Used by every resources server's ``/aggregate_metrics`` and by ``collect`` for i
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import random
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -18,6 +20,40 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+MAJORITY_SUBSETS = 5000
+"""Most k-subsets of a task's samples majority@k votes over exactly; more are sampled (seeded)."""
+
+
+def majority_at_k(votes: list[tuple[str | None, bool]], k: int) -> float:
+    """Chance that the most common answer among k of a task's samples is a correct one.
+
+    ``votes`` holds each sample's ``(extracted answer or None, correct)``. Over every k-subset (or
+    :data:`MAJORITY_SUBSETS` seeded draws of one when there are more): the answer given most often wins,
+    ties to the one seen first, and the subset counts as right when the winner's first sample is correct.
+    A sample without an answer does not vote; a subset without a vote is wrong. Each subset is right only
+    if some sample in it is, so the result never exceeds pass@k.
+    """
+    n = len(votes)
+    k = min(k, n)
+    if k <= 0:
+        return 0.0
+
+    def right(subset: tuple[int, ...]) -> bool:
+        answers = [votes[i][0] for i in subset if votes[i][0] is not None]
+        if not answers:
+            return False
+        top, _ = Counter(answers).most_common(1)[0]
+        return next(votes[i][1] for i in subset if votes[i][0] == top)
+
+    if math.comb(n, k) <= MAJORITY_SUBSETS:
+        subsets = list(itertools.combinations(range(n), k))
+        return sum(map(right, subsets)) / len(subsets)
+    rng = random.Random(n * 1_000_003 + k)
+    drawn = [tuple(sorted(rng.sample(range(n), k))) for _ in range(MAJORITY_SUBSETS)]
+    estimate = sum(map(right, drawn)) / len(drawn)
+    return min(estimate, pass_at_k(n, sum(correct for _, correct in votes), k))
 
 
 def _group_key(record: dict[str, Any]) -> Any:
@@ -40,8 +76,9 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
     """Summary of a list of rollout / verify-response dicts.
 
     A rollout counts as correct when ``reward >= success_threshold``. pass@k and majority@k use the
-    largest k every task has (the number of repeats); majority voting uses ``extracted_answer`` when the
-    verifier reports one.
+    largest k every task has (the number of repeats) and average over every task. majority@k votes on
+    ``extracted_answer`` (see :func:`majority_at_k`) and is reported when the verifier gives answers; a
+    task where no sample has one counts as wrong, so majority@k <= pass@k.
     """
     if not records:
         return {"num_rollouts": 0, "num_tasks": 0, "mean_reward": None}
@@ -53,14 +90,14 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
     pass_k, pass_1, majority = [], [], []
     for group in groups.values():
         n = len(group)
-        correct = sum(float(r.get("reward") or 0.0) >= success_threshold for r in group)
+        verdicts = [float(r.get("reward") or 0.0) >= success_threshold for r in group]
+        correct = sum(verdicts)
         pass_k.append(pass_at_k(n, correct, k))
         pass_1.append(pass_at_k(n, correct, 1))
-        answers = [r.get("extracted_answer") for r in group if r.get("extracted_answer") is not None]
-        if answers:
-            top, _ = Counter(map(str, answers)).most_common(1)[0]
-            winner = next(r for r in group if str(r.get("extracted_answer")) == top)
-            majority.append(float(float(winner.get("reward") or 0.0) >= success_threshold))
+        answers = [r.get("extracted_answer") for r in group]
+        votes = [(None if a is None else str(a), ok) for a, ok in zip(answers, verdicts, strict=True)]
+        majority.append(majority_at_k(votes, k))
+    has_answers = any(r.get("extracted_answer") is not None for r in records)
     input_tokens, output_tokens = [], []
     for rec in records:
         usage = (rec.get("response") or {}).get("usage") or {}
@@ -75,7 +112,7 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
         "pass@1": sum(pass_1) / len(pass_1),
         f"pass@{k}": sum(pass_k) / len(pass_k),
     }
-    if majority:
+    if has_answers:
         out[f"majority@{k}"] = sum(majority) / len(majority)
     if output_tokens:
         out["mean_input_tokens"] = sum(input_tokens) / len(input_tokens)

@@ -6,7 +6,8 @@ must slow the run down, not kill it, and must never turn into a retry storm. So 
 * a deadline per attempt (connect to last body byte: a server that drips bytes still times out),
 * a cap on attempts *and* on the total time spent on the request, waits included,
 * exponential backoff with full jitter, never shorter than a server's ``Retry-After``,
-* retries only for what can heal: 408/425/429/5xx, connection errors, timeouts, unreadable bodies.
+* retries only for what can heal: 408/425/429/5xx, connection errors, unreadable bodies, and timeouts
+  unless ``retry_timeouts`` is off (the server may still be working on the request).
   Other 4xx fail at once (or are handed back to the caller, for tool calls the model should see).
 
 What still fails is raised as :class:`RequestFailed` with a failure class such as ``model_timeout``.
@@ -64,6 +65,10 @@ class RetryPolicy:
     """Upper bound of the first wait; it doubles with each retry (full jitter: uniform in [0, bound])."""
     backoff_max: float = 30.0
     """Largest jittered wait (a longer ``Retry-After`` is still honoured if the total budget allows)."""
+    retry_timeouts: bool = True
+    """Send a request again after an attempt timed out. Off where the server may still be working on the
+    first copy (a slow local model): a second copy only adds to its load. Connection errors, 429 and the
+    retryable 5xx are retried either way."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -233,6 +238,9 @@ async def post_json(
             message = f"no complete answer from {url} within {min(policy.request_timeout, remaining):.3g} s"
             if isinstance(e, _TimedOut):
                 message += f" ({e.args[0]})"
+            if not policy.retry_timeouts:
+                message += "; not sent again: the server may still be working on it"
+                break
         except _Broken as e:
             failure_class, status = f"{target}_connection_error", None
             message = f"{type(e.cause).__name__} talking to {url}: {e.cause or 'connection failed'}"

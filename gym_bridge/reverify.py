@@ -60,6 +60,8 @@ class ReverifyConfig:
     request_timeout: float = 300.0
     max_retries: int = 3
     max_examples: int = 5
+    env_headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every /verify (a server started with ``--token`` wants its bearer token)."""
 
 
 @dataclass
@@ -190,6 +192,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
                     verify_payload(record),
                     target="env",
                     policy=policy,
+                    headers=config.env_headers,
                     validate=_check_verify,
                 )
             except RequestFailed as e:

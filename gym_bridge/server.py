@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
+from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
@@ -55,6 +56,8 @@ class ServerSettings(BaseModel):
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 16 * 1024 * 1024
+    max_held_body_bytes: int = 256 * 1024 * 1024
+    """Bytes of request bodies all requests may hold at once; past it, 503 with ``Retry-After``."""
     body_timeout_s: float = 60.0
     """A request body must arrive whole within this many seconds of its headers (else 408)."""
     session_ttl_s: float = 3600.0
@@ -164,8 +167,10 @@ class ResourcesServer:
     verify_request_model: ClassVar[type[VerifyRequest]] = VerifyRequest
     """Subclasses may narrow this to require task fields (e.g. ``expected_answer``)."""
     seed_request_model: ClassVar[type[BaseModel] | None] = None
-    """When set, ``/seed_session`` bodies are validated against it (422 naming the field) before
-    :meth:`seed_session` gets them as a dict; None: any JSON object (an empty body is ``{}``)."""
+    """When set, the fields of a ``/seed_session`` body are validated against it (422 naming the field)
+    before :meth:`seed_session` gets them as a dict. No field is required, whatever the model says: NeMo
+    Gym's ``BaseSeedSessionRequest`` declares none and its agents seed with ``{}`` or ``{"task_idx": 0}``,
+    so only fields that are present are checked. None: any JSON object (an empty body is ``{}``)."""
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
@@ -217,6 +222,7 @@ class ResourcesServer:
             self.routes(),
             title=f"gym-bridge resources server: {self.name}",
             max_body_bytes=self.settings.max_body_bytes,
+            max_held_body_bytes=self.settings.max_held_body_bytes,
             body_timeout_s=self.settings.body_timeout_s,
             auth_token=self.settings.auth_token,
             context=self._session_of,
@@ -243,7 +249,7 @@ class ResourcesServer:
 
         routes = [
             Route("GET", "/health", health, open=True, raw_json=True, summary="Liveness and session count"),
-            Route("POST", "/seed_session", self._seed, body=self.seed_request_model or dict[str, Any],
+            Route("POST", "/seed_session", self._seed, body=_fields_optional(self.seed_request_model),
                   default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
             Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
                   summary="Score a rollout"),
@@ -290,6 +296,21 @@ class ResourcesServer:
         return dump(await self.verify(body, session))
 
 
+def _fields_optional(model: type[BaseModel] | None) -> Any:
+    """``model`` with each required field made optional (absent: not set; present, even null: validated as
+    ``model`` says); why: see
+    :attr:`ResourcesServer.seed_request_model`. None gives any JSON object."""
+    if model is None:
+        return dict[str, Any]
+    required = {name: info for name, info in model.model_fields.items() if info.is_required()}
+    if not required:
+        return model
+    fields: dict[str, Any] = {
+        name: (info.annotation, FieldInfo.merge_field_infos(info, default=None)) for name, info in required.items()
+    }
+    return create_model(model.__name__, __base__=model, __doc__=model.__doc__, **fields)
+
+
 def _state_bytes(state: dict[str, Any]) -> int:
     """Size of a session's state as JSON (what the bound counts; unknown objects count as their repr)."""
     return len(json.dumps(state, default=repr, ensure_ascii=False).encode())
@@ -331,17 +352,30 @@ HEADER_TIMEOUT_S = 10.0
 """A connection must deliver a request's whole header block this long after it opens (or after the
 request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``)."""
 
+MAX_HEADER_BYTES = 64 * 1024
+"""Most bytes of a request's head (request line and headers); more is a 431 and the connection closes."""
 
-def _protocol_with_header_deadline(header_timeout_s: float) -> type:
-    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time.
+
+def _protocol_with_header_limits(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
+    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time or do not end.
 
     Why: uvicorn arms no timer on a new connection nor while headers trickle in, so 1,000 clients that
-    open connections and send a header byte now and then hold 1,000 descriptors forever.
+    open connections and send a header byte now and then hold 1,000 descriptors forever; and it puts no
+    bound on a head's size, so one connection streaming a header for the whole deadline grows the
+    server by ~100 MB (h11 has ``max_incomplete_event_size``; httptools has nothing like it).
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
+    refusal = json.dumps({"detail": f"request headers larger than the limit of {max_header_bytes} bytes"}).encode()
+    answer_431 = (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(refusal), refusal)
+    )
+
+    class HeaderLimits(HttpToolsProtocol):  # type: ignore[misc]
         _deadline: Any = None
+        _in_head = True  # between a request's first byte (or the connection's start) and its end of headers
+        _head_bytes = 0
 
         def _arm(self) -> None:
             if self._deadline is None:
@@ -360,19 +394,41 @@ def _protocol_with_header_deadline(header_timeout_s: float) -> type:
             super().connection_made(transport)
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            if not self._in_head:
+                super().data_received(data)
+                return
+            budget = max_header_bytes - self._head_bytes  # feed the head at most its budget
+            self._head_bytes += min(len(data), budget)
+            super().data_received(data[:budget])
+            rest = data[budget:]
+            if not rest or self.transport.is_closing():
+                return
+            if self._in_head:
+                self._disarm()
+                self.transport.write(answer_431)
+                self.transport.close()
+            else:  # the headers ended inside the budget: the rest is body (or the next request)
+                self.data_received(rest)
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
 
         def on_headers_complete(self) -> None:
+            self._in_head = False
             self._disarm()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head, self._head_bytes = True, 0
+            super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
-    return HeaderDeadline
+    return HeaderLimits
 
 
 def start_in_thread(
@@ -385,7 +441,7 @@ def start_in_thread(
     # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096,
-        http=_protocol_with_header_deadline(header_timeout_s),
+        http=_protocol_with_header_limits(header_timeout_s),
     )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)

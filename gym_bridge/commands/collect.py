@@ -79,14 +79,38 @@ def collect(
     strict: Annotated[
         bool, typer.Option(help="Stop at the first bad task row instead of skipping it.")
     ] = False,
-    request_timeout: Annotated[float, typer.Option(help="Seconds for one HTTP request attempt.")] = 300.0,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds for one HTTP request attempt. Default: sized so a slow model can answer "
+            "--concurrency requests of --max-output-tokens (1024 if unset) at 10 tokens/s in all: "
+            "60 + concurrency x tokens / 10, within 300-3600.",
+            show_default=False,
+        ),
+    ] = None,
     max_retries: Annotated[
-        int, typer.Option(help="Retries per request on 429/5xx/timeouts/connection errors.")
+        int,
+        typer.Option(help="Retries per request on 429/5xx/connection errors (and timeouts, with --retry-timeouts)."),
     ] = 3,
+    retry_timeouts: Annotated[
+        bool,
+        typer.Option(
+            help="Send a timed-out request again. Off by default: the server may still be working on it, "
+            "and a slow model asked twice only gets slower."
+        ),
+    ] = False,
     api_key: Annotated[
         str | None,
         typer.Option(
             envvar="OPENAI_API_KEY", help="Bearer token for the model endpoint.", show_default=False
+        ),
+    ] = None,
+    env_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GYM_BRIDGE_ENV_API_KEY",
+            help="Bearer token for the env servers (those started with 'serve <env> --token').",
+            show_default=False,
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -94,8 +118,9 @@ def collect(
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
     from rich.console import Console
 
-    from gym_bridge.collect import CollectConfig, CollectError
+    from gym_bridge.collect import CollectConfig
     from gym_bridge.collect import collect as run_collect
+    from gym_bridge.commands.resumable import resumable_exit
 
     console = Console(stderr=True)
     overrides = parse_params(param or [])
@@ -124,18 +149,13 @@ def collect(
         strict=strict,
         request_timeout=request_timeout,
         max_retries=max_retries,
+        retry_timeouts=retry_timeouts,
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
+        env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
-    try:
-        with bar:
-            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
-    except CollectError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        console.print(f"interrupted: finished rollouts are in {output}; rerun with --resume to make the rest")
-        raise typer.Exit(130) from None
+    with resumable_exit(console, output, "finished rollouts"), bar:
+        result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
     _print_summary(console, result)
 
 
@@ -225,6 +245,8 @@ def _print_summary(console: Any, result: Any) -> None:
             "/".join(_fmt(run.get("model_latency_s", {}).get(q)) for q in ("p50", "p90", "p99")),
         ),
         ("tokens in/out", f"{run.get('input_tokens', 0)}/{run.get('output_tokens', 0)}"),
+        ("retries (requests sent again)", run.get("retries")),
+        ("request timeout (s)", run.get("request_timeout_s")),
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))

@@ -29,11 +29,19 @@ def reverify(
     request_timeout: Annotated[float, typer.Option(help="Seconds for one /verify attempt.")] = 300.0,
     max_retries: Annotated[int, typer.Option(help="Retries per /verify on 429/5xx/timeouts/connection errors.")] = 3,
     examples: Annotated[int, typer.Option(help="How many changed rewards to show.")] = 5,
+    env_api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="GYM_BRIDGE_ENV_API_KEY",
+            help="Bearer token for the env server (one started with 'serve <env> --token').",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Re-verify ROLLOUTS against --env without calling a model; write -o, print how many rewards changed."""
     from rich.console import Console
 
-    from gym_bridge.collect import CollectError
+    from gym_bridge.commands.resumable import resumable_exit
     from gym_bridge.reverify import ReverifyConfig
     from gym_bridge.reverify import reverify as run_reverify
 
@@ -50,19 +58,14 @@ def reverify(
         request_timeout=request_timeout,
         max_retries=max_retries,
         max_examples=examples,
+        env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
 
     def log(message: str) -> None:
         console.print(message, style="yellow", highlight=False, markup=False)
 
-    try:
+    with resumable_exit(console, output, "re-scored rollouts"):
         result = run_reverify(config, report=log)
-    except CollectError as e:
-        console.print(f"[bold red]error:[/] {e}")
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        console.print(f"interrupted: re-scored rollouts are in {output}; rerun with --resume to do the rest")
-        raise typer.Exit(130) from None
     out = Console(soft_wrap=True)
     out.print(
         f"re-verified {result.total} rollouts ({result.verified} this run, {result.already_done} already done): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,10 +12,10 @@ from gym_bridge.envs import BUILTIN_SERVERS
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
-DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003, "reasoning_gym": 8004}
+DEFAULT_PORTS: dict[str, int] = {"math": 8001, "code": 8002, "tool_use": 8003, "reasoning_gym": 8004, "equivalence_judge": 8005}
 POLICY_PORT = 8000
 
-app = App(help="Run a resources server (math, code, tool_use, reasoning_gym) or the embedded policy server.", no_args_is_help=True)
+app = App(help="Run a resources server (math, code, tool_use, reasoning_gym, equivalence_judge) or the embedded policy server.", no_args_is_help=True)
 
 
 def _env_command(env_name: str) -> None:
@@ -22,11 +23,25 @@ def _env_command(env_name: str) -> None:
         host: Annotated[str, typer.Option(help="Interface to bind; loopback by default.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = DEFAULT_PORTS[env_name],
         token: Annotated[str | None, typer.Option(help="Require 'Authorization: Bearer TOKEN'.")] = None,
+        config: Annotated[Path | None, typer.Option(help="The server's settings (YAML with its config.yaml's keys).")] = None,
+        judge_url: Annotated[str | None, typer.Option(help="LLM judge: an OpenAI-compatible base URL, e.g. "
+                             "http://127.0.0.1:8000/v1 (equivalence_judge; math: turns should_use_judge on).")] = None,
+        judge_model: Annotated[str | None, typer.Option(help="LLM judge: the model name its requests carry.")] = None,
     ) -> None:
         from gym_bridge.envs import load_server_class
         from gym_bridge.server import ServerSettings, start_in_thread
 
-        server = load_server_class(env_name)(ServerSettings(host=host, port=port, auth_token=token))
+        server_class = load_server_class(env_name)
+        try:
+            settings = _server_config(server_class, config, judge_url=judge_url, judge_model=judge_model)
+            kwargs = {"config": settings} if settings is not None else {}
+            server = server_class(ServerSettings(host=host, port=port, auth_token=token), **kwargs)
+            if getattr(server_class, "needs_judge", False) and not server.config.judge_url:
+                raise ValueError("judge_url: this server needs an LLM judge; give --judge-url URL (an OpenAI-compatible "
+                                 "base URL such as http://127.0.0.1:8000/v1) or judge_url in --config")  # fmt: skip
+        except (ValueError, OSError) as err:
+            typer.echo(f"error: {env_name}: {err}", err=True)
+            raise typer.Exit(2) from None
         running = start_in_thread(server.build_app(), host=host, port=port)
         typer.echo(f"{env_name} resources server listening on {running.url} (docs: {running.url}/docs)")
         try:
@@ -35,6 +50,36 @@ def _env_command(env_name: str) -> None:
             running.stop()
 
     app.command(env_name, help=f"Run the '{env_name}' resources server.")(run)
+
+
+def _server_config(server_class: type, path: Path | None, **judge: str | None) -> object | None:
+    """The server's config from ``--config`` (else its own config.yaml) with the judge options over it;
+    None when no option asks for one (the server loads its defaults). An option the server has no key
+    for is refused naming the option."""
+    if path is None and not any(judge.values()):
+        return None
+    import inspect
+    import typing
+
+    import yaml
+
+    hint = typing.get_type_hints(server_class.__init__).get("config")
+    config_class = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    if config_class is None:
+        raise ValueError(f"--config: the {server_class.name} server takes no settings")
+    source = path or Path(inspect.getfile(server_class)).with_name("config.yaml")
+    data = (yaml.safe_load(source.read_text()) or {}) if source.exists() else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    for key, value in judge.items():
+        if value is None:
+            continue
+        if key not in config_class.model_fields:
+            raise ValueError(f"--{key.replace('_', '-')}: the {server_class.name} server has no LLM judge")
+        data[key] = value
+        if key == "judge_url" and "should_use_judge" in config_class.model_fields:
+            data["should_use_judge"] = True
+    return config_class.model_validate(data)
 
 
 for _name in BUILTIN_SERVERS:

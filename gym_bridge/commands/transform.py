@@ -21,7 +21,7 @@ from gym_bridge.jsonl import JsonlError
 from transforms.common import in_reward_range, reward_of
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat
-from transforms.pipeline import run_grouped, run_records
+from transforms.pipeline import TransformReport, run_grouped, run_records
 from transforms.ranked import check_ranked, ranked_to_grpo, to_ranked
 from transforms.sft import to_sft
 
@@ -67,14 +67,21 @@ class _ErrorPrinter:
 
 
 def _run(
-    in_path: Path, out_path: Path, strict: bool, run: Callable[[Callable[[JsonlError], None]], Any]
+    in_path: Path,
+    out_path: Path,
+    strict: bool,
+    pipeline: Callable[..., TransformReport],
+    convert: Callable[[Any], Any],
+    **options: Any,
 ) -> None:
+    """Stream ``in_path`` through ``pipeline`` (``run_records`` or ``run_grouped``) with ``convert``, print
+    the bad lines and a summary table; a bad line under ``--strict`` exits 1 with nothing written."""
     if out_path.resolve() == in_path.resolve():
         raise typer.BadParameter("the output must not be the input file", param_hint="--output")
     err_console = Console(stderr=True, soft_wrap=True)
     printer = _ErrorPrinter(err_console)
     try:
-        report = run(printer)
+        report = pipeline(in_path, out_path, convert, strict=strict, on_error=printer, **options)
     except JsonlError as e:
         err_console.print(f"[red]error[/] {e}", highlight=False)
         err_console.print(f"nothing written to {out_path} (--strict)", highlight=False)
@@ -97,6 +104,17 @@ def _run(
 
 def _split_fields(keep_fields: str | None) -> tuple[str, ...]:
     return tuple(f.strip() for f in (keep_fields or "").split(",") if f.strip())
+
+
+def _reward_filtered(
+    convert: Callable[[dict[str, Any]], dict[str, Any]], min_reward: float | None, max_reward: float | None
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """``convert`` for the records whose reward is within [min_reward, max_reward]; None (filtered) for the rest."""
+
+    def filtered(record: dict[str, Any]) -> dict[str, Any] | None:
+        return convert(record) if in_reward_range(reward_of(record), min_reward, max_reward) else None
+
+    return filtered
 
 
 @app.command()
@@ -129,9 +147,7 @@ def grpo(
 
     kept = _split_fields(keep_fields)
 
-    def convert(record: dict[str, Any]) -> dict[str, Any] | None:
-        if not in_reward_range(reward_of(record), min_reward, max_reward):
-            return None
+    def convert(record: dict[str, Any]) -> dict[str, Any]:
         if fmt is GrpoFormat.chat:
             return to_grpo_chat(
                 record, task_name=task_name, reward_key=reward_key, keep_fields=kept, prompt_only=prompt_only
@@ -140,12 +156,7 @@ def grpo(
             record, input_key=input_key, output_key=output_key, reward_key=reward_key, keep_fields=kept
         )
 
-    _run(
-        rollouts,
-        output,
-        strict,
-        lambda on_error: run_records(rollouts, output, convert, strict=strict, on_error=on_error),
-    )
+    _run(rollouts, output, strict, run_records, _reward_filtered(convert, min_reward, max_reward))
 
 
 @app.command()
@@ -159,17 +170,10 @@ def sft(
 ) -> None:
     """Successful rollouts -> chat SFT records {messages[, tools]} with tool calls and tool results."""
 
-    def convert(record: dict[str, Any]) -> dict[str, Any] | None:
-        if not in_reward_range(reward_of(record), min_reward, max_reward):
-            return None
+    def convert(record: dict[str, Any]) -> dict[str, Any]:
         return to_sft(record, include_tools=tools)
 
-    _run(
-        rollouts,
-        output,
-        strict,
-        lambda on_error: run_records(rollouts, output, convert, strict=strict, on_error=on_error),
-    )
+    _run(rollouts, output, strict, run_records, _reward_filtered(convert, min_reward, max_reward))
 
 
 @app.command()
@@ -191,14 +195,7 @@ def dpo(
     def convert(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return dpo_pairs(group, all_pairs=all_pairs, min_margin=min_margin, chat=fmt is PairFormat.chat)
 
-    _run(
-        rollouts,
-        output,
-        strict,
-        lambda on_error: run_grouped(
-            rollouts, output, convert, strict=strict, on_error=on_error, spill_dir=spill_dir
-        ),
-    )
+    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir)
 
 
 @app.command()
@@ -219,14 +216,7 @@ def ranked(
             return None
         return to_ranked(group, chat=fmt is PairFormat.chat)
 
-    _run(
-        rollouts,
-        output,
-        strict,
-        lambda on_error: run_grouped(
-            rollouts, output, convert, strict=strict, on_error=on_error, spill_dir=spill_dir
-        ),
-    )
+    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir)
 
 
 @app.command("ranked-to-grpo")
@@ -243,11 +233,4 @@ def ranked_to_grpo_command(
     def convert(record: dict[str, Any]) -> list[dict[str, Any]]:
         return ranked_to_grpo(record, input_key=input_key, output_key=output_key, reward_key=reward_key)
 
-    _run(
-        ranked_groups,
-        output,
-        strict,
-        lambda on_error: run_records(
-            ranked_groups, output, convert, strict=strict, on_error=on_error, check=check_ranked
-        ),
-    )
+    _run(ranked_groups, output, strict, run_records, convert, check=check_ranked)

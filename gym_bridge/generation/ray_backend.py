@@ -234,7 +234,9 @@ def _pack(model: Any) -> dict[str, tuple[Any, str]]:
     """
     import torch
 
-    state = model.state_dict() if hasattr(model, "state_dict") else model
+    from gym_bridge.generation.weights import plain_state_dict
+
+    state = plain_state_dict(model)  # a LoRA-trained model's adapters merged in
     packed = {}
     for name, tensor in state.items():
         tensor = tensor.detach().cpu().contiguous()

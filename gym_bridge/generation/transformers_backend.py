@@ -23,8 +23,9 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
+from gym_bridge.generation.weights import plain_state_dict
 from gym_bridge.train.logprobs import gather_logprobs
-from gym_bridge.train.shared_prefix import distinct_prompts, prefill
+from gym_bridge.train.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
 __all__ = ["TransformersBackend", "checked_stop_token_ids"]
 
@@ -90,7 +91,7 @@ class TransformersBackend(GenerationBackend):
         """Load a ``state_dict`` (or copy a model's) into the served model; a no-op for the same object."""
         if weights is None or weights is self.model:
             return
-        state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+        state = plain_state_dict(weights)  # a LoRA-trained model's adapters merged in
         with self.lock:
             self.model.load_state_dict(state)
 
@@ -205,10 +206,10 @@ class TransformersBackend(GenerationBackend):
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
                 position_ids=position,
-                past_key_values=cache,
                 use_cache=True,
+                **cache_kwargs(self.model, cache),
             )
-            cache = out.past_key_values
+            cache = output_cache(out)
             logits = out.logits[:, -1, :].float()
 
     def _finished(self, row: _Row) -> bool:

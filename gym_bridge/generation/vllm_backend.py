@@ -6,17 +6,28 @@ imported only when a :class:`VllmBackend` is built, so CPU installs never need i
 Log-probabilities: vLLM's default ``logprobs_mode`` is ``"raw_logprobs"`` (before temperature and
 top-p/top-k), the same convention as :mod:`gym_bridge.generation.backend`; this backend asks for it
 explicitly where the installed vLLM knows the option.
+
+Colocated with a trainer on the same GPU (``colocated=True``), weights are refit from the trainer's
+GPU tensors without passing through host memory: a one-GPU engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise), so its workers load the very tensors;
+engine workers in other processes get CUDA IPC handles to them and copy device to device. Only CPU
+tensors (a policy trained on the CPU) travel by value. :func:`colocation_problem` checks before the
+engine starts that ``gpu_memory_utilization`` fits beside the policy.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.generation.weights import plain_state_dict
 
-__all__ = ["VllmBackend", "VllmUnavailableError"]
+__all__ = ["VllmBackend", "VllmUnavailableError", "colocation_problem", "weight_payload"]
+
+GIB = 1024**3
 
 
 class VllmUnavailableError(ImportError):
@@ -37,16 +48,24 @@ def _import_vllm() -> Any:
 class VllmBackend(GenerationBackend):
     """Generate with an in-process ``vllm.LLM`` engine; ``update_weights`` refits it after a train step."""
 
+    in_process: bool = False
+    """Whether the engine's worker runs in this process (refits then pass the tensors themselves)."""
+
     def __init__(
         self,
         model: str,
         model_name: str | None = None,
         stop_token_ids: Sequence[int] = (),
+        colocated: bool = False,
         **engine_kwargs: Any,
     ) -> None:
-        """``stop_token_ids`` end every completion, besides each request's own."""
+        """``stop_token_ids`` end every completion, besides each request's own. ``colocated``: a
+        trainer in this process refits the engine from its own GPU tensors (see the module docstring)."""
         vllm = _import_vllm()
         self._vllm = vllm
+        if colocated and engine_kwargs.get("tensor_parallel_size", 1) == 1:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         init_params = inspect.signature(vllm.LLM.__init__).parameters
         if "logprobs_mode" in init_params or any(p.kind is p.VAR_KEYWORD for p in init_params.values()):
             engine_kwargs.setdefault("logprobs_mode", "raw_logprobs")
@@ -106,19 +125,23 @@ class VllmBackend(GenerationBackend):
         return results
 
     def update_weights(self, weights: Any) -> None:
-        """Refit vLLM's model from a ``state_dict`` (or a model) with the model's own ``load_weights``.
+        """Refit vLLM's model from a ``state_dict`` (or a model, LoRA merged) with its own ``load_weights``.
 
-        Tries vLLM's ``collective_rpc`` (V1 engine; workers may run in other processes, which needs
-        ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to ship the function), then the V0 in-process path.
+        Tries vLLM's ``collective_rpc`` (V1 engine; workers in other processes need
+        ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` to ship the function, and get CUDA tensors as IPC
+        handles, see :func:`weight_payload`), then the V0 in-process path.
         """
-        state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+        state = plain_state_dict(weights)  # LoRA adapters merged in (on the weights' device)
         items = [(name, tensor.detach()) for name, tensor in state.items()]
 
-        def load(worker: Any) -> None:
-            worker.model_runner.model.load_weights(weights=items)
-
         if hasattr(self.llm, "collective_rpc"):
+            payload = weight_payload(items, shared=not self.in_process)
+
+            def load(worker: Any) -> None:
+                worker.model_runner.model.load_weights(weights=payload.tensors())
+
             self.llm.collective_rpc(load)
+            del payload  # the IPC handles' tensors stay alive until every worker has copied them
             if hasattr(self.llm, "reset_prefix_cache"):  # cached KV blocks belong to the old weights
                 self.llm.reset_prefix_cache()
             return
@@ -127,3 +150,55 @@ class VllmBackend(GenerationBackend):
 
     def close(self) -> None:
         del self.llm
+
+
+class _Payload:
+    """Weights for a ``load_weights`` call in a vLLM worker: the tensors themselves, or CUDA IPC
+    handles to them that the worker opens (no copy through host memory)."""
+
+    def __init__(self, items: list[tuple[str, Any]], handles: list[tuple[str, Any]] | None) -> None:
+        self._items = items
+        self._handles = handles
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped to another process: handles only when we have them
+        if self._handles is None:
+            return {"_items": self._items, "_handles": None}
+        return {"_items": None, "_handles": self._handles}
+
+    def tensors(self) -> list[tuple[str, Any]]:
+        if self._handles is None:
+            return self._items
+        return [(name, rebuild(*args)) for name, (rebuild, args) in self._handles]
+
+
+def weight_payload(items: list[tuple[str, Any]], *, shared: bool) -> _Payload:
+    """``items`` as a :class:`_Payload`; with ``shared`` (workers in other processes) and CUDA tensors,
+    as CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``, what torch's own
+    multiprocessing sends): the worker maps the trainer's GPU memory and ``load_weights`` copies from
+    it on the GPU. CPU tensors go by value."""
+    if not shared or not items or any(not t.is_cuda for _, t in items):
+        return _Payload(items, None)
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return _Payload(items, [(name, reduce_tensor(tensor.contiguous())) for name, tensor in items])
+
+
+def colocation_problem(utilization: float, still_to_allocate: int, device: Any = None) -> str | None:
+    """Why vLLM with ``gpu_memory_utilization=utilization`` cannot start beside the policy on this GPU,
+    or None. vLLM takes ``utilization x total`` memory and refuses to start when less is free; the
+    trainer still has ``still_to_allocate`` bytes to come (gradients and optimizer state are made at
+    the first step), so both are checked here, with a message naming the key."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    wanted = utilization * total
+    available = free - still_to_allocate
+    if wanted <= available:
+        return None
+    fits = max(0.0, available / total)
+    return (
+        f"policy.generation.vllm_cfg.gpu_memory_utilization is {utilization}: vLLM would take "
+        f"{wanted / GIB:.1f} GiB of this GPU's {total / GIB:.1f} GiB, but {free / GIB:.1f} GiB are free "
+        f"beside the policy and {still_to_allocate / GIB:.1f} GiB more are needed by its gradients and "
+        f"optimizer state: lower it to at most {fits:.2f} (or train with LoRA, or policy.precision bfloat16)"
+    )

@@ -69,6 +69,7 @@ class PolicyApp(JsonApp):
             title=f"gym-bridge policy server: {service.model_name}",
             errors=PolicyErrors(),
             max_body_bytes=settings.max_body_bytes,
+            max_held_body_bytes=settings.max_held_body_bytes,
             body_timeout_s=settings.body_timeout_s,
             auth_token=settings.auth_token,
             startup=service.start,

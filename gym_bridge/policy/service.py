@@ -72,6 +72,8 @@ class PolicySettings(BaseModel):
     """Most tokens one request may hold in the batch: ``n * (prompt + max output)``; more is refused (400)."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1)
     """Request bodies over this are refused (413) before they are read."""
+    max_held_body_bytes: int = Field(256 * 1024 * 1024, ge=1)
+    """Bytes of request bodies all requests may hold at once; past it, 503 with ``Retry-After``."""
     body_timeout_s: float = Field(60.0, gt=0)
     """A request body must arrive whole within this many seconds of its headers (else 408)."""
     return_token_ids: bool = False

@@ -16,6 +16,12 @@ and ``GRPOAdvantageEstimator``):
 - normalisation divides by ``std + 1e-6`` only where ``std > 0``: groups whose rewards are all
   equal are left unscaled (their advantages are 0 anyway);
 - optional clipping of the normalised advantages to ``[clip_low, clip_high]``.
+
+``grpo.adv_estimator.name: reinforce_plus_plus`` (REINFORCE++, Hu 2025; NeMo RL's
+``ReinforcePlusPlusAdvantageEstimator``) replaces the per-group std by one normalisation over the
+batch: ``a_i = r_i - mean(group)`` (or ``r_i`` without ``minus_baseline``), then
+``(a_i - mu) / sqrt(max(var, 1e-8))`` with mu and var over the batch's valid generated tokens, so
+each sample counts once per token it generated (NeMo RL broadcasts to tokens before the statistics).
 """
 
 from __future__ import annotations
@@ -32,11 +38,14 @@ __all__ = [
     "compute_advantages",
     "grpo_advantages",
     "group_ids",
+    "reinforce_plus_plus_advantages",
     "groups_with_variance",
     "samples_in_groups_with_variance",
 ]
 
 NORMALIZATION_EPSILON = 1e-6
+BATCH_VARIANCE_FLOOR = 1e-8
+"""REINFORCE++'s batch variance is clamped to at least this before the inverse square root (NeMo RL)."""
 
 
 def group_ids(prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -104,13 +113,56 @@ def compute_advantages(
     return advantages
 
 
+def reinforce_plus_plus_advantages(
+    rewards: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    *,
+    valid_mask: torch.Tensor | None = None,
+    token_counts: torch.Tensor | None = None,
+    minus_baseline: bool = True,
+) -> torch.Tensor:
+    """REINFORCE++ advantages (b,): group-mean baseline, then one normalisation over the whole batch.
+
+    ``token_counts`` (b,) weights each sample in the batch mean and variance by its generated tokens
+    (default 1 each); samples outside ``valid_mask`` have weight 0 and advantage 0.
+    """
+    valid = torch.ones_like(rewards) if valid_mask is None else valid_mask.to(rewards)
+    if minus_baseline:
+        baseline, _ = baseline_and_std_per_prompt(prompt_ids, rewards, valid, leave_one_out=False)
+        advantages = rewards - baseline
+    else:
+        advantages = rewards.clone()
+    weights = valid if token_counts is None else valid * token_counts.to(rewards)
+    total = weights.sum()
+    if total <= 0:
+        return torch.zeros_like(rewards)
+    mean = (advantages * weights).sum() / total
+    variance = ((advantages - mean).square() * weights).sum() / total
+    return (advantages - mean) * variance.clamp(min=BATCH_VARIANCE_FLOOR).rsqrt() * (valid > 0)
+
+
 def grpo_advantages(
     rewards: torch.Tensor,
     prompt_ids: torch.Tensor,
     cfg: GRPOConfig,
     valid_mask: torch.Tensor | None = None,
+    token_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`compute_advantages` with the settings of a ``grpo`` config section."""
+    """The advantages a ``grpo`` config section asks for (its ``adv_estimator``), clipped as it says.
+
+    ``token_counts`` (b,): generated tokens per sample, for REINFORCE++'s token-weighted statistics.
+    """
+    if cfg.adv_estimator.name == "reinforce_plus_plus":
+        advantages = reinforce_plus_plus_advantages(
+            rewards,
+            prompt_ids,
+            valid_mask=valid_mask,
+            token_counts=token_counts,
+            minus_baseline=cfg.adv_estimator.minus_baseline,
+        )
+        if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
+            advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
+        return advantages
     return compute_advantages(
         rewards,
         prompt_ids,

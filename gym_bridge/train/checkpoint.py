@@ -3,9 +3,13 @@
 Layout of one checkpoint (close to NeMo RL's)::
 
     step_12/
-        policy/weights/        model.save_pretrained (safetensors) + config
+        policy/weights/        model.save_pretrained (safetensors) + config (full fine-tuning)
+        policy/adapter/        with LoRA instead: adapter_model.safetensors + adapter_config.json,
+                               loadable by peft.PeftModel.from_pretrained as is
+        policy/merged/         with LoRA and checkpointing.save_merged: base + adapter merged, a
+                               plain transformers model (vLLM loads it too)
         policy/tokenizer/      tokenizer.save_pretrained
-        policy/optimizer.pt    optimizer and LR-scheduler state
+        policy/optimizer.pt    optimizer and LR-scheduler state (with LoRA: the adapter's only)
         rng_state.pt           python, numpy and torch RNG states
         train_dataloader.json  where the prompt loaders are
         config.yaml            the resolved run config
@@ -92,6 +96,19 @@ class Checkpoint:
     @property
     def weights_dir(self) -> Path:
         return self.path / "policy" / "weights"
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.path / "policy" / "adapter"
+
+    @property
+    def merged_dir(self) -> Path:
+        return self.path / "policy" / "merged"
+
+    @property
+    def is_lora(self) -> bool:
+        """Whether this checkpoint holds a LoRA adapter rather than whole weights."""
+        return self.adapter_dir.is_dir()
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -196,15 +213,27 @@ class CheckpointManager:
         config_yaml: str,
         metrics: dict[str, Any] | None = None,
         extra_info: dict[str, Any] | None = None,
+        peft_model: Any = None,
+        save_merged: bool = False,
     ) -> Checkpoint:
-        """Write ``step_<step>`` atomically, then prune to ``keep_top_k``; return the new checkpoint."""
+        """Write ``step_<step>`` atomically, then prune to ``keep_top_k``; return the new checkpoint.
+
+        With ``peft_model`` (LoRA) the adapter is saved instead of the weights, and with
+        ``save_merged`` the merged model besides it."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step}"
         tmp = self.root / f"{TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
             policy = tmp / "policy"
-            model.save_pretrained(policy / "weights", safe_serialization=True)
+            if peft_model is None:
+                model.save_pretrained(policy / "weights", safe_serialization=True)
+            else:
+                peft_model.save_pretrained(policy / "adapter", safe_serialization=True)
+                if save_merged:
+                    from gym_bridge.train.lora import merged_model
+
+                    merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
             tokenizer.save_pretrained(policy / "tokenizer")
             torch.save(
                 {

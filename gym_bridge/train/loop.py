@@ -32,6 +32,7 @@ from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
+from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import step_summary, validate
 from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.sample_log import write_step_samples
@@ -61,6 +62,8 @@ class TrainResult:
     validations: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: int | None = None
     curves: Path | None = None
+    trainable_parameters: tuple[int, int] = (0, 0)
+    """(trainable, total) parameters of the policy: all of them, or with LoRA the adapters'."""
 
 
 def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False) -> TrainResult:
@@ -85,6 +88,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     view.print(_where_outputs_go(cfg))
+    view.print(trainable_parameters_line(model))
     if resume is not None:
         view.print(f"resuming from {resume.path} (step {step})")
     if data.dropped:
@@ -142,11 +146,14 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 # 4. log-probs of the step's starting policy and of the reference
                 started = time.perf_counter()
                 if len(samples) > policy.train_global_batch_size:  # several optimizer steps
-                    batch.prev_logprobs = per_sample_logprobs(cfg, model, samples, learner.pad_token_id)
-                if learner.reference is not None:
-                    batch.reference_logprobs = per_sample_logprobs(
-                        cfg, learner.reference, samples, learner.pad_token_id
+                    batch.prev_logprobs = per_sample_logprobs(
+                        cfg, model, samples, learner.pad_token_id, learner.placement.autocast
                     )
+                if learner.has_reference:
+                    with learner.reference_policy() as reference:
+                        batch.reference_logprobs = per_sample_logprobs(
+                            cfg, reference, samples, learner.pad_token_id, learner.placement.autocast
+                        )
                 step_stats["time_logprobs_s"] = time.perf_counter() - started
 
                 # 5. updates
@@ -203,6 +210,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
         validations=validations,
         resumed_from=resume.step if resume is not None else None,
         curves=plot_curves(log_dir),
+        trainable_parameters=parameter_counts(model),
     )
 
 
@@ -248,6 +256,8 @@ def save_checkpoint(
         config_yaml=config_to_yaml(cfg),
         metrics={k: v for k, v in ranked.items() if isinstance(v, (int, float))},
         extra_info={"validations": validations},
+        peft_model=learner.peft,
+        save_merged=cfg.checkpointing.save_merged,
     )
 
 

@@ -3,9 +3,12 @@
 The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
 
     r_t       = exp(logp_t - logp_prev_t)                      probability ratio to the step's policy
+    r_t       = exp(mean_t'(logp_t' - logp_prev_t'))  GSPO: sequence_level_importance_ratios, one per sequence
     actor_t   = max(-A_i * r_t, -A_i * clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
+    actor_t   = -A_i * sg(clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max)) * logp_t     CISPO: use_cispo
     actor_t   = min(actor_t, -A_i * c)           only where A_i < 0 and ratio_clip_c = c is set (dual clip)
-    actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS)
+    actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS);
+                                                 GSPO: exp(sum_t(logp_prev_t - logp_gen_t)) per sequence
     w_t       = exp(logp_t - logp_gen_t)         with use_on_policy_kl_approximation
     w_t       = exp(logp_t - sg(logp_t))         otherwise (value 1; sg = stop-gradient)
     kl_t      = beta * clamp_out(w_t * k(clamp_in(logp_ref_t - logp_t)))   Schulman's k1/k2/k3
@@ -13,7 +16,10 @@ The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
 
 ``reduce`` is, with ``token_level_loss``, the sum over valid tokens divided by the number of valid
 tokens in the *global* batch; otherwise each sequence's token mean, summed over valid sequences and
-divided by the number of valid sequences in the global batch. Because the denominators are global
+divided by the number of valid sequences in the global batch. With ``loss_type: dr_grpo`` (Dr. GRPO,
+Liu et al. 2025; TRL's name) it is the sum over valid tokens divided by a constant per sequence:
+valid sequences in the global batch x ``max_completion_length``, so a token's weight does not depend
+on how long its sequence or the batch's sequences are. Because the denominators are global
 (``global_valid_toks`` / ``global_valid_seqs``, from :func:`global_normalizers` on the whole batch),
 the losses of micro-batches add up to the loss of the full batch: call ``backward()`` on each
 micro-batch loss and the gradients accumulate to the full-batch gradient.
@@ -63,6 +69,7 @@ __all__ = [
     "gather_token_logprobs",
     "global_normalizers",
     "masked_mean",
+    "metrics_to_floats",
     "reduce_microbatch_metrics",
 ]
 
@@ -140,29 +147,54 @@ def global_normalizers(
     return float(mask.sum()), float(sample_mask.sum())
 
 
-def reduce_microbatch_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
-    """Combine per-micro-batch metrics of one global batch: min/max for ``*_min``/``*_max``, else sum."""
-    out: dict[str, float] = {}
+def reduce_microbatch_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine per-micro-batch metrics of one global batch: min/max for ``*_min``/``*_max``, else sum.
+
+    Values are floats or 0-dim tensors (:meth:`ClippedPGLossFn.loss_and_metrics`); tensors are combined
+    on their device, without a transfer."""
+    out: dict[str, Any] = {}
     for item in metrics:
         for key, value in item.items():
             if key not in out:
                 out[key] = value
-            elif key.endswith("_min"):
-                out[key] = min(out[key], value)
-            elif key.endswith("_max"):
-                out[key] = max(out[key], value)
+            elif key.endswith(("_min", "_max")):
+                pick_min = key.endswith("_min")
+                if isinstance(value, torch.Tensor):
+                    out[key] = torch.minimum(out[key], value) if pick_min else torch.maximum(out[key], value)
+                else:
+                    out[key] = min(out[key], value) if pick_min else max(out[key], value)
             else:
-                out[key] += value
+                out[key] = out[key] + value
     return out
 
 
+def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """Tensor metrics as Python floats, in one transfer from their device."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        values = torch.stack([metrics[k].detach().double().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, values, strict=True))
+    return {k: out[k] for k in metrics}
+
+
 class ClippedPGLossFn:
-    """Clipped policy-gradient loss with KL regularisation (PPO / GRPO / DAPO clip-higher / dual clip).
+    """Clipped policy-gradient loss with KL regularisation (PPO / GRPO / DAPO clip-higher / dual clip /
+    GSPO / CISPO / Dr. GRPO's normaliser).
 
     Construct from the ``loss_fn`` config section; call once per micro-batch.
     """
 
-    def __init__(self, cfg: ClippedPGLossConfig):
+    def __init__(self, cfg: ClippedPGLossConfig, max_completion_length: int | None = None):
+        """``max_completion_length`` (generated tokens a sample may have) is Dr. GRPO's normaliser."""
+        if cfg.loss_type == "dr_grpo" and max_completion_length is None:
+            raise ValueError(
+                "loss_fn.loss_type 'dr_grpo' needs max_completion_length (its length normaliser)"
+            )
+        self.loss_type = cfg.loss_type
+        self.max_completion_length = max_completion_length
+        self.sequence_level_importance_ratios = cfg.sequence_level_importance_ratios
+        self.use_cispo = cfg.use_cispo
         self.ratio_clip_min = cfg.ratio_clip_min
         self.ratio_clip_max = cfg.ratio_clip_max
         self.ratio_clip_c = cfg.ratio_clip_c
@@ -191,12 +223,21 @@ class ClippedPGLossFn:
         global_valid_toks: Any,
         global_valid_seqs: Any,
     ) -> torch.Tensor:
+        if self.loss_type == "dr_grpo":
+            return masked_mean(
+                values, mask, global_normalization_factor=global_valid_seqs * self.max_completion_length
+            )
         if self.token_level_loss:
             return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
         per_sequence = masked_mean(values, token_mask, dim=-1)
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
 
-    def __call__(
+    def __call__(self, curr_logprobs: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss and metrics (as floats) of one micro-batch; arguments as :meth:`loss_and_metrics`."""
+        loss, metrics = self.loss_and_metrics(curr_logprobs, **kwargs)
+        return loss, metrics_to_floats(metrics)
+
+    def loss_and_metrics(
         self,
         curr_logprobs: torch.Tensor,
         *,
@@ -208,8 +249,9 @@ class ClippedPGLossFn:
         reference_logprobs: torch.Tensor | None = None,
         global_valid_toks: torch.Tensor | float | None = None,
         global_valid_seqs: torch.Tensor | float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss and metrics of one micro-batch.
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Loss and metrics of one micro-batch, the metrics as 0-dim tensors on the loss's device (the
+        trainer reads them once per step, not once per micro-batch).
 
         Args:
             curr_logprobs: (b, t) log-probs of the generated tokens under the policy being trained
@@ -241,8 +283,8 @@ class ClippedPGLossFn:
         if global_valid_seqs is None:
             global_valid_seqs = sample_mask.sum().detach()
 
-        def token_mean(values: torch.Tensor) -> float:
-            return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
+        def token_mean(values: torch.Tensor) -> torch.Tensor:
+            return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
 
         with torch.no_grad():
             mismatch = self._mismatch_metrics(prev_logprobs, generation_logprobs, mask, token_mean)
@@ -271,12 +313,17 @@ class ClippedPGLossFn:
         else:
             kl = torch.zeros((), dtype=curr_logprobs.dtype, device=curr_logprobs.device)
 
-        # Clipped surrogate.
-        ratios = torch.exp(curr_logprobs - prev_logprobs)
+        # Clipped surrogate (GSPO: one length-normalised ratio per sequence; CISPO: a clipped weight).
+        log_ratios = curr_logprobs - prev_logprobs
+        if self.sequence_level_importance_ratios:
+            ratios = masked_mean(log_ratios, token_mask, dim=-1).exp().unsqueeze(-1).expand_as(log_ratios)
+        else:
+            ratios = torch.exp(log_ratios)
         ratios_clamped = ratios.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
-        loss1 = -advantages * ratios
-        loss2 = -advantages * ratios_clamped
-        clip_loss = torch.max(loss1, loss2)
+        if self.use_cispo:
+            clip_loss = -advantages * ratios_clamped.detach() * curr_logprobs
+        else:
+            clip_loss = torch.max(-advantages * ratios, -advantages * ratios_clamped)
         dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
         if self.ratio_clip_c is not None:
             loss3 = -advantages * self.ratio_clip_c
@@ -284,9 +331,10 @@ class ClippedPGLossFn:
             clip_loss = torch.where(advantages < 0, torch.min(clip_loss, loss3), clip_loss)
 
         # Off-policy correction pi_prev / pi_gen on the actor term.
-        importance_weights = torch.nan_to_num(
-            torch.exp(prev_logprobs - generation_logprobs), nan=0.0, posinf=0.0, neginf=0.0
-        )
+        log_weights = prev_logprobs - generation_logprobs
+        if self.sequence_level_importance_ratios:  # GSPO: the sequence's likelihood ratio, per sequence
+            log_weights = (log_weights * mask).sum(dim=-1, keepdim=True).expand_as(log_weights)
+        importance_weights = torch.nan_to_num(torch.exp(log_weights), nan=0.0, posinf=0.0, neginf=0.0)
         if self.truncated_importance_sampling_ratio is not None:
             importance_weights = importance_weights.clamp(max=self.truncated_importance_sampling_ratio)
         weights = (
@@ -300,30 +348,38 @@ class ClippedPGLossFn:
         with torch.no_grad():
             r = ratios.detach()
             valid = mask.bool()
+            inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
+
+            def valid_min(values: torch.Tensor) -> torch.Tensor:  # +inf without valid tokens, no sync
+                return torch.where(valid, values.detach(), inf).amin()
+
+            def valid_max(values: torch.Tensor) -> torch.Tensor:
+                return torch.where(valid, values.detach(), -inf).amax()
+
             metrics = {
-                "loss": loss.item(),
-                "actor_loss": actor_loss.item(),
-                "kl_penalty": kl.item() / self.reference_policy_kl_penalty
+                "loss": loss.detach(),
+                "actor_loss": actor_loss.detach(),
+                "kl_penalty": kl.detach() / self.reference_policy_kl_penalty
                 if self.reference_policy_kl_penalty
-                else 0.0,
+                else torch.zeros_like(loss.detach()),
                 "probs_ratio": token_mean(r),
                 "probs_ratio_clamped": token_mean(ratios_clamped.detach()),
-                "probs_ratio_min": r[valid].min().item() if valid.any() else float("inf"),
-                "probs_ratio_max": r[valid].max().item() if valid.any() else float("-inf"),
-                "probs_ratio_clamped_min": ratios_clamped[valid].min().item()
-                if valid.any()
-                else float("inf"),
-                "probs_ratio_clamped_max": ratios_clamped[valid].max().item()
-                if valid.any()
-                else float("-inf"),
+                "probs_ratio_min": valid_min(r),
+                "probs_ratio_max": valid_max(r),
+                "probs_ratio_clamped_min": valid_min(ratios_clamped),
+                "probs_ratio_clamped_max": valid_max(ratios_clamped),
                 "clip_fraction_low": token_mean(((r < 1.0 - self.ratio_clip_min) & (advantages < 0)).to(r)),
                 "clip_fraction_high": token_mean(((r > 1.0 + self.ratio_clip_max) & (advantages > 0)).to(r)),
                 "dual_clip_fraction": token_mean(dual_clipped.to(r)),
                 **mismatch,
-                "sampling_importance_ratio": token_mean(importance_weights),
+                "sampling_importance_ratio": masked_mean(
+                    importance_weights[:, 0], sample_mask, global_normalization_factor=global_valid_seqs
+                ).item()
+                if self.sequence_level_importance_ratios
+                else token_mean(importance_weights),
                 # E_gen[-(pi / pi_gen) log pi]: a Monte Carlo entropy estimate from the rollouts.
                 "approx_entropy": -token_mean(torch.exp(curr_logprobs - generation_logprobs) * curr_logprobs),
-                "num_valid_samples": sample_mask.sum().item(),
+                "num_valid_samples": sample_mask.sum(),
             }
         return loss, metrics
 
@@ -333,7 +389,7 @@ class ClippedPGLossFn:
         generation_logprobs: torch.Tensor,
         mask: torch.Tensor,
         token_mean: Any,
-    ) -> dict[str, float]:
+    ) -> dict[str, torch.Tensor]:
         """How far the sampler's log-probs are from the trainer's (docs/guides/grpo.md#metrics)."""
         kl_type = self.reference_policy_kl_type
         lp_error = torch.abs(generation_logprobs - prev_logprobs)

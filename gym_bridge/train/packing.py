@@ -20,6 +20,7 @@ keeps the real tokens from seeing it). A row's unused tail is a padding "sequenc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,16 @@ class PackedRows:
         """Positions of the packed tensor that hold no sequence's token."""
         return self.input_ids.numel() - self.real_tokens
 
-    def _index(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def to(self, device: torch.device) -> PackedRows:
+        """The same rows with their tensors on ``device``."""
+        ids, positions = self.input_ids, self.position_ids
+        return dataclasses.replace(
+            self, input_ids=ids.to(device, non_blocking=True), position_ids=positions.to(device, non_blocking=True)
+        )
+
+    def _index(
+        self, width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sample, column) in the per-sequence layout and (row, column) in the packed one, for every
         next-token position j < min(L - 1, width) of every sequence."""
         sample, column, row, packed = [], [], [], []
@@ -98,19 +108,19 @@ class PackedRows:
             column += range(span)
             row += [r] * span
             packed += range(start, start + span)
-        as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+        as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
         return as_long(sample), as_long(column), as_long(row), as_long(packed)
 
     def pack(self, values: torch.Tensor) -> torch.Tensor:
         """(b, T-1) per-sequence next-token values -> (r, W-1) at their packed positions (0 elsewhere)."""
-        sample, column, row, packed = self._index(values.shape[1])
-        out = torch.zeros((self.input_ids.shape[0], self.input_ids.shape[1] - 1), dtype=values.dtype)
+        sample, column, row, packed = self._index(values.shape[1], values.device)
+        out = values.new_zeros((self.input_ids.shape[0], self.input_ids.shape[1] - 1))
         out[row, packed] = values[sample, column]
         return out
 
     def unpack(self, packed_values: torch.Tensor, width: int) -> torch.Tensor:
         """(r, W-1) packed next-token values -> (b, width) per sequence; differentiable (an index copy)."""
-        sample, column, row, packed = self._index(width)
+        sample, column, row, packed = self._index(width, packed_values.device)
         out = packed_values.new_zeros((len(self.lengths), width))
         out[sample, column] = packed_values[row, packed]
         return out

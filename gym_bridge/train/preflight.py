@@ -19,6 +19,7 @@ __all__ = ["check_machine", "machine_problems"]
 def machine_problems(cfg: MasterConfig) -> list[str]:
     """One message per configured key this machine cannot honour."""
     from gym_bridge.envs import load_server_class
+    from gym_bridge.train.device import device_problems
     from gym_bridge.train.logging import WANDB_INSTALL_HINT
 
     problems = []
@@ -38,14 +39,11 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         try:
             _import_vllm()
         except VllmUnavailableError as err:
-            problems.append(f"policy.generation.backend: {err}")
-    gpus = cfg.cluster.gpus_per_node
-    if gpus:
-        import torch
-
-        visible = torch.cuda.device_count()
-        if visible < gpus:
-            problems.append(f"cluster.gpus_per_node is {gpus} but torch sees {visible} CUDA device(s) here")
+            problems.append(
+                f"policy.generation.backend: {err}; in a training config that is policy.generation.backend: "
+                "transformers, which generates on the policy's own device (the same GPU)"
+            )
+    problems.extend(device_problems(cfg))  # CUDA asked for and absent, bf16 on a GPU without it
     for name, env in cfg.env.items():
         if env.num_workers is None or env.url is not None:
             continue

@@ -169,8 +169,9 @@ class OnlineSampler:
         if generation.stop_strings:
             overrides["stop"] = generation.stop_strings
         # One attempt of a model request may take 600 s; of an environment request (session set-up,
-        # tool calls, /verify), env.<name>.timeout_s. Three attempts each, then the rollout fails.
-        model_retry = RetryPolicy(max_attempts=3, request_timeout=600.0)
+        # tool calls, /verify), env.<name>.timeout_s. Three attempts each, then the rollout fails. A timed
+        # out model request is not sent again: the embedded server is still working on it.
+        model_retry = RetryPolicy(max_attempts=3, request_timeout=600.0, retry_timeouts=False)
         self.agent_configs = {
             name: AgentConfig(
                 model_url=f"{policy_server.url}/v1",
@@ -178,6 +179,7 @@ class OnlineSampler:
                 overrides=dict(overrides),
                 model_retry=model_retry,
                 env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
+                env_headers={"authorization": f"Bearer {env.api_key}"} if env.api_key else {},
             )
             for name, env in cfg.env.items()
         }

@@ -8,6 +8,8 @@ fixed-size groups that keep each prompt's rows together so each distinct prompt 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,18 @@ class MicroBatch:
     token_ids: list[list[int]] = field(default_factory=list)
     packed: PackedRows | None = None
     """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.packing`)."""
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with every tensor on ``device`` (built on the host, moved whole)."""
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return dataclasses.replace(
+            self,
+            input_ids=move(self.input_ids),
+            attention_mask=move(self.attention_mask),
+            token_mask=move(self.token_mask),
+            generation_logprobs=move(self.generation_logprobs),
+            packed=None if self.packed is None else self.packed.to(device),
+        )
 
 
 def make_micro_batch(
@@ -150,10 +164,12 @@ def micro_batches(
 
 
 def per_sample_logprobs(
-    cfg: MasterConfig, model: Any, samples: list[Sample], pad_token_id: int
+    cfg: MasterConfig, model: Any, samples: list[Sample], pad_token_id: int, autocast: Any = None
 ) -> list[torch.Tensor]:
-    """Each sample's (len-1,) next-token log-probs under ``model`` (no grad, batched passes)."""
+    """Each sample's (len-1,) next-token log-probs under ``model`` (no grad, batched passes), on the
+    model's device; ``autocast``: a context factory the forward passes run in (float16's autocast)."""
     out: list[torch.Tensor | None] = [None] * len(samples)
+    device = next(model.parameters()).device
     was_training = model.training
     share = shares_prompts(cfg, model)
     model.eval()
@@ -161,16 +177,17 @@ def per_sample_logprobs(
         index = list(range(len(samples)))
         for group in micro_batches(cfg, samples, index, for_logprobs=True, share_prompts=share):
             mb = make_micro_batch(samples, group, pad_token_id, share_prompts=share, packing=packing_layout(cfg))
-            logprobs = micro_batch_logprobs(model, mb, pad_token_id)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                logprobs = micro_batch_logprobs(model, mb.to(device), pad_token_id)
             for row, i in enumerate(group):
                 out[i] = logprobs[row, : len(samples[i].token_ids) - 1].clone()
     model.train(was_training)
     return out  # type: ignore[return-value]
 
 
-def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Per-sample vectors as one (len(rows), width) float32 tensor, zero-padded on the right."""
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
+def pad_rows(rows: list[torch.Tensor], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Per-sample vectors as one (len(rows), width) float32 tensor on ``device``, zero-padded on the right."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32, device=device)
     for i, row in enumerate(rows):
         out[i, : row.shape[0]] = row[:width]
     return out

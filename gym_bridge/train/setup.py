@@ -24,11 +24,14 @@ import torch
 from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.generation.ray_backend import RayBackend
 from gym_bridge.generation.transformers_backend import TransformersBackend
-from gym_bridge.generation.vllm_backend import VllmBackend
+from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
+from gym_bridge.generation.weights import plain_state_dict
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
-from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
+from gym_bridge.train.device import placement_for, resolve_device
+from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
 from gym_bridge.train.loss import ClippedPGLossFn
 from gym_bridge.train.packing import require_packing_support
 from gym_bridge.train.rollout_worker import ProcessSampler
@@ -48,8 +51,6 @@ __all__ = [
     "torch_threads",
     "weights_snapshot",
 ]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Models up to this size generate on one torch thread, and train on one unless OMP_NUM_THREADS asks
 # for more. Their ops are tiny, so more threads gain little, and they are fragile: every op is an
@@ -74,8 +75,8 @@ def seed_everything(seed: int) -> None:
 
 
 def weights_snapshot(model: Any) -> dict[str, Any]:
-    """A detached copy of the model's weights (what async GRPO's sampler is refit with)."""
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    """A detached copy of the model's weights (what async GRPO's sampler is refit with), LoRA merged in."""
+    return {name: tensor.detach().clone() for name, tensor in plain_state_dict(model).items()}
 
 
 def torch_threads(model: Any) -> tuple[int, int]:
@@ -89,12 +90,15 @@ def torch_threads(model: Any) -> tuple[int, int]:
 
 def uses_rollout_process(cfg: MasterConfig) -> bool:
     """Whether async GRPO samples in a child process. It samples with transformers; Ray replicas and
-    vLLM already run outside the trainer's interpreter, so async GRPO with them stays in-process."""
+    vLLM already run outside the trainer's interpreter, so async GRPO with them stays in-process.
+    A policy on CUDA samples in-process too, from its copy on the same GPU (a CPU child would
+    generate far slower than the GPU, and CUDA tensors do not go through its shared memory)."""
     return (
         cfg.grpo.mode == "online"
         and cfg.grpo.async_grpo.enabled
         and cfg.grpo.async_grpo.rollout_process
         and cfg.policy.generation.backend == "transformers"
+        and resolve_device(cfg).type == "cpu"
     )
 
 
@@ -147,30 +151,58 @@ def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[Checkp
 
 def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_process: bool) -> tuple[Learner, int]:
     """The policy (resumed weights if any), its frozen reference when the loss has a KL penalty, the
-    optimizer and LR schedule; and the torch threads generation gets."""
+    optimizer and LR schedule, all on the run's device (:mod:`gym_bridge.train.device`); and the torch
+    threads generation gets."""
     policy = cfg.policy
+    placement = placement_for(cfg)
     seed_everything(cfg.grpo.seed)
     model, tokenizer = load_model_and_tokenizer(
         policy.model_name, tokenizer_name=policy.tokenizer.name, chat_template=policy.tokenizer.chat_template
     )
-    model.to(DTYPES[policy.precision])
+    placement.place(model)  # before LoRA (its adapters follow their base layers) and the optimizer
     if policy.sequence_packing.enabled:
         require_packing_support(model, policy.model_name)
     threads, generation_threads = torch_threads(model)
     if rollout_process:  # the rollout process samples on its own cores meanwhile: leave them to it
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
     torch.set_num_threads(threads)
-    loss_fn = ClippedPGLossFn(cfg.loss_fn)
-    reference = None
-    if loss_fn.needs_reference_logprobs:  # the initial policy, frozen
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    loss_fn = ClippedPGLossFn(cfg.loss_fn, max_completion_length=policy.generation.max_new_tokens)
+    lora = policy.dtensor_cfg.lora_cfg
+    reference, peft_model = None, None
+    if lora.enabled:  # adapters only train; the reference is the base model with them switched off
+        try:
+            peft_model = apply_lora(model, lora)
+        except ValueError as err:
+            raise ConfigError([str(err)]) from None
+    elif loss_fn.needs_reference_logprobs:  # the initial policy, frozen
+        reference = placement.place(copy.deepcopy(model).eval().requires_grad_(False), placement.reference_dtype)
     if resume is not None:
-        resume.load_weights(model)
+        _check_checkpoint_kind(resume, lora.enabled)
+        if peft_model is not None:
+            load_adapter(peft_model, resume.adapter_dir)
+        else:
+            resume.load_weights(model)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     total = cfg.grpo.max_num_steps * optimizer_steps_per_step(cfg)
     optimizer, scheduler = build_optimizer(cfg, model, total)
-    learner = Learner(model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id)
+    learner = Learner(
+        model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id, peft_model, placement=placement
+    )
     return learner, generation_threads
+
+
+def _check_checkpoint_kind(resume: Checkpoint, lora: bool) -> None:
+    """Refuse to resume a LoRA checkpoint as full fine-tuning or the other way round."""
+    if resume.is_lora and not lora:
+        raise ConfigError([
+            f"{LORA_KEY}.enabled is false but {resume.path} holds a LoRA adapter: enable LoRA with the "
+            "same settings to resume it, or train in a new checkpointing.checkpoint_dir (or --fresh)"
+        ])
+    if lora and not resume.is_lora:
+        raise ConfigError([
+            f"{LORA_KEY}.enabled is true but {resume.path} holds full fine-tuning weights: train LoRA in a "
+            "new checkpointing.checkpoint_dir (or --fresh)"
+        ])
 
 
 @dataclass
@@ -214,6 +246,12 @@ def load_run_data(cfg: MasterConfig, tokenizer: Any) -> RunData:
     return RunData(batches, validation, dropped, max_prompt)
 
 
+def _training_bytes_to_come(model: Any) -> int:
+    """Bytes of GPU memory training allocates at its first step: a gradient and AdamW's two moments
+    per trainable parameter (an estimate for other optimizers; activations come on top)."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -> Any:
     """The in-process generation backend ``policy.generation.backend`` names, refit with ``load_weights``."""
     policy, grpo = cfg.policy, cfg.grpo
@@ -230,6 +268,13 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         return generator
     if policy.generation.backend == "vllm":  # GPU: an engine on the same weights, refit each step
         engine = policy.generation.vllm_cfg
+        colocated = learner.placement.device.type == "cuda"
+        if colocated:  # the policy is on the GPU already: vLLM's share must fit beside it
+            problem = colocation_problem(
+                engine.gpu_memory_utilization, _training_bytes_to_come(model), learner.placement.device
+            )
+            if problem:
+                raise ConfigError([problem])
         generator = VllmBackend(
             resolve_model(policy.model_name).path,
             model_name="policy",
@@ -240,14 +285,19 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
             enforce_eager=engine.enforce_eager,
             seed=grpo.seed,
             dtype=policy.precision,
+            colocated=colocated,
         )
         stack.callback(generator.close)
         generator.update_weights(model)  # a resumed run's weights, not the directory's
         return generator
     # Async GRPO samples from its own copy of the policy, refit after every step; synchronous GRPO
     # samples from the training model itself.
+    # With LoRA that copy is a plain model with the adapters merged in (what every refit sends).
     asynchronous = grpo.mode == "online" and grpo.async_grpo.enabled
-    return TransformersBackend(copy.deepcopy(model).eval() if asynchronous else model, tokenizer, **local)
+    if asynchronous:
+        model = merged_model(learner.peft) if learner.peft is not None else copy.deepcopy(model)
+        model.eval()
+    return TransformersBackend(model, tokenizer, **local)
 
 
 def start_samplers(

@@ -13,6 +13,8 @@ samples share their first prompt and run the rest (later turns, tool outputs) pe
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,13 +27,34 @@ from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_pl
 __all__ = [
     "Prefill",
     "PrefixPlan",
+    "cache_kwargs",
     "distinct_prompts",
+    "output_cache",
     "plan_prefixes",
     "prefill",
     "prefix_micro_batches",
     "shared_prefix_logprobs",
     "shares_prefixes",
 ]
+
+
+@functools.cache
+def _cache_argument(forward_class: type) -> str:
+    params = inspect.signature(forward_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model``'s forward: transformers 5.24 renamed ``past_key_values`` to
+    ``cache`` (the old name warns on every call); older releases know only ``past_key_values``."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_argument(type(target)): cache}
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward pass returned, under either release's field name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 def prompt_length(token_ids: Sequence[int], loss_mask: Sequence[int]) -> int:
@@ -140,12 +163,12 @@ def prefill(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions,
-        past_key_values=DynamicCache(),
         use_cache=True,
+        **cache_kwargs(forward, DynamicCache()),
         **kwargs,
     )
     fan_out = torch.tensor(list(row_prompt), dtype=torch.long, device=device)
-    cache = output.past_key_values
+    cache = output_cache(output)
     if list(row_prompt) != list(range(len(prompts))):  # (the identity would only copy the cache)
         cache.batch_select_indices(fan_out)
     return Prefill(output, cache, fan_out, attention_mask, positions)
@@ -195,8 +218,8 @@ def shared_prefix_logprobs(
         input_ids=suffix_ids,
         attention_mask=torch.cat([prompt.attention_mask[fan_out], suffix_attention], dim=-1),
         position_ids=starts.unsqueeze(-1) + torch.arange(suffix_width, device=device),
-        past_key_values=cache,
         use_cache=True,
+        **cache_kwargs(model.base_model, cache),
     )
 
     # Suffix token k is predicted by the prompt's last hidden state (k = 0) or by suffix position k-1.

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gym_bridge.train.advantages import grpo_advantages
 from gym_bridge.train.config import GRPOConfig, MasterConfig
+from gym_bridge.train.device import Placement
 from gym_bridge.train.loss import reduce_microbatch_metrics
+from gym_bridge.train.reward_shaping import shape_rewards
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sequences import (
     make_micro_batch,
@@ -42,8 +46,33 @@ class Learner:
     scheduler: Any
     loss_fn: Any
     reference: Any | None
-    """The frozen initial policy when the loss has a KL penalty, else None."""
+    """The frozen initial policy when the loss has a KL penalty (full fine-tuning), else None."""
     pad_token_id: int
+    peft: Any | None = None
+    """With LoRA, the ``PeftModel`` around ``model`` (whose layers hold the adapters), else None."""
+    placement: Placement = field(default_factory=Placement.cpu)
+    """The device every training tensor goes to and the precision (:mod:`gym_bridge.train.device`)."""
+    scaler: Any | None = None
+    """float16's loss scaler, one per run (its scale adapts across steps); made from ``placement``."""
+
+    def __post_init__(self) -> None:
+        if self.scaler is None:
+            self.scaler = self.placement.grad_scaler()
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the loss needs reference log-probs and there is a reference to take them from."""
+        return self.reference is not None or (self.peft is not None and self.loss_fn.needs_reference_logprobs)
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[Any]:
+        """The KL reference to run forward passes on: the frozen copy, or with LoRA the trained model
+        itself with its adapters switched off for the duration (the base model, no second copy)."""
+        if self.peft is None:
+            yield self.reference
+            return
+        with self.peft.disable_adapter():
+            yield self.model
 
 
 @dataclass
@@ -52,7 +81,7 @@ class StepBatch:
 
     samples: list[Sample]
     advantages: torch.Tensor
-    """(b,) group-relative advantages."""
+    """(b,) advantages from ``grpo.adv_estimator``, of the rewards after ``grpo.reward_shaping``."""
     sample_mask: torch.Tensor
     """(b,) 1 for samples in the loss: masked samples and, with ``overlong_filtering``, truncated ones
     are out (truncated ones still count in their group's baseline, as in NeMo RL)."""
@@ -63,10 +92,12 @@ class StepBatch:
 
     @classmethod
     def from_samples(cls, grpo: GRPOConfig, samples: list[Sample]) -> StepBatch:
+        lengths = torch.tensor([float(s.generated_tokens) for s in samples])
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        rewards = shape_rewards(rewards, lengths, grpo.reward_shaping)  # DAPO's overlong penalty
         groups = torch.tensor([s.group for s in samples])
         valid = torch.tensor([float(not s.masked) for s in samples])
-        advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid)
+        advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid, token_counts=lengths)
         sample_mask = valid.clone()
         if grpo.overlong_filtering:
             sample_mask *= torch.tensor([float(not s.truncated) for s in samples])
@@ -99,58 +130,102 @@ def skip_update(cfg: MasterConfig, learner: Learner, num_samples: int) -> dict[s
 
 
 def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
-    """Optimizer steps over the batch's samples, ``train_global_batch_size`` at a time; their metrics."""
-    model, samples, sample_mask = learner.model, batch.samples, batch.sample_mask
+    """Optimizer steps over the batch's samples, ``train_global_batch_size`` at a time; their metrics.
+
+    Every tensor of the pass is on ``learner.placement.device``: micro-batches are built on the host
+    and moved there whole, and metrics stay tensors there until one transfer at the end of the step.
+    """
+    model, samples, place = learner.model, batch.samples, learner.placement
     model.train()
     share, packing = shares_prompts(cfg, model), packing_layout(cfg)
     max_norm = cfg.policy.max_grad_norm if cfg.policy.max_grad_norm is not None else math.inf
-    step_metrics: list[dict[str, float]] = []
+    advantages, sample_mask = place.tensor(batch.advantages), place.tensor(batch.sample_mask)
+    step_metrics: list[dict[str, torch.Tensor]] = []
     for batch_index in optimizer_batches(cfg, len(samples)):
         groups = micro_batches(cfg, samples, batch_index, for_logprobs=False, share_prompts=share)
         mbs = [
             make_micro_batch(samples, g, learner.pad_token_id, share_prompts=share, packing=packing) for g in groups
         ]
-        valid_toks = sum(float((mb.token_mask * sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in mbs)
-        valid_seqs = float(sample_mask[batch_index].sum())
+        # normalisers from the host tensors, before the micro-batches move (no device sync)
+        valid_toks = sum(float((mb.token_mask * batch.sample_mask[mb.index].unsqueeze(-1)).sum()) for mb in mbs)
+        valid_seqs = float(batch.sample_mask[batch_index].sum())
         if valid_toks == 0:  # nothing to learn from: no optimizer step, but the schedule moves on
             _step_scheduler(learner.scheduler)
             continue
         learner.optimizer.zero_grad(set_to_none=True)
-        metrics: list[dict[str, float]] = []
-        for mb in mbs:
+        metrics: list[dict[str, torch.Tensor]] = []
+        for mb in (mb.to(place.device) for mb in mbs):
             width = mb.token_mask.shape[1]
-            current = micro_batch_logprobs(model, mb, learner.pad_token_id)
+            with place.autocast():
+                current = micro_batch_logprobs(model, mb, learner.pad_token_id)
             prev = (
                 current.detach()
                 if batch.prev_logprobs is None
-                else pad_rows([batch.prev_logprobs[i] for i in mb.index], width)
+                else pad_rows([batch.prev_logprobs[i] for i in mb.index], width, place.device)
             )
             generation = mb.generation_logprobs if mb.generation_logprobs is not None else prev
             reference = (
-                pad_rows([batch.reference_logprobs[i] for i in mb.index], width)
+                pad_rows([batch.reference_logprobs[i] for i in mb.index], width, place.device)
                 if batch.reference_logprobs
                 else None
             )
-            loss, mb_metrics = learner.loss_fn(
+            loss, mb_metrics = learner.loss_fn.loss_and_metrics(
                 current,
                 prev_logprobs=prev,
                 generation_logprobs=generation * mb.token_mask,
-                advantages=batch.advantages[mb.index],
+                advantages=advantages[mb.index],
                 token_mask=mb.token_mask,
                 sample_mask=sample_mask[mb.index],
                 reference_logprobs=reference,
                 global_valid_toks=valid_toks,
                 global_valid_seqs=valid_seqs,
             )
-            loss.backward()
+            (learner.scaler.scale(loss) if learner.scaler is not None else loss).backward()
             metrics.append(mb_metrics)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        learner.optimizer.step()
-        learner.scheduler.step()
         reduced = reduce_microbatch_metrics(metrics)
-        reduced["grad_norm"] = float(grad_norm)
+        reduced.update(_optimizer_step(learner, max_norm))
+        _step_scheduler(learner.scheduler)  # also after a float16 step the scaler skipped
         step_metrics.append(reduced)
-    return _mean_over_optimizer_steps(step_metrics)
+    host = _to_host(step_metrics)
+    for metrics in host:  # a skipped (overflowed) float16 step applied no gradient: no norm to average
+        if metrics.get("amp_skipped_steps"):
+            del metrics["grad_norm"]
+    out = _mean_over_optimizer_steps(host)
+    if learner.scaler is not None:
+        out["amp_loss_scale"] = float(learner.scaler.get_scale())
+    return out
+
+
+def _optimizer_step(learner: Learner, max_norm: float) -> dict[str, torch.Tensor]:
+    """Clip and step; with float16's scaler, unscale first and let the scaler skip an overflowed step.
+
+    The scaler skips exactly when an unscaled gradient is inf or NaN, that is when their norm is not
+    finite: that is how a skip is counted without asking the device mid-step.
+    """
+    params = [p for group in learner.optimizer.param_groups for p in group["params"]]
+    scaler = learner.scaler
+    if scaler is None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach().float()
+        learner.optimizer.step()
+        return {"grad_norm": grad_norm}
+    scaler.unscale_(learner.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach().float()
+    scaler.step(learner.optimizer)  # skipped when any gradient overflowed
+    scaler.update()
+    skipped = (~torch.isfinite(grad_norm)).float()
+    return {"grad_norm": grad_norm, "amp_skipped_steps": skipped}
+
+
+def _to_host(step_metrics: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
+    """Every metric tensor of the step as Python floats, in one device-to-host transfer."""
+    keys = [(i, key) for i, metrics in enumerate(step_metrics) for key in metrics]
+    if not keys:
+        return [{} for _ in step_metrics]
+    values = torch.stack([step_metrics[i][key].detach().double().reshape(()) for i, key in keys]).tolist()
+    out: list[dict[str, float]] = [{} for _ in step_metrics]
+    for (i, key), value in zip(keys, values, strict=True):
+        out[i][key] = value
+    return out
 
 
 def _mean_over_optimizer_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
@@ -158,9 +233,11 @@ def _mean_over_optimizer_steps(step_metrics: list[dict[str, float]]) -> dict[str
     if not step_metrics:
         return {"optimizer_steps": 0}
     out: dict[str, float] = {}
-    for key in step_metrics[0]:
+    for key in dict.fromkeys(k for m in step_metrics for k in m):
         values = [m[key] for m in step_metrics if key in m]
-        if key.endswith("_min"):
+        if key == "amp_skipped_steps":  # a count over the step
+            out[key] = sum(values)
+        elif key.endswith("_min"):
             out[key] = min(values)
         elif key.endswith("_max"):
             out[key] = max(values)

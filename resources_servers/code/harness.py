@@ -14,9 +14,17 @@ import). Answers are JSON lines written by a small encoder here, because the hos
 and importing ``json`` (with ``re`` and ``enum``) would double the start-up time.
 
 Expected outputs never enter the sandbox: the host compares, so a program can neither read nor forge
-them. Each test runs in a fresh fork (own process group, CPU and file-size limits, stdout to a capped
-file); after it, every other process in the sandbox's PID namespace is killed, so nothing a test spawned
-outlives it.
+them. Each test runs in a fresh fork (own process group, CPU and file-size limits) whose fds 0-4 are
+files the harness opened and unlinked before the fork (stdin, stdout, stderr, return value, exception
+name): nothing of a test is reachable by a path, and the channel to the host (the harness's own stdin and
+stdout pipes) is closed in the test process, which cannot reopen it through ``/proc`` because the
+harness is not dumpable. The verdict (exit status, signal, CPU, wall clock) is the harness's own
+observation; what the test wrote is only data for the host to grade, parsed with bounds.
+
+The CPU limit applies to the test's whole process tree (``proctree``): every descendant, ``setsid()``
+or not, is charged, and the tree is killed as a unit when the sum passes ``timeout_s``. After each
+test every process it left is killed and the writable directories (``/tmp`` and the like) are emptied,
+so every test starts from the same state.
 """
 
 import _signal as signal  # the C module: ``signal`` would import enum, a third of start-up time
@@ -30,8 +38,13 @@ import select
 import sys
 import time
 
-WORK = "/tmp/.harness"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
+import proctree  # noqa: E402  (beside this file in the sandbox's read-only directory)
+
 PROGRAM_DIR = "/tmp/work"
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+"""Writable places a test could leave state in; emptied between tests (the read-only mounts kept)."""
+KEEP = {"/tmp/.sandbox"}
 
 
 _ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
@@ -101,24 +114,26 @@ def _non_dumpable():
         pass
 
 
-def _read_capped(path, cap):
+def _scratch_file():
+    """A file no path leads to (O_TMPFILE, or created and unlinked at once): only its fd reaches it."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(cap + 1)
-    except OSError:
-        return b"", False
+        return os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):
+        path = f"/tmp/.h{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(path)
+        return fd
+
+
+def _read_capped(fd, cap):
+    """The first ``cap`` bytes of the file behind ``fd`` and whether there was more."""
+    data = os.pread(fd, cap + 1, 0)
     return data[:cap], len(data) > cap
 
 
-def _tail(path, n=2048):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+def _tail(fd, n=2048):
+    size = os.fstat(fd).st_size
+    return os.pread(fd, n, max(0, size - n)).decode("utf-8", "replace")
 
 
 def _find_function(namespace, fn_name):
@@ -140,22 +155,21 @@ def _print_traceback():
         pass
 
 
-def _child(code, cfg, test):
-    """The forked test process: wire files to fds 0-2, set limits, run the program, report, _exit."""
+def _child(code, cfg, test, fds):
+    """The forked test process: wire the unlinked files to fds 0-4, set limits, run the program, _exit.
+
+    fd 3 takes the return value and fd 4 the exception's name: data for the host to grade, never a
+    verdict (the harness judges from what it observes of the process).
+    """
     status = {"exc": None}
     exit_code = 0
     reserve = bytearray(1 << 20)  # freed on MemoryError so the traceback can still be written
     try:
         os.setpgid(0, 0)
-        for fd, path, flags in (
-            (0, f"{WORK}/stdin", os.O_RDONLY),
-            (1, f"{WORK}/stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            (2, f"{WORK}/stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        ):
-            opened = os.open(path, flags, 0o600)
-            os.dup2(opened, fd)
-            os.close(opened)
-        os.closerange(3, 4096)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.lseek(0, 0, os.SEEK_SET)
+        os.closerange(len(fds), 4096)
         cpu = max(1, math.ceil(cfg["wall_timeout_s"]))  # backstop; _wait enforces timeout_s of CPU
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         cap = cfg["output_bytes"] + 1
@@ -178,8 +192,7 @@ def _child(code, cfg, test):
         if cfg.get("fn_name") is not None:
             fn = _find_function(namespace, cfg["fn_name"])
             value = to_json(fn(*test["args"]))
-            with open(f"{WORK}/result", "w", encoding="utf-8", errors="backslashreplace") as f:
-                f.write(value)
+            os.write(3, value.encode("utf-8", "backslashreplace"))
     except SystemExit as e:
         if e.code is None:
             exit_code = 0
@@ -205,142 +218,110 @@ def _child(code, cfg, test):
         status["exc"] = status["exc"] or type(e).__name__
         exit_code = exit_code or 1
     try:
-        with open(f"{WORK}/status", "w") as f:
-            f.write(status["exc"] or "")
+        os.write(4, (status["exc"] or "").encode())
     except BaseException:
         pass
     os._exit(exit_code)
 
 
-def _cpu_seconds(pid):
-    """CPU time (user + system) the process has used so far, from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0.0
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _wait(tree, cpu_limit, wall_limit):
+    """Wait for the test process; True when its tree passed its CPU or wall-clock limit (then kill it).
 
-
-def _wait(pid, cpu_limit, wall_limit):
-    """Wait for the test process; kill its group past its CPU or wall-clock limit.
-
-    Returns (timed_out, status, rusage). CPU time is what counts against the program (a loaded machine
-    stretches the wall clock); the wall-clock limit catches sleepers and runaway children.
+    CPU time of the whole tree is what counts against the program (a loaded machine stretches the wall
+    clock). The wall-clock limit catches sleepers; time the test spent waiting for a CPU while runnable
+    (other sandboxes' load) is not charged to it, up to twice the limit.
     """
-    timed_out = False
     started = time.monotonic()
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = os.pidfd_open(tree.root)
     except (AttributeError, OSError):
         pidfd = None
-    while True:
-        remaining = wall_limit - (time.monotonic() - started)
-        if remaining <= 0:
-            timed_out = True
-            break
-        if pidfd is not None:
-            if select.select([pidfd], [], [], min(0.05, remaining))[0]:
+    timed_out = False
+    try:
+        while not tree.reap():
+            wall = time.monotonic() - started
+            if wall > wall_limit and (
+                wall > 2 * wall_limit or wall - proctree.run_delay(tree.root) > wall_limit
+            ):
+                timed_out = True
                 break
-        elif os.waitpid(pid, os.WNOHANG) != (0, 0):
-            break
-        else:
-            time.sleep(0.002)
-        if _cpu_seconds(pid) > cpu_limit:
-            timed_out = True
-            break
-    if pidfd is not None:
-        os.close(pidfd)
-    if timed_out:
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-            except OSError:
-                pass
-    _, status, usage = os.wait4(pid, 0)
-    return timed_out, status, usage
-
-
-def _other_pids():
-    me = os.getpid()
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+            if tree.cpu() > cpu_limit:
+                timed_out = True
+                break
+            if pidfd is not None:
+                select.select([pidfd], [], [], 0.02)
+            else:
+                time.sleep(0.005)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return timed_out
 
 
 def in_own_pid_namespace():
     """True only inside the sandbox: there the harness is PID 1 (unshare) or 2 (bubblewrap's init is 1).
 
-    On a host those PIDs belong to init and kthreadd, never to this script. ``kill(-1)`` below signals
-    every process the caller may signal, so it must never run anywhere else.
+    On a host those PIDs belong to init and kthreadd, never to this script. ``kill(-1)`` (the clean-up
+    after each test) signals every process the caller may signal, so it must never run anywhere else.
     """
-    return os.getpid() in (1, 2) and os.getppid() in (0, 1) and len(_other_pids()) <= 1
+    return os.getpid() in (1, 2) and os.getppid() in (0, 1) and len(proctree.other_pids()) <= 1
 
 
-def _kill_everything_else():
-    """SIGKILL every process in the sandbox but the harness (and PID 1), then wait until they are gone."""
-    if not _other_pids():
+def _empty(path):
+    """Remove everything under ``path`` without following links (modes a test set are undone first)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
         return
-    if not IN_SANDBOX:  # unreachable: main() refuses to start outside the sandbox; kept as a second lock
-        raise SystemExit("refusing to kill(-1) outside a private PID namespace")
-    deadline = time.monotonic() + 2.0
-    while True:
+    for entry in entries:
+        full = entry.path
+        if full in KEEP or os.path.ismount(full):
+            continue
         try:
-            os.kill(-1, signal.SIGKILL)
+            if entry.is_dir(follow_symlinks=False):
+                os.chmod(full, 0o700)
+                _empty(full)
+                os.rmdir(full)
+            else:
+                os.unlink(full)
         except OSError:
             pass
-        while True:  # reap our own children (all of them when the harness is PID 1)
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-        if not _other_pids() or time.monotonic() > deadline:
-            return
-        time.sleep(0.001)
 
 
-def _reset_dir(path):
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            try:
-                os.unlink(os.path.join(root, name))
-            except OSError:
-                pass
-        for name in dirs:
-            try:
-                os.rmdir(os.path.join(root, name))
-            except OSError:
-                pass
+def _fresh_scratch():
+    """Every writable directory back to its state at start: empty, with the program's working dir."""
+    for path in SCRATCH_DIRS:
+        if os.access(path, os.W_OK):
+            _empty(path)
+    os.makedirs(PROGRAM_DIR, mode=0o700, exist_ok=True)
 
 
 def run_test(code, cfg, test):
-    for name in ("stdout", "stderr", "result", "status"):
-        try:
-            os.unlink(f"{WORK}/{name}")
-        except FileNotFoundError:
-            pass
-    _reset_dir(PROGRAM_DIR)
-    with open(f"{WORK}/stdin", "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.write(test.get("stdin", ""))
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        _child(code, cfg, test)
-    timed_out, status, usage = _wait(pid, cfg["timeout_s"], cfg["wall_timeout_s"])
-    wall = time.monotonic() - started
-    _kill_everything_else()
-    cap = cfg["output_bytes"]
-    stdout, stdout_over = _read_capped(f"{WORK}/stdout", cap)
-    result, result_over = _read_capped(f"{WORK}/result", cap)
+    _fresh_scratch()
+    fds = [_scratch_file() for _ in range(5)]  # stdin, stdout, stderr, return value, exception name
     try:
-        with open(f"{WORK}/status", errors="replace") as f:
-            exc = f.read(200).strip() or None
-    except OSError:
-        exc = None
+        os.write(fds[0], test.get("stdin", "").encode("utf-8", "surrogateescape"))
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            _child(code, cfg, test, fds)
+        tree = proctree.Tree(pid)
+        timed_out = _wait(tree, cfg["timeout_s"], cfg["wall_timeout_s"])
+        wall = time.monotonic() - started
+        tree.kill(IN_SANDBOX)
+        cpu = tree.cpu()
+        cap = cfg["output_bytes"]
+        stdout, stdout_over = _read_capped(fds[1], cap)
+        result, result_over = _read_capped(fds[3], cap)
+        exc = os.pread(fds[4], 200, 0).decode("utf-8", "replace").strip() or None
+        stderr_tail = _tail(fds[2])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    _fresh_scratch()
+    status = tree.status
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    cpu = usage.ru_utime + usage.ru_stime
     if timed_out or sig in (signal.SIGXCPU,) or (sig == signal.SIGKILL and cpu >= cfg["timeout_s"]):
         verdict = "timeout"
     elif stdout_over or result_over or sig == signal.SIGXFSZ or exc == "OSError" and stdout_over:
@@ -349,9 +330,10 @@ def run_test(code, cfg, test):
         verdict = "memory"
     elif exc is not None or exit_code != 0 or sig is not None:
         verdict = "error"
+    elif cfg.get("fn_name") is not None and not result:
+        verdict, exc = "error", "NoReturnValue"  # exited (status 0) before the call returned
     else:
         verdict = "ok"
-    _reset_dir(PROGRAM_DIR)
     return {
         "event": "result",
         "status": verdict,
@@ -360,7 +342,7 @@ def run_test(code, cfg, test):
         "exception": exc,
         "stdout": stdout.decode("utf-8", "replace"),
         "result": result.decode("utf-8", "replace") if cfg.get("fn_name") is not None else None,
-        "stderr_tail": _tail(f"{WORK}/stderr"),
+        "stderr_tail": stderr_tail,
         "wall_s": round(wall, 4),
         "cpu_s": round(cpu, 4),
     }
@@ -376,8 +358,7 @@ def main():
         sys.stderr.write("harness.py runs only inside the code sandbox (its own PID namespace); refusing\n")
         sys.exit(2)
     _non_dumpable()
-    os.makedirs(WORK, mode=0o700, exist_ok=True)
-    os.makedirs(PROGRAM_DIR, mode=0o700, exist_ok=True)
+    proctree.become_subreaper()  # under bubblewrap the harness is PID 2: orphans must come to it
     channel = sys.stdin.buffer
     cfg = _receive(channel)
     if cfg is None:

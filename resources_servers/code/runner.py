@@ -20,6 +20,7 @@ from resources_servers.code.grading import call_output_matches, stdout_matches
 __all__ = ["CodeLimits", "CodeRunResult", "TestCase", "TestOutcome", "run_code_tests"]
 
 HARNESS = Path(__file__).with_name("harness.py")
+PROCTREE = Path(__file__).with_name("proctree.py")
 
 _KIND_OF_STATUS = {
     "error": "runtime_error",
@@ -87,7 +88,10 @@ class CodeRunResult(BaseModel):
 
 
 def _preview(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+    except (ValueError, RecursionError):  # an int too long for str(), nesting too deep
+        text = f"<{type(value).__name__} too large to show>"
     return repr(text[:_PREVIEW] + ("..." if len(text) > _PREVIEW else ""))
 
 
@@ -124,12 +128,11 @@ def _grade(index: int, msg: dict[str, Any], case: TestCase, fn_name: str | None)
         expected = case.expected if isinstance(case.expected, str) else "\n".join(map(str, case.expected))
         ok = stdout_matches(got, expected)
     else:
+        got, expected = _return_value(msg.get("result")), case.expected
         try:
-            got = json.loads(msg.get("result") or "null")
-        except ValueError:
-            got = msg.get("result")
-        expected = case.expected
-        ok = call_output_matches(got, expected)
+            ok = call_output_matches(got, expected)
+        except RecursionError:  # nested deeper than the comparison can follow: not the expected value
+            ok = False
     if ok:
         return TestOutcome(**base, outcome="pass")
     return TestOutcome(
@@ -139,6 +142,20 @@ def _grade(index: int, msg: dict[str, Any], case: TestCase, fn_name: str | None)
         detail=f"expected {_preview(expected)}, got {_preview(got)}",
         stderr_tail=msg.get("stderr_tail") or None,
     )
+
+
+def _return_value(text: Any) -> Any:
+    """The program's return value from its JSON text; text that is not bounded JSON stays text.
+
+    The program wrote this text: past Python's nesting limit (``RecursionError``) or with an integer too
+    long to parse it is kept as the raw string, which equals no expected value but itself.
+    """
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
 
 
 def _frame(obj: Any) -> bytes:
@@ -228,7 +245,9 @@ async def run_code_tests(
         "wall_timeout_s": wall_timeout,
         "output_bytes": limits.output_bytes,
     }
-    async with sandbox.open(command, sandbox_limits, ro_files={"harness.py": str(HARNESS)}) as proc:
+    async with sandbox.open(
+        command, sandbox_limits, ro_files={"harness.py": str(HARNESS), "proctree.py": str(PROCTREE)}
+    ) as proc:
         await proc.send(_frame(config))
         try:
             line = await proc.readline(timeout=min(60.0, limits.task_timeout_s))
@@ -243,7 +262,8 @@ async def run_code_tests(
         for index, case in enumerate(tests):
             sent = await proc.send(_frame(test_message(case.input, fn_name)))
             try:
-                line = await proc.readline(timeout=wall_timeout + 5.0) if sent else None
+                # the harness allows a test up to 2 x wall_timeout when it waited for a CPU
+                line = await proc.readline(timeout=2 * wall_timeout + 5.0) if sent else None
             except TimeoutError:
                 proc.kill()
                 outcomes.append(

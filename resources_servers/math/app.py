@@ -1,6 +1,6 @@
 """The ``math`` resources server: rewards a response whose final answer equals ``expected_answer``.
 
-NeMo Gym-compatible (``math_with_judge`` without the judge): task rows carry ``expected_answer`` and the
+NeMo Gym-compatible (``math_with_judge``; its LLM-judge fallback is :mod:`resources_servers.math.judge`): task rows carry ``expected_answer`` and the
 problem as ``question`` (NeMo Gym) or ``problem`` (OpenMathInstruct-2); ``/verify`` answers with the
 request echoed plus ``reward``, ``extracted_answer``, ``library_reward``, ``judge_evaluations: null``,
 ``mask_sample: false`` and, specific to gym-bridge, ``extraction_method`` and ``failure_kind`` /
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from gym_bridge.judge import JudgeClient, judge_metrics
 from gym_bridge.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.server import ResourcesServer, ServerSettings, Session
 from resources_servers.math.extraction import (
@@ -33,6 +34,7 @@ from resources_servers.math.extraction import (
     strip_math_delimiters,
 )
 from resources_servers.math.fastpath import compare_plain
+from resources_servers.math.judge import MathJudgeConfig, judge_fallback
 from resources_servers.math.pool import VerifierPool
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("config.yaml")
@@ -41,8 +43,9 @@ _THREAD_TEXT_CHARS = 64 * 1024
 """Longer answer texts are extracted in a thread, so the event loop keeps answering meanwhile."""
 
 
-class MathConfig(BaseModel):
-    """The math server's settings (``config.yaml`` next to this file holds the defaults)."""
+class MathConfig(MathJudgeConfig):
+    """The math server's settings (``config.yaml`` next to this file holds the defaults; the judge keys are
+    :class:`~resources_servers.math.judge.MathJudgeConfig`'s)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -136,6 +139,7 @@ class MathServer(ResourcesServer):
         super().__init__(settings)
         self.config = config or MathConfig.from_yaml(DEFAULT_CONFIG_PATH)
         self.pool: VerifierPool | None = None
+        self.judge: JudgeClient | None = None
 
     async def startup(self) -> None:
         cfg = self.config
@@ -144,8 +148,11 @@ class MathServer(ResourcesServer):
         )
         await pool.start()
         self.pool = pool
+        self.judge = JudgeClient(cfg) if cfg.should_use_judge else None
 
     async def shutdown(self) -> None:
+        if self.judge is not None:
+            await self.judge.close()
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
@@ -154,9 +161,18 @@ class MathServer(ResourcesServer):
         info = super().health()
         info["extraction"] = self.config.extraction
         info["verifier_pool"] = self.pool.describe() if self.pool is not None else None
+        info["judge"] = self.judge.describe() if self.judge is not None else None
         return info
 
     async def verify(self, body: VerifyRequest, session: Session) -> MathVerifyResponse:
+        verdict = await self._library_verify(body)
+        if self.judge is None or verdict.reward > 0.5:  # the judge only hears about wrong answers
+            return verdict
+        if verdict.failure_kind == "answer_too_long":  # the limit holds for the judge too (no cut answer)
+            return verdict
+        return await judge_fallback(self.judge, body, verdict)
+
+    async def _library_verify(self, body: VerifyRequest) -> MathVerifyResponse:
         assert isinstance(body, MathVerifyRequest)
         expected = strip_math_delimiters(body.expected_answer)
         text = assistant_text(body.response.output)
@@ -219,6 +235,7 @@ class MathServer(ResourcesServer):
         library = [float(r["library_reward"]) for r in records if r.get("library_reward") is not None]
         if library:
             out["mean_library_reward"] = sum(library) / len(library)
+        out.update(judge_metrics(records))
         return out
 
 

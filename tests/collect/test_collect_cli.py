@@ -146,3 +146,32 @@ def test_collect_passes_the_api_key_to_a_policy_server_with_a_token(tmp_path, bo
     assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")
     (failure,) = read_jsonl(tmp_path / "no_failures.jsonl")
     assert "401" in json.dumps(failure) and "bearer token" in json.dumps(failure), failure
+
+
+def test_collect_passes_the_env_api_key_to_an_env_server_with_a_token(tmp_path):
+    """``serve <env> --token`` refuses requests without it; ``collect --env-api-key`` (or
+    GYM_BRIDGE_ENV_API_KEY) sends it with every env request (session set-up and /verify)."""
+    from collect_helpers import BoxedAnswerEnv
+
+    from gym_bridge.server import ServerSettings, start_in_thread
+
+    class GuardedEnv(BoxedAnswerEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.settings = ServerSettings(auth_token="env-sekrit")
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(1, 1)])
+    with FakeModel() as model, start_in_thread(GuardedEnv().build_app()) as env:
+        base = ["collect", str(tasks), "--env", env.url, "--model-url", model.url, "--no-progress",
+                "--max-retries", "0"]  # fmt: skip
+        with_key = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "ok.jsonl"), "--env-api-key", "env-sekrit"])
+        from_env = CliRunner().invoke(
+            app, [*base, "-o", str(tmp_path / "env.jsonl")], env={"GYM_BRIDGE_ENV_API_KEY": "env-sekrit"}
+        )
+        without = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "no.jsonl")], env={"GYM_BRIDGE_ENV_API_KEY": ""})
+    assert with_key.exit_code == from_env.exit_code == without.exit_code == 0, with_key.output
+    assert [r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")] == [1.0]
+    assert [r["reward"] for r in read_jsonl(tmp_path / "env.jsonl")] == [1.0]
+    assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")
+    (failure,) = read_jsonl(tmp_path / "no_failures.jsonl")
+    assert "401" in json.dumps(failure), failure

@@ -39,7 +39,7 @@ def test_every_model_fault_is_retried_a_bounded_number_of_times(tmp_path, boxed_
     rows = [arithmetic_row(1, b) for b in range(1, 8)] + [arithmetic_row(2, 2)]
     script = {prompt: fault for prompt, (fault, _) in FAULTS.items()}
     with FakeModel(script) as model:
-        result = collect(config_for(tmp_path, model.url, boxed_env[0], rows))
+        result = collect(config_for(tmp_path, model.url, boxed_env[0], rows, retry_timeouts=True))  # timeouts too: asked for
         calls = dict(model.calls)
     records = read_jsonl(result.output_path)
     assert [r["_ng_task_index"] for r in records] == [7] and records[0]["reward"] == 1.0

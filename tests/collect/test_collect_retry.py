@@ -132,3 +132,14 @@ def test_refused_connection_is_a_connection_error(post) -> None:
     with pytest.raises(RequestFailed) as info:
         post(f"http://127.0.0.1:{port}/v1/responses", RetryPolicy(max_attempts=2, backoff_base=0.01))
     assert info.value.failure_class == "model_connection_error" and info.value.attempts == 2
+
+
+@pytest.mark.parametrize("fault", [Fault.slow(10), Fault.drip(10)], ids=["slow", "drip"])
+def test_a_timeout_is_not_retried_when_the_policy_says_so(post, fault: Fault) -> None:
+    policy = RetryPolicy(max_attempts=3, request_timeout=0.5, backoff_base=0.01, retry_timeouts=False)
+    with FakeModel(lambda r, n: fault) as model:
+        with pytest.raises(RequestFailed) as info:
+            post(model.url + "/responses", policy)
+        assert model.calls.total() == 1
+    assert info.value.failure_class == "model_timeout" and info.value.attempts == 1
+    assert "not sent again" in info.value.message

@@ -142,3 +142,17 @@ def test_reverify_against_a_url(stored, tmp_path):
         done = cli(path, "-o", out, "--env", url, check_rc=0)
     assert "3 rewards changed" in done.stdout
     assert {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in read_jsonl(out)} == truth
+
+
+def test_reverify_sends_the_env_api_key_to_a_server_with_a_token(stored, tmp_path):
+    """A server started with ``--token`` answers 401 without it (every rollout fails: exit 1);
+    ``--env-api-key`` sends it."""
+    from gym_bridge.envs import running_env
+
+    path, truth, _ = stored
+    with running_env("math", auth_token="env-sekrit") as url:
+        refused = cli(path, "-o", tmp_path / "no.jsonl", "--env", url, "--max-retries", "0", check_rc=1)
+        cli(path, "-o", tmp_path / "ok.jsonl", "--env", url, "--env-api-key", "env-sekrit", check_rc=0)
+    assert "8 failed" in refused.stdout, refused.stdout
+    assert "401" in (tmp_path / "no_failures.jsonl").read_text()
+    assert {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")} == truth

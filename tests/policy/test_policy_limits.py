@@ -40,7 +40,7 @@ from gym_bridge.server import start_in_thread
 tokenizer = build_tokenizer()
 shape = TinyRecipe(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=2048)
 backend = TransformersBackend(random_tiny_model(tokenizer, shape), tokenizer, model_name="capped")
-running = start_in_thread(build_policy_app(backend, max_output_tokens=4))
+running = start_in_thread(build_policy_app(backend, max_output_tokens=4, max_request_tokens=4096))
 print(running.url, flush=True)
 sys.stdin.read()
 """
@@ -209,3 +209,12 @@ def test_n_and_request_tokens_are_capped_with_named_errors(capped_server):
     too_many = httpx.post(url + "/v1/chat/completions", json={"messages": message, "n": 20}, timeout=30)
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
     assert json.loads(too_many.text)["error"]["message"].startswith("n: 20 is over this server's limit of 16")
+    long = [{"role": "user", "content": "ab " * 500}]  # ~1,000 tokens: 8 completions hold ~8,000 > 4,096
+    one = httpx.post(url + "/v1/chat/completions", json={"messages": long, "max_tokens": 10**9}, timeout=60)
+    assert one.status_code == 200, one.text[:300]
+    assert one.json()["usage"]["completion_tokens"] <= 4  # max_tokens is cut to the server's cap
+    eight = httpx.post(url + "/v1/chat/completions", json={"messages": long, "n": 8}, timeout=60)
+    assert eight.status_code == 400, eight.text[:300]
+    error = eight.json()["error"]
+    assert error["param"] == "messages"
+    assert "tokens (n x (prompt + max output)), over this server's limit of 4096" in error["message"]

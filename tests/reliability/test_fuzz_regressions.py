@@ -30,6 +30,7 @@ def verify_body(name: str) -> dict:
         "code": lambda: bodies.code_seeds()["/verify"][0],
         "tool_use": lambda: bodies.tool_use_seeds()["/verify"][0],
         "reasoning_gym": lambda: {**first_row("reasoning_gym"), "response": bodies.response_with(bodies.assistant_message("x"))},
+        "equivalence_judge": lambda: {**first_row("equivalence_judge"), "response": bodies.response_with(bodies.assistant_message("x"))},
     }[name]()
 
 
@@ -64,13 +65,18 @@ def test_code_stdin_test_data_that_is_not_text_is_a_client_error(field, builtin_
 
 @pytest.mark.parametrize("name", [n for n in ("math", "code") if n in landed_builtin_servers()])
 def test_seed_session_is_validated_as_verify_is(name, builtin_url):
+    """Fields present in a /seed_session body are checked as /verify checks them (422 naming the field);
+    none is required, as NeMo Gym's BaseSeedSessionRequest requires none (its agents seed with ``{}``)."""
     url = builtin_url(name)
     task_field = b'"expected_answer": NaN' if name == "math" else b'"verifier_metadata": {"unit_tests": NaN}'
     refused = {
         b"": "request body is empty",
-        b"{}": "responses_create_params: Field required",
+        b"NaN": "request body must be a JSON object, not float",
+        b"[]": "request body must be a JSON object, not list",
         b'{"responses_create_params": NaN}': "responses_create_params: Input should be",
+        b'{"responses_create_params": null}': "responses_create_params: Input should be",
         b'{"responses_create_params": {"input": "q"}, ' + task_field + b"}": "Input should be",
+        b"{" + task_field + b"}": "Input should be",
     }
     with httpx.Client(base_url=url, timeout=60) as client:
         for body, detail in refused.items():
@@ -79,8 +85,9 @@ def test_seed_session_is_validated_as_verify_is(name, builtin_url):
             assert detail in answer.json()["detail"], (body, answer.text)
         good = verify_body(name)
         good.pop("response")
-        assert client.post("/seed_session", json=good).status_code == 200
-        assert client.post("/seed_session", json={"responses_create_params": {"input": "q"}}).status_code == 200
+        for accepted in (good, {"responses_create_params": {"input": "q"}}, {}, {"task_idx": 0}):
+            answer = client.post("/seed_session", json=accepted)
+            assert answer.status_code == 200 and answer.json() == {}, (accepted, answer.text)
 
 
 @pytest.mark.parametrize("name", landed_builtin_servers())

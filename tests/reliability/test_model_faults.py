@@ -128,7 +128,7 @@ def test_seeded_mixed_fault_storm_outcomes_are_exact(tmp_path, env_url):
         return solve_arithmetic(request, n) if step == "ok" else FAULTS[step][0]
 
     with FakeModel(script, record_requests=False) as model:
-        result = run(tmp_path, model.url, env_url, rows, request_timeout=TIMEOUT)
+        result = run(tmp_path, model.url, env_url, rows, request_timeout=TIMEOUT, retry_timeouts=True)
         calls = {prompt: n for p, n in model.calls.items() for prompt in plans if prompt in p}
     written = {r["_ng_task_index"]: r for r in read_jsonl(result.output_path)}
     failed = {f["_ng_task_index"]: f for f in read_jsonl(failures_path_for(result.output_path))}

@@ -2,7 +2,7 @@
 
 The server runs as ``gym-bridge serve tool_use`` under ``prlimit --as`` (address space), so a regression
 that keeps every seed's state fails here instead of exhausting the machine. Each seed carries a ~160 KB
-store (~160 MB of JSON over the run, several times that as Python objects); the server keeps at most
+store (~160 MB of JSON over the run, more as Python objects); the server keeps at most
 ``max_session_bytes`` (64 MiB) of it, dropping the least recently used sessions.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,9 +26,9 @@ BOUND = ServerSettings().max_session_bytes
 
 
 def big_seed() -> bytes:
-    """A ``/seed_session`` body with a ~160 KB store; ``@@`` marks where the seed's number goes."""
-    products = {f"P{k}": {"name": f"item @@-{k} " + "x" * 100, "category": "bulk", "price": 1.0, "stock": k}
-                for k in range(1000)}  # fmt: skip
+    """A ``/seed_session`` body with a ~160 KB store of 250 products; ``@@`` marks where the seed's number goes."""
+    products = {f"P{k}": {"name": f"item @@-{k} " + "x" * 560, "category": "bulk", "price": 1.0, "stock": k}
+                for k in range(250)}  # fmt: skip
     return json.dumps({"initial_state": {"products": products}}).encode()
 
 
@@ -47,12 +48,17 @@ def test_a_thousand_large_seeds_stay_under_the_session_bound():
         template = big_seed()
         assert len(template) > 150_000
 
+        clients = threading.local()  # one client per thread: making an httpx.Client costs ~0.15 s
+
         def seed(i: int) -> str:
-            with httpx.Client(base_url=url, timeout=60) as client:
-                body = template.replace(b"@@", str(i).encode())
-                answer = client.post("/seed_session", content=body, headers={"content-type": "application/json"})
-                assert answer.status_code == 200, answer.text[:300]
-                return answer.cookies["gym_bridge_session"]
+            if not hasattr(clients, "client"):
+                clients.client = httpx.Client(base_url=url, timeout=60)
+            client = clients.client
+            client.cookies.clear()  # each seed a new rollout: no cookie, a new session
+            body = template.replace(b"@@", str(i).encode())
+            answer = client.post("/seed_session", content=body, headers={"content-type": "application/json"})
+            assert answer.status_code == 200, answer.text[:300]
+            return answer.cookies["gym_bridge_session"]
 
         with ThreadPoolExecutor(4) as pool:
             cookies = list(pool.map(seed, range(SEEDS)))

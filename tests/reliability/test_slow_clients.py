@@ -2,21 +2,27 @@
 
 1,000 connections that trickle a request's headers a byte at a time are all closed by the server once
 the header deadline passes, while ``/health`` keeps answering; a body that stops arriving gets a 408.
-Short deadlines are configured here (1 s) so the test is quick; the defaults are 10 s and 60 s.
+Short deadlines are configured here (1 s) so the test is quick; the defaults are 10 s and 60 s. A head
+(request line and headers) over 64 KiB is a 431, however fast it comes; bodies do not count toward it.
 """
 
 from __future__ import annotations
 
 import resource
 import select
+import shutil
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.server import MAX_HEADER_BYTES, ServerSettings, start_in_thread
 
 from .envs import ArithmeticEnv
+from .procs import cli, start, stop, wait_for_line
+from .test_session_memory import rss_mib
 
 CONNECTIONS = 1000
 
@@ -76,3 +82,87 @@ def test_a_stalled_body_gets_a_408():
         assert b"request body not received within 1 s" in answer
         assert waited < 5
         assert httpx.get(running.url + "/health", timeout=5).status_code == 200
+
+
+# --------------------------------------------------------------------------- heads that never end
+
+def recv_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            more = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            return data
+        if not more:
+            return data
+        data += more
+
+
+def raw_request(url: str, payload: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        return recv_all(sock)
+
+
+def test_a_head_over_64_kib_is_a_431_and_bodies_do_not_count():
+    limit = MAX_HEADER_BYTES
+    with start_in_thread(ArithmeticEnv().build_app()) as running:
+        url = running.url
+        near = f"GET /health HTTP/1.1\r\nHost: x\r\nCookie: a={'c' * (limit - 200)}\r\nConnection: close\r\n\r\n"
+        assert raw_request(url, near.encode()).startswith(b"HTTP/1.1 200")
+        for too_big in (
+            f"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {'c' * limit}\r\n\r\n",
+            f"GET /health?{'q' * limit} HTTP/1.1\r\nHost: x\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: x\r\n" + "X-Many: 1\r\n" * (limit // 10) + "\r\n",
+        ):
+            answer = raw_request(url, too_big.encode())
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+            assert f"request headers larger than the limit of {limit} bytes".encode() in answer
+        # two pipelined requests, each with a 200 KB body, in one write: bodies are not head bytes
+        body = b'{"a": 1, "b": 2}' + b" " * 200_000
+        one = b"POST /add HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body), body)  # fmt: skip
+        answers = raw_request(url, one + one.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+        assert answers.count(b"HTTP/1.1 200") == 2 and answers.count(b'{"sum":3}') == 2, answers[:400]
+        with httpx.Client(base_url=url, timeout=10) as client:  # keep-alive: many requests, one connection
+            for _ in range(3):
+                assert client.post("/add", content=body, headers={"content-type": "application/json"}).json() == {"sum": 3}
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
+def test_streaming_a_header_forever_is_cut_off_at_the_limit_with_memory_flat():
+    """20 connections each stream one header's value as fast as they can; each is answered 431 and closed
+    after about the limit, the server (under ``prlimit --as``) stays flat and ``/health`` answers."""
+    proc = start(["prlimit", f"--as={3 * 1024**3}", *cli("serve", "tool_use", "--port", "0")])
+    try:
+        line = wait_for_line(proc, "http://")
+        url = next(word for word in line.split() if word.startswith("http://")).rstrip("/")
+        host, port = url.removeprefix("http://").split(":")
+        before = rss_mib(proc.pid)
+
+        def flood(_: int) -> tuple[int, bytes, float]:
+            start_at = time.monotonic()
+            sent, chunk = 0, b"a" * 65536
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+                try:
+                    while time.monotonic() - start_at < 5:
+                        sent += sock.send(chunk)
+                except OSError:
+                    pass
+                return sent, recv_all(sock, 2), time.monotonic() - start_at
+
+        with ThreadPoolExecutor(20) as pool:
+            results = list(pool.map(flood, range(20)))
+        health = httpx.get(url + "/health", timeout=5)
+        grown = rss_mib(proc.pid) - before
+    finally:
+        stop(proc)
+    assert health.status_code == 200
+    for sent, answer, seconds in results:
+        assert seconds < 4, f"a streamed header was read for {seconds:.1f} s ({sent} bytes sent)"
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert grown < 50, f"the server grew by {grown:.0f} MiB"

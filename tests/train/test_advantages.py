@@ -15,6 +15,7 @@ from gym_bridge.train.advantages import (
     group_ids,
     groups_with_variance,
     grpo_advantages,
+    reinforce_plus_plus_advantages,
     samples_in_groups_with_variance,
 )
 from gym_bridge.train.config import GRPOConfig
@@ -223,3 +224,62 @@ def test_dynamic_sampling_keeps_exactly_the_groups_with_nonzero_advantages() -> 
     keep = samples_in_groups_with_variance(rewards, ids)
     adv = compute_advantages(rewards, ids)
     assert keep.tolist() == (adv != 0).tolist()
+
+
+# ------------------------------------------------------------------------------------------ REINFORCE++
+
+REWARDS_2X4 = [1, 0, 0, 1, 1, 1, 1, 0]
+IDS_2X4 = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+
+
+def test_reinforce_plus_plus_normalises_group_centred_rewards_over_the_batch() -> None:
+    # Group means 0.5 and 0.75: a = [.5, -.5, -.5, .5, .25, .25, .25, -.75]. Batch mean 0,
+    # variance (4 * .25 + 3 * .0625 + .5625) / 8 = 1.75 / 8 = 0.21875, std 0.4677072.
+    # a / std: 0.5 -> 1.0690450, 0.25 -> 0.5345225, -0.75 -> -1.6035675.
+    adv = reinforce_plus_plus_advantages(t(REWARDS_2X4), IDS_2X4)
+    expected = [1.0690450, -1.0690450, -1.0690450, 1.0690450, 0.5345225, 0.5345225, 0.5345225, -1.6035675]
+    assert adv.tolist() == pytest.approx(expected, rel=1e-6)
+    # GRPO's per-group std gives group 1 other values: its std is 0.5 -> 0.25 / 0.5 = 0.5, -1.5.
+    grpo = compute_advantages(t(REWARDS_2X4), IDS_2X4, leave_one_out_baseline=False)
+    assert grpo[4].item() == pytest.approx(0.5, rel=1e-5) and adv[4].item() != pytest.approx(0.5, rel=1e-3)
+
+
+def test_reinforce_plus_plus_weights_samples_by_generated_tokens() -> None:
+    # Group 1's samples have 2 tokens each: mean (0 + 2 * 0) / 12 = 0; variance
+    # (1 * 4 * .25 + 2 * (3 * .0625 + .5625)) / 12 = (1 + 1.5) / 12 = 0.2083333, std 0.4564355.
+    counts = torch.tensor([1, 1, 1, 1, 2, 2, 2, 2])
+    adv = reinforce_plus_plus_advantages(t(REWARDS_2X4), IDS_2X4, token_counts=counts)
+    assert adv[0].item() == pytest.approx(0.5 / 0.4564355, rel=1e-6)  # 1.0954451
+    assert adv[7].item() == pytest.approx(-0.75 / 0.4564355, rel=1e-6)
+
+
+def test_reinforce_plus_plus_without_baseline_and_with_a_masked_sample() -> None:
+    # No baseline: rewards mean 5/8 = 0.625, variance 5/8 * 3/8 = 0.234375, std 0.4841229:
+    # 1 -> 0.375 / 0.4841229 = 0.7745967, 0 -> -0.625 / 0.4841229 = -1.2909944.
+    adv = reinforce_plus_plus_advantages(t(REWARDS_2X4), IDS_2X4, minus_baseline=False)
+    assert adv.tolist() == pytest.approx([0.7745967 if r else -1.2909944 for r in REWARDS_2X4], rel=1e-6)
+    # A masked sample is out of the statistics and gets 0: [1, 0, 0] valid in group 0 (mean 1/3),
+    # group 1 as before; a = [2/3, -1/3, -1/3, ., .25, .25, .25, -.75], mean 0 over 7,
+    # variance (4/9 + 2/9 + 3 * .0625 + .5625) / 7 = 1.4166667 / 7 = 0.2023810, std 0.4498677.
+    valid = t([1, 1, 1, 0, 1, 1, 1, 1])
+    masked = reinforce_plus_plus_advantages(t(REWARDS_2X4), IDS_2X4, valid_mask=valid)
+    assert masked[3].item() == 0.0
+    assert masked[0].item() == pytest.approx((2 / 3) / 0.4498677, rel=1e-6)
+
+
+def test_grpo_config_selects_the_estimator() -> None:
+    cfg = GRPOConfig(adv_estimator={"name": "reinforce_plus_plus"}, advantage_clip_high=1.0)
+    adv = grpo_advantages(t(REWARDS_2X4), IDS_2X4, cfg)
+    assert adv.max().item() == 1.0 and adv[7].item() == pytest.approx(-1.6035675, rel=1e-6)
+    plain = grpo_advantages(t(REWARDS_2X4), IDS_2X4, GRPOConfig())
+    assert plain.tolist() == pytest.approx(reference_advantages(REWARDS_2X4, IDS_2X4.tolist()), rel=1e-6)
+
+
+def test_adv_estimator_keys_are_refused_when_they_contradict() -> None:
+    with pytest.raises(ValueError, match="grpo.adv_estimator.normalize_rewards"):
+        GRPOConfig(normalize_rewards=True, adv_estimator={"normalize_rewards": False})
+    with pytest.raises(ValueError, match="grpo.adv_estimator.minus_baseline"):
+        GRPOConfig(adv_estimator={"minus_baseline": False})
+    with pytest.raises(ValueError, match="name"):
+        GRPOConfig(adv_estimator={"name": "gae"})
+    GRPOConfig(use_leave_one_out_baseline=False, adv_estimator={"use_leave_one_out_baseline": False})

@@ -151,6 +151,7 @@ CHILD = textwrap.dedent(
     from gym_bridge.train.loop import train
 
     tmp, model_dir, data, marker = map(Path, sys.argv[1:5])
+    extra = sys.argv[5:]
     original = ckpt._fsync_tree
 
     def slow_fsync(root):
@@ -160,13 +161,18 @@ CHILD = textwrap.dedent(
             time.sleep(600)
 
     ckpt._fsync_tree = slow_fsync
-    train(offline_config(tmp, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
+    train(offline_config(tmp, model_dir, data, "checkpointing.save_period=1", *extra), show_progress=False)
     """
 )
 
 
+LORA = ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.dim=4"]
+
+
 @pytest.mark.timeout(300)
-def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], LORA], ids=["full", "lora"])
+def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path, extra: list[str]) -> None:
+    """Full fine-tuning, and its LoRA twin (adapter and adapter-only optimizer state restored exactly)."""
     from gym_bridge.train.loop import train
     from tests.train.helpers import save_random_tiny
 
@@ -178,7 +184,7 @@ def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_pat
     run = tmp_path / "killed"
     marker = tmp_path / "marker"
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(data), str(marker)],
+        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(data), str(marker), *extra],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
     )
@@ -200,12 +206,14 @@ def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_pat
     manager = CheckpointManager(run / "ckpt")
     assert manager.latest().step == 2  # the fully written but unpublished step 3 does not count
 
-    result = train(offline_config(run, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
+    result = train(offline_config(run, model_dir, data, "checkpointing.save_period=1", *extra), show_progress=False)
     assert result.resumed_from == 2 and result.steps == 4
     assert not [p for p in (run / "ckpt").iterdir() if p.name.startswith(".")]  # leftovers cleaned
     assert json.loads((run / "ckpt" / "step_4" / "training_info.json").read_text())["step"] == 4
+    kept = "adapter" if extra else "weights"
+    assert (run / "ckpt" / "step_4" / "policy" / kept).is_dir()
 
     straight = tmp_path / "straight"
-    train(offline_config(straight, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
+    train(offline_config(straight, model_dir, data, "checkpointing.save_period=1", *extra), show_progress=False)
     expected = [without_timings(r) for r in train_lines(straight / "logs")]
     assert [without_timings(r) for r in train_lines(run / "logs")] == expected

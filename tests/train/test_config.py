@@ -184,6 +184,7 @@ def test_unknown_key_in_an_env_entry() -> None:
         (["loss_fn.truncated_importance_sampling_ratio=2.0"], "use_importance_sampling_correction"),
         (["checkpointing.metric_name=accuracy"], "expects 'val:<metric>' or 'train:<metric>'"),
         (["env.math.url=http://127.0.0.1:1"], "env.math: set either server or url, not both"),
+        (["env.math.api_key=k"], "env.math: api_key is sent to a running server: set url"),
         (["policy.optimizer.name=adamw"], "expects a dotted import path"),
         (["data.use_multiple_dataloader=true"], "needs data.num_prompts_per_dataloader"),
     ],

@@ -98,6 +98,8 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
             f"env.p.server={PARITY_SERVER}",
             f"env.q.server={PARITY_SERVER}",
             "env.q.max_steps=2",
+            "env.r.url=http://127.0.0.1:9",
+            "env.r.api_key=env-sekrit",
             "grpo.max_rollout_turns=5",
         ],
     )
@@ -106,6 +108,9 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
         assert sampler.agent_configs["p"].max_steps == 5  # grpo.max_rollout_turns
         assert sampler.agent_configs["q"].max_steps == 2  # an env's own max_steps wins
         assert sampler.agent_configs["p"].env_retry.request_timeout == 60.0  # env.p.timeout_s default
+        assert sampler.agent_configs["r"].env_headers == {"authorization": "Bearer env-sekrit"}  # env.r.api_key
+        assert sampler.agent_configs["p"].env_headers == {}
+        assert not sampler.agent_configs["p"].model_retry.retry_timeouts  # a slow model is not asked twice
     finally:
         sampler.close()
 
@@ -195,10 +200,12 @@ def test_vllm_engine_settings_reach_the_engine(monkeypatch: pytest.MonkeyPatch, 
             "policy.generation.vllm_cfg.enforce_eager=true",
             "policy.generation.vllm_cfg.max_model_len=48",
             "cluster.gpus_per_node=2",
+            "policy.device=cpu",  # the policy trains here; only the (stand-in) engine is on the GPUs
             f"logger.log_dir={tmp_path / 'logs'}",
             "checkpointing.enabled=false",
         ],
     )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(Built):
         train(cfg, show_progress=False)

@@ -291,9 +291,14 @@ def test_monitor_gpus_adds_gpu_readings_to_every_train_record(
 # ---------------------------------------------------------------------------------------- cluster.gpus_per_node
 
 
-def test_gpus_that_torch_cannot_see_are_refused() -> None:
+def test_gpus_that_torch_cannot_see_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
     cfg = load_config(None, ["data.train.data_path=a.jsonl", "grpo.mode=offline", "cluster.gpus_per_node=2"])
-    assert "cluster.gpus_per_node is 2 but torch sees 0 CUDA device(s) here" in machine_problems(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one GPU where two are asked for
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert "cluster.gpus_per_node is 2 but torch sees 1 CUDA device(s) here" in machine_problems(cfg)
 
 
 # ---------------------------------------------------------------------------------------- logger.num_rollout_groups_to_log

@@ -27,9 +27,12 @@ inheritance, interpolation, overrides and error messages).
 
 from gym_bridge.train.config.base import ConfigError
 from gym_bridge.train.config.loader import config_to_dict, config_to_yaml, load_config, validate_config
+from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.config.policy import (
+    DTensorConfig,
     DynamicBatchingConfig,
     GenerationConfig,
+    LoRAConfig,
     OptimizerConfig,
     OptimizerKwargs,
     PolicyConfig,
@@ -40,8 +43,8 @@ from gym_bridge.train.config.policy import (
     VllmConfig,
 )
 from gym_bridge.train.config.schema import (
+    AdvEstimatorConfig,
     CheckpointingConfig,
-    ClippedPGLossConfig,
     ClusterConfig,
     DataConfig,
     DatasetConfig,
@@ -49,26 +52,31 @@ from gym_bridge.train.config.schema import (
     GRPOConfig,
     LoggerConfig,
     MasterConfig,
+    RewardShapingConfig,
     WandbConfig,
 )
 
 __all__ = [
+    "AdvEstimatorConfig",
     "CheckpointingConfig",
     "ClippedPGLossConfig",
     "ClusterConfig",
     "ConfigError",
     "DataConfig",
     "DatasetConfig",
+    "DTensorConfig",
     "DynamicBatchingConfig",
     "EnvConfig",
     "GRPOConfig",
     "GenerationConfig",
+    "LoRAConfig",
     "LoggerConfig",
     "MasterConfig",
     "OptimizerConfig",
     "OptimizerKwargs",
     "PolicyConfig",
     "RayConfig",
+    "RewardShapingConfig",
     "SchedulerConfig",
     "SequencePackingConfig",
     "TokenizerConfig",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gym_bridge.train.config.base import DOTTED_PATH, Section
 
@@ -201,6 +201,85 @@ class GenerationConfig(Section):
     """Ray replica settings (ray backend only)."""
 
 
+class LoRAConfig(Section):
+    """LoRA adapters trained with ``peft`` instead of every weight (NeMo RL's
+    ``policy.dtensor_cfg.lora_cfg``, same keys and defaults). Only the adapters get gradients and
+    optimizer state; the KL reference is the base model with the adapters switched off; generation
+    sees the merged weights; checkpoints hold the adapter (``adapter_model.safetensors``)."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of the full model. Default false."""
+
+    target_modules: list[str] = Field(default_factory=list)
+    """Modules to adapt, each a module name (``q_proj`` matches every ``*.q_proj``), a full dotted
+    name, or a wildcard pattern (``*.layers.0.*.q_proj``). Used when match_all_linear is false.
+    Default []."""
+
+    exclude_modules: list[str] = Field(default_factory=list)
+    """With match_all_linear false and target_modules empty: adapt every linear layer except these
+    (names or wildcard patterns as in target_modules). Default []."""
+
+    match_all_linear: bool = True
+    """Adapt every linear layer of the decoder; the output layer (``lm_head``) is left out, as in
+    peft's ``all-linear`` (adapting it would untie tied embeddings). Needs target_modules and
+    exclude_modules empty. Default true."""
+
+    dim: int = Field(8, ge=1)
+    """LoRA rank r. Default 8."""
+
+    alpha: float = Field(32, gt=0)
+    """LoRA scaling: the adapter's output is multiplied by alpha / dim. Default 32."""
+
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability on the adapter path while training. Default 0."""
+
+    dropout_position: Literal["pre", "post"] = "post"
+    """``pre``: dropout on the adapter's input (peft's own); ``post``: on its output, as NeMo
+    Automodel does. Default post."""
+
+    lora_A_init: Literal["xavier", "uniform"] = "xavier"
+    """Initialisation of the A matrices (B starts at zero, so the initial policy is the base model):
+    ``xavier`` Glorot-uniform, ``uniform`` Kaiming-uniform as ``nn.Linear`` (peft's default). NeMo
+    Automodel's ``xavier`` draws U(0, 1) instead; only the first steps' dynamics differ.
+    Default xavier."""
+
+    use_triton: bool = True
+    """Accepted for NeMo RL recipes and ignored: it picks GPU kernels, not results; gym-bridge runs
+    peft's plain PyTorch LoRA. Default true."""
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> LoRAConfig:
+        if self.match_all_linear and (self.target_modules or self.exclude_modules):
+            raise ValueError(
+                "match_all_linear adapts every linear layer: set it to false to use target_modules or "
+                "exclude_modules"
+            )
+        if self.target_modules and self.exclude_modules:
+            raise ValueError("target_modules and exclude_modules are exclusive (as in NeMo RL): set one")
+        if self.enabled and not (self.match_all_linear or self.target_modules or self.exclude_modules):
+            raise ValueError("nothing to adapt: set match_all_linear, target_modules or exclude_modules")
+        return self
+
+
+class DTensorConfig(Section):
+    """NeMo RL's ``policy.dtensor_cfg``: here only its LoRA settings. gym-bridge has one training
+    path (plain PyTorch on one device), so the sharding keys have no counterpart."""
+
+    enabled: bool = True
+    """NeMo RL's switch between its DTensor and Megatron paths; gym-bridge's one path counts as the
+    DTensor one, so only true is accepted. Default true."""
+
+    lora_cfg: LoRAConfig = Field(default_factory=LoRAConfig)
+    """LoRA settings."""
+
+    @field_validator("enabled")
+    @classmethod
+    def _only_path(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("gym-bridge has no Megatron path: leave policy.dtensor_cfg.enabled true")
+        return value
+
+
 class PolicyConfig(Section):
     """The trained model and how it is optimised (NeMo RL's ``policy:`` section)."""
 
@@ -226,8 +305,17 @@ class PolicyConfig(Section):
     max_total_sequence_length: int = Field(512, ge=2)
     """Most tokens of prompt plus completion. Default 512."""
 
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """gym-bridge: where the policy, its KL reference, the optimizer state and every micro-batch live.
+    ``auto`` is ``cuda`` when cluster.gpus_per_node > 0 and ``cpu`` otherwise; ``cuda`` is the first
+    visible GPU (choose it with CUDA_VISIBLE_DEVICES). Refused at start-up when CUDA is asked for and
+    torch cannot use it. Default auto."""
+
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Training dtype; bfloat16 is much slower on CPUs without native bf16. Default float32."""
+    """Training precision on either device. ``bfloat16``: bf16 weights and compute (slow on CPUs without
+    native bf16). ``float16``: float32 master weights, float16 autocast forward passes and a loss scaler
+    (steps with overflowing gradients are skipped and counted as ``amp_skipped_steps``); it runs on
+    the CPU but several times slower than float32 there. Default float32."""
 
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this; null disables. Default 1.0."""
@@ -246,6 +334,9 @@ class PolicyConfig(Section):
 
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     """Sampling settings."""
+
+    dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
+    """NeMo RL's training-backend section; here it holds LoRA (``dtensor_cfg.lora_cfg``)."""
 
     share_prompt_prefix: bool = True
     """gym-bridge: run each distinct prompt once per micro-batch in the trainer's forward passes and

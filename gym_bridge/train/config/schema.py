@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_serializer, model_validator
 
 from gym_bridge.train.config.base import DOTTED_PATH, Section
+from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.config.policy import PolicyConfig
 
 # ----------------------------------------------------------------------------------------------
@@ -27,11 +28,74 @@ class AsyncGRPOConfig(Section):
     rollout_process: bool = True
     """gym-bridge: sample in a child process (a policy copy, the policy server, the built-in
     environments and the agent loop), so sampling and training use separate cores instead of sharing
-    one interpreter. false keeps everything in the trainer's process. Default true."""
+    one interpreter. false keeps everything in the trainer's process. A policy on CUDA samples in the
+    trainer's process whatever this says (its copy on the same GPU). Default true."""
 
     max_trajectory_age_steps: int = Field(1, ge=1)
     """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
     seeded run is reproducible); this many steps' rollouts run ahead of training. Default 1."""
+
+
+class AdvEstimatorConfig(Section):
+    """How rewards become advantages (NeMo RL's ``grpo.adv_estimator``)."""
+
+    name: Literal["grpo", "reinforce_plus_plus"] = "grpo"
+    """``grpo``: group-relative, ``reward - baseline`` of the prompt's group (group mean, or leave-one-out
+    with grpo.use_leave_one_out_baseline), divided by the group's std with grpo.normalize_rewards.
+    ``reinforce_plus_plus`` (REINFORCE++, Hu 2025): ``reward - group mean`` (with minus_baseline), then
+    normalised over the whole batch, ``(a - mean) / std`` with the mean and std over the batch's valid
+    generated tokens (each sample weighted by its token count, as NeMo RL); like NeMo RL's, it reads
+    neither grpo.normalize_rewards nor grpo.use_leave_one_out_baseline (its recipes, e.g. ProRLv2,
+    leave them true). Default grpo."""
+
+    normalize_rewards: bool | None = None
+    """NeMo RL's copy of grpo.normalize_rewards (its recipes write ``${grpo.normalize_rewards}``); null
+    means that key, a different value is refused. Default null."""
+
+    use_leave_one_out_baseline: bool | None = None
+    """NeMo RL's copy of grpo.use_leave_one_out_baseline; null means that key, a different value is
+    refused. Default null."""
+
+    minus_baseline: bool = True
+    """``reinforce_plus_plus`` only: subtract each prompt group's mean reward before the batch
+    normalisation (REINFORCE++-baseline); false normalises the raw rewards. Refused as false with
+    ``name: grpo`` (which always subtracts its baseline). Default true."""
+
+    @model_validator(mode="after")
+    def _minus_baseline_is_reinforce(self) -> AdvEstimatorConfig:
+        if self.name == "grpo" and not self.minus_baseline:
+            raise ValueError(
+                "grpo.adv_estimator.minus_baseline=false applies to name 'reinforce_plus_plus'; "
+                "the grpo estimator always subtracts its group baseline"
+            )
+        return self
+
+
+class RewardShapingConfig(Section):
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; NeMo RL's ``grpo.reward_shaping``)."""
+
+    enabled: bool = False
+    """Add the length penalty to each training reward before advantages (dynamic sampling and the
+    logged rewards still use the environment's reward). Default false."""
+
+    overlong_buffer_length: int | None = Field(None, ge=1)
+    """L_cache: responses longer than ``max_response_length - overlong_buffer_length`` generated tokens
+    are penalised ``overlong_buffer_penalty * (length - (max_response_length - L_cache)) / L_cache``,
+    rising linearly to the full penalty at max_response_length (and capped there). Required when
+    enabled. Default null."""
+
+    overlong_buffer_penalty: float = Field(1.0, ge=0.0)
+    """The penalty at max_response_length (DAPO's 1). Default 1."""
+
+    max_response_length: int | None = Field(None, ge=1)
+    """L_max, in generated tokens (all turns' generated tokens of a multi-turn rollout); null means
+    policy.generation.max_new_tokens. Default null."""
+
+    @model_validator(mode="after")
+    def _buffer_set(self) -> RewardShapingConfig:
+        if self.enabled and self.overlong_buffer_length is None:
+            raise ValueError("grpo.reward_shaping.enabled needs grpo.reward_shaping.overlong_buffer_length")
+        return self
 
 
 class GRPOConfig(Section):
@@ -58,11 +122,12 @@ class GRPOConfig(Section):
     """Model turns per rollout in multi-turn environments (1 for single-answer tasks). Default 1."""
 
     normalize_rewards: bool = True
-    """Divide advantages by the group's reward std (groups with zero std are left unscaled). Default true."""
+    """Divide advantages by the group's reward std (groups with zero std are left unscaled); false is
+    Dr. GRPO's unscaled advantage. The ``grpo`` estimator's setting (see adv_estimator.name). Default true."""
 
     use_leave_one_out_baseline: bool = True
     """Baseline each sample by the mean reward of the *other* samples of its prompt (RLOO) instead of
-    the group mean. Default true."""
+    the group mean. The ``grpo`` estimator's setting (see adv_estimator.name). Default true."""
 
     advantage_clip_low: float | None = None
     """Lower bound for advantages after normalisation; null disables. Default null."""
@@ -104,72 +169,30 @@ class GRPOConfig(Section):
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
     """Asynchronous GRPO (rollouts overlap training)."""
 
+    adv_estimator: AdvEstimatorConfig = Field(default_factory=AdvEstimatorConfig)
+    """Advantage estimator: group-relative GRPO or REINFORCE++."""
+
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+    """DAPO's overlong reward shaping."""
+
+    @model_validator(mode="after")
+    def _estimator_consistent(self) -> GRPOConfig:
+        estimator = self.adv_estimator
+        for key in ("normalize_rewards", "use_leave_one_out_baseline"):
+            copy = getattr(estimator, key)
+            if copy is not None and copy != getattr(self, key):
+                raise ValueError(
+                    f"grpo.adv_estimator.{key} ({copy}) contradicts grpo.{key} ({getattr(self, key)}); "
+                    "set one of them"
+                )
+        return self
+
     @model_validator(mode="after")
     def _clip_bounds_ordered(self) -> GRPOConfig:
         lo, hi = self.advantage_clip_low, self.advantage_clip_high
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(
                 f"grpo.advantage_clip_low ({lo}) must not exceed grpo.advantage_clip_high ({hi})"
-            )
-        return self
-
-
-# ----------------------------------------------------------------------------------------------
-# loss_fn
-# ----------------------------------------------------------------------------------------------
-
-
-class ClippedPGLossConfig(Section):
-    """Clipped policy-gradient loss with reference KL (NeMo RL's ``loss_fn:`` section)."""
-
-    reference_policy_kl_penalty: float = Field(0.01, ge=0.0)
-    """KL penalty coefficient beta against the reference (initial) policy; 0 disables the KL term and
-    the reference forward pass. Default 0.01."""
-
-    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
-    """Schulman's KL estimator: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r, with
-    r = pi_ref / pi. Default k3."""
-
-    kl_input_clamp_value: float | None = Field(20.0, gt=0.0)
-    """Clamp log r to [-v, v] before the KL estimator; null disables. Default 20."""
-
-    kl_output_clamp_value: float | None = Field(10.0, gt=0.0)
-    """Clamp the per-token KL estimate to [-v, v]; null disables. Default 10."""
-
-    ratio_clip_min: float = Field(0.2, ge=0.0)
-    """Lower PPO clip: the ratio is clipped at 1 - ratio_clip_min. Default 0.2."""
-
-    ratio_clip_max: float = Field(0.2, ge=0.0)
-    """Upper PPO clip: the ratio is clipped at 1 + ratio_clip_max (DAPO's clip-higher sets it above
-    ratio_clip_min). Default 0.2."""
-
-    ratio_clip_c: float | None = Field(None, gt=1.0)
-    """Dual-clip constant c > 1 (Ye et al. 2019): for negative advantages the loss is capped at
-    -c * A; null disables. Default null."""
-
-    use_on_policy_kl_approximation: bool = False
-    """Weight the KL term by pi / pi_gen so the estimate is unbiased for the current policy. Default false."""
-
-    use_importance_sampling_correction: bool = False
-    """Weight the actor term by pi_prev / pi_gen to correct for generation/training mismatch. Default false."""
-
-    truncated_importance_sampling_ratio: float | None = Field(None, gt=0.0)
-    """Cap the importance weights at this value (TIS); needs use_importance_sampling_correction.
-    Default null."""
-
-    token_level_loss: bool = True
-    """true: mean over all valid tokens of the global batch; false: mean over tokens per sequence,
-    then mean over sequences. Default true."""
-
-    @model_validator(mode="after")
-    def _tis_needs_is(self) -> ClippedPGLossConfig:
-        if (
-            self.truncated_importance_sampling_ratio is not None
-            and not self.use_importance_sampling_correction
-        ):
-            raise ValueError(
-                "loss_fn.truncated_importance_sampling_ratio needs "
-                "loss_fn.use_importance_sampling_correction=true"
             )
         return self
 
@@ -349,10 +372,16 @@ class EnvConfig(Section):
     config: dict[str, Any] = Field(default_factory=dict)
     """Settings passed to the built-in server. Default {}."""
 
+    api_key: str | None = None
+    """Bearer token sent to a running server at ``url`` that was started with ``--token`` (every request:
+    session set-up, tools, /verify); refused without a url (built-in servers need none). Default null."""
+
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
         if self.server is not None and self.url is not None:
             raise ValueError("set either server or url, not both")
+        if self.api_key is not None and self.url is None:
+            raise ValueError("api_key is sent to a running server: set url (built-in servers need no token)")
         return self
 
 
@@ -377,6 +406,11 @@ class CheckpointingConfig(Section):
 
     higher_is_better: bool = True
     """Whether a larger metric_name is better. Default true."""
+
+    save_merged: bool = False
+    """gym-bridge, with LoRA: also write the merged model (base + adapter, a plain transformers
+    model, loadable by vLLM) to ``step_<n>/policy/merged/`` in every checkpoint. Refused without
+    LoRA (full fine-tuning checkpoints are whole models already). Default false."""
 
     @field_validator("metric_name")
     @classmethod
@@ -431,7 +465,8 @@ class ClusterConfig(Section):
     """Hardware. gym-bridge runs on one node; GPUs are optional."""
 
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs for the vllm generation backend (refused at start-up when torch sees fewer); 0 runs on CPU.
+    """GPUs of this node: with policy.device auto, > 0 trains the policy on CUDA (and the vllm backend
+    generates there); refused at start-up when torch sees fewer or no CUDA at all; 0 runs on CPU.
     Default 0."""
 
     num_nodes: Literal[1] = 1
@@ -483,6 +518,11 @@ class MasterConfig(Section):
         for name, env in self.env.items():
             if env.server is None and env.url is None:
                 env.server = name
+        shaping = self.grpo.reward_shaping
+        if shaping.max_response_length is None:
+            shaping.max_response_length = self.policy.generation.max_new_tokens
+        if self.loss_fn.loss_type == "dr_grpo":  # Dr. GRPO: no std normalisation
+            self.grpo.normalize_rewards = False
         return self
 
 
@@ -516,6 +556,31 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
                 f"env.{name}.num_workers sizes a built-in server's worker pool; the server at "
                 f"env.{name}.url runs its own"
             )
+    if cfg.checkpointing.save_merged and not policy.dtensor_cfg.lora_cfg.enabled:
+        problems.append(
+            "checkpointing.save_merged merges a LoRA adapter into its base model: it needs "
+            "policy.dtensor_cfg.lora_cfg.enabled (full fine-tuning checkpoints are whole models already)"
+        )
+    if (
+        cfg.loss_fn.loss_type == "dr_grpo"
+        and "normalize_rewards" in grpo.model_fields_set
+        and grpo.normalize_rewards
+    ):
+        problems.append(
+            "grpo.normalize_rewards=true contradicts loss_fn.loss_type='dr_grpo', which needs "
+            "grpo.normalize_rewards=false (Dr. GRPO does not divide advantages by the group's std)"
+        )
+    shaping = grpo.reward_shaping
+    limit = shaping.max_response_length or policy.generation.max_new_tokens
+    if (
+        shaping.enabled
+        and shaping.overlong_buffer_length is not None
+        and shaping.overlong_buffer_length > limit
+    ):
+        problems.append(
+            f"grpo.reward_shaping.overlong_buffer_length ({shaping.overlong_buffer_length}) must not exceed "
+            f"grpo.reward_shaping.max_response_length ({limit})"
+        )
     if grpo.async_grpo.enabled and grpo.mode != "online":
         problems.append("grpo.async_grpo.enabled needs grpo.mode 'online' (offline steps generate nothing)")
     if cfg.data.use_multiple_dataloader:
@@ -546,4 +611,3 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # YAML loading, overrides, interpolation and error messages
 # ----------------------------------------------------------------------------------------------
-

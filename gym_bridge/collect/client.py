@@ -1,0 +1,78 @@
+"""What the run talks to over HTTP: one bounded connection pool for the model and the envs, and, with
+``--policy``, the embedded policy model served in-process as the model endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+
+from gym_bridge.agent import make_session
+from gym_bridge.collect.config import CollectError
+
+__all__ = ["ClientPool", "connection_cap", "running_policy"]
+
+
+class ClientPool:
+    """The run's HTTP client: one aiohttp session with up to a connection per worker to each host.
+
+    A rollout makes one request at a time, so a worker never needs two connections to one host. The
+    session keeps idle connections per host, so its open connections are bounded per host:
+    ``connection_cap`` (what the open-file limit affords) is shared by the ``hosts`` it talks to.
+    """
+
+    def __init__(self, workers: int, connection_cap: int, hosts: int = 1) -> None:
+        per_host = max(2, min(workers, connection_cap // max(1, hosts)))
+        self.session = make_session(max_connections=per_host * max(1, hosts), max_per_host=per_host)
+
+    def for_worker(self, i: int) -> aiohttp.ClientSession:
+        return self.session
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def connection_cap() -> int:
+    """Client connections we can afford: half the open-file limit (raised to its hard maximum)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass
+        return max(64, (soft - 512) // 2)
+    except (ImportError, OSError):
+        return 512
+
+
+@contextmanager
+def running_policy(name: str, seed: int = 0) -> Iterator[str]:
+    """Serve the embedded policy model ``name`` in-process for the run; yield its API base URL.
+
+    This is the only path of ``collect`` that imports torch and transformers.
+    """
+    try:
+        from gym_bridge.generation import load_backend
+        from gym_bridge.policy.server import build_policy_app
+    except ImportError as e:
+        raise CollectError(
+            f"--policy needs the embedded policy server (gym_bridge.policy.server), which is not available "
+            f"in this install ({e}); serve the model yourself and pass --model-url"
+        ) from None
+    from gym_bridge.server import start_in_thread
+
+    try:
+        backend = load_backend(name, kind="transformers", seed=seed)
+    except (ValueError, OSError) as e:
+        raise CollectError(f"--policy {name}: {e}") from None
+    running = start_in_thread(build_policy_app(backend, model_name=name), timeout=120.0)
+    try:
+        yield running.url + "/v1"
+    finally:
+        running.stop()

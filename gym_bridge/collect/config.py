@@ -1,0 +1,119 @@
+"""What a collection run is asked to do (:class:`CollectConfig`), what it did (:class:`CollectResult`),
+and the one error type a user sees (:class:`CollectError`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gym_bridge.retry import RetryPolicy
+
+__all__ = ["CollectConfig", "CollectError", "CollectResult", "check_config", "sized_request_timeout"]
+
+SLOWEST_TOKENS_PER_S = 10.0
+"""The slowest model server a default timeout waits for, in generated tokens per second over all the
+requests it holds: SmolLM2-135M in fp32 on 2 busy CPU cores made about 23 with 64 requests in flight."""
+ASSUMED_MAX_TOKENS = 1024
+"""Tokens a model call may generate when the run does not cap them (the embedded policy server's cap)."""
+TIMEOUT_RANGE = (300.0, 3600.0)
+"""Least and most seconds of a sized timeout: an hour at most, so a hung server still ends the run."""
+
+
+def sized_request_timeout(concurrency: int, max_output_tokens: int | None) -> float:
+    """Seconds one request may take when the run sends ``concurrency`` of them at once.
+
+    A server shares its generation rate among the requests it holds, so the last token of a request can
+    come ``concurrency x max_output_tokens / rate`` seconds after it was sent (plus a minute for prompts).
+    Sized for :data:`SLOWEST_TOKENS_PER_S`, clamped to :data:`TIMEOUT_RANGE`: 64 in flight at 128 tokens
+    gives about 880 s, where 300 s made a 135M CPU model answer every request of its first batch twice.
+    """
+    tokens = max_output_tokens if max_output_tokens else ASSUMED_MAX_TOKENS
+    low, high = TIMEOUT_RANGE
+    return min(high, max(low, 60.0 + concurrency * tokens / SLOWEST_TOKENS_PER_S))
+
+
+class CollectError(Exception):
+    """A problem with the run's inputs or set-up, said in words a user can act on."""
+
+
+@dataclass
+class CollectConfig:
+    """Everything a collection run needs (the CLI fills this in)."""
+
+    tasks_path: Path
+    output_path: Path
+    envs: list[str]
+    model_url: str | None = None
+    policy: str | None = None
+    concurrency: int = 16
+    num_repeats: int = 1
+    overrides: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+    seed: int | None = None
+    max_steps: int | None = 32
+    resume: bool = False
+    overwrite: bool = False
+    strict: bool = False
+    request_timeout: float | None = None
+    """Seconds for one request attempt; None: :func:`sized_request_timeout` of the run's concurrency and
+    ``max_output_tokens`` override."""
+    max_retries: int = 3
+    retry_timeouts: bool = False
+    """Send a request again when it timed out (off: the server may still be working on it, and a slow
+    model asked twice only gets slower). 429, retryable 5xx and connection errors are retried either way."""
+    progress: bool = True
+    model_headers: dict[str, str] = field(default_factory=dict)
+    env_headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request to the env servers (``--env-api-key``: servers started with ``--token``)."""
+
+    def timeout_s(self) -> float:
+        """The request timeout this run uses (given, or sized)."""
+        if self.request_timeout is not None:
+            return self.request_timeout
+        tokens = self.overrides.get("max_output_tokens", self.overrides.get("max_tokens"))
+        valid = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
+        return sized_request_timeout(self.concurrency, tokens if valid else None)
+
+    def retry_policy(self) -> RetryPolicy:
+        """How each model and env request of the run is retried."""
+        return RetryPolicy(
+            max_attempts=self.max_retries + 1,
+            request_timeout=self.timeout_s(),
+            retry_timeouts=self.retry_timeouts,
+        )
+
+
+@dataclass
+class CollectResult:
+    """What a run did: counts, and where its files are."""
+
+    output_path: Path
+    failures_path: Path
+    metrics_path: Path
+    metrics: dict[str, Any]
+    written: int
+    failed: int
+    skipped_rows: int
+    already_done: int
+    aggregate_metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_config(config: CollectConfig) -> None:
+    """Refuse a config that cannot run, naming the option to fix."""
+    if not config.tasks_path.is_file():
+        raise CollectError(f"task file not found: {config.tasks_path}")
+    if config.concurrency < 1:
+        raise CollectError("--concurrency must be at least 1")
+    if config.num_repeats < 1:
+        raise CollectError("--num-repeats must be at least 1")
+    if config.limit is not None and config.limit < 0:
+        raise CollectError("--limit must not be negative")
+    if not config.envs:
+        raise CollectError("give at least one --env (a built-in name such as 'math', or a URL)")
+    if bool(config.model_url) == bool(config.policy):
+        raise CollectError("give exactly one of --model-url (an OpenAI-compatible endpoint) and --policy")
+    if config.max_retries < 0:
+        raise CollectError("--max-retries must not be negative")
+    if config.request_timeout is not None and not config.request_timeout > 0:
+        raise CollectError("--request-timeout must be a positive number of seconds")

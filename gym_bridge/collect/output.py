@@ -1,0 +1,167 @@
+"""The run's files on disk: the rollouts file and its side files, written so nothing is lost, and read
+back to resume.
+
+Each finished rollout is one complete, flushed line. ``resume`` cuts a torn last line, reads which
+(task, repeat) pairs are done and runs exactly the others, failed ones included. Beside ``OUT`` go
+``<stem>_failures.jsonl``, ``<stem>_metrics.json`` and NeMo Gym's ``<stem>_materialized_inputs.jsonl`` and
+``<stem>_aggregate_metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from gym_bridge.collect.config import CollectError
+from gym_bridge.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+
+__all__ = [
+    "AGENT_LOOP_RESULT",
+    "ENV_SERVER",
+    "FAILURE_CLASS",
+    "RESULT_TYPE",
+    "ROLLOUT_INDEX",
+    "TASK_INDEX",
+    "LazyWriter",
+    "aggregate_metrics_path_for",
+    "failures_path_for",
+    "keyed_records",
+    "materialized_path_for",
+    "metrics_path_for",
+    "prepare_output",
+    "read_finished",
+    "read_keys",
+    "side_files",
+    "slim_record",
+    "write_json",
+]
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+FAILURE_CLASS = "_ng_failure_class"
+ENV_SERVER = "_ng_environment_server"
+RESULT_TYPE = "_ng_result_type"
+AGENT_LOOP_RESULT = "legacy_agent"
+"""NeMo Gym's ``_ng_result_type`` for a verify response made by an agent loop (its ``legacy_agent`` server)."""
+
+
+def failures_path_for(output: Path) -> Path:
+    """``rollouts.jsonl`` -> ``rollouts_failures.jsonl``."""
+    return output.with_name(output.stem + "_failures.jsonl")
+
+
+def metrics_path_for(output: Path) -> Path:
+    """``rollouts.jsonl`` -> ``rollouts_metrics.json``."""
+    return output.with_name(output.stem + "_metrics.json")
+
+
+def materialized_path_for(output: Path) -> Path:
+    """NeMo Gym's name: ``rollouts.jsonl`` -> ``rollouts_materialized_inputs.jsonl``."""
+    return output.with_name(output.stem + "_materialized_inputs.jsonl")
+
+
+def aggregate_metrics_path_for(output: Path) -> Path:
+    """NeMo Gym's name: ``rollouts.jsonl`` -> ``rollouts_aggregate_metrics.json``."""
+    return output.with_name(output.stem + "_aggregate_metrics.json")
+
+
+def side_files(out: Path) -> tuple[Path, ...]:
+    """Every file a run writes beside ``out`` (``--overwrite`` clears them all)."""
+    return (failures_path_for(out), metrics_path_for(out), materialized_path_for(out), aggregate_metrics_path_for(out))
+
+
+def prepare_output(out: Path, resume: bool, overwrite: bool, side_files: tuple[Path, ...]) -> None:
+    """Refuse to clobber a finished output unless told to resume or overwrite (which clears its side files)."""
+    if out.exists() and out.is_dir():
+        raise CollectError(f"{out} is a directory; give a .jsonl file path with -o")
+    if resume and overwrite:
+        raise CollectError("--resume and --overwrite contradict each other; pick one")
+    nonempty = out.exists() and out.stat().st_size > 0
+    if nonempty and not (resume or overwrite):
+        raise CollectError(
+            f"{out} already holds rollouts; use --resume to finish that run or --overwrite to replace it"
+        )
+    if overwrite:
+        for p in (out, *side_files):
+            p.unlink(missing_ok=True)
+
+
+class LazyWriter:
+    """A JSONL writer that creates its file only when the first line comes (no empty failure files)."""
+
+    def __init__(self, path: Path, append: bool) -> None:
+        self.path, self.append, self.writer = path, append, None
+        if not append and path.exists():
+            path.unlink()
+
+    def write(self, obj: dict[str, Any]) -> None:
+        if self.writer is None:
+            if self.append:
+                repair_torn_tail(self.path)
+            self.writer = JsonlWriter(self.path, append=True)
+        self.writer.write(obj)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON through a temp file, so a reader never sees half a file."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def slim_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The fields the end-of-run metrics need, so a long run does not keep whole rollouts in memory."""
+    keep = {
+        k: record[k]
+        for k in (TASK_INDEX, ROLLOUT_INDEX, "reward", "extracted_answer", "failure_kind", "mask_sample")
+        if k in record
+    }
+    usage = (record.get("response") or {}).get("usage") if isinstance(record.get("response"), dict) else None
+    if usage:
+        keep["response"] = {"usage": usage}
+    return keep
+
+
+def keyed_records(
+    path: Path, warn: Callable[[str], None]
+) -> Iterator[tuple[int, tuple[int, int] | None, dict[str, Any]]]:
+    """``(line, (task, repeat) or None, record)`` of a JSONL file of rows or rollouts, after cutting a torn tail."""
+    cut = repair_torn_tail(path)
+    if cut:
+        warn(f"{path}: removed a torn last line ({cut} bytes) left by an interrupted run")
+    if not path.exists():
+        return
+    for lineno, record in iter_jsonl(path, strict=False, on_error=lambda e: warn(f"{e}; ignored")):
+        key = (record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
+        ok = all(isinstance(x, int) and not isinstance(x, bool) for x in key)
+        yield lineno, (key if ok else None), record  # type: ignore[misc]
+
+
+def read_keys(path: Path, warn: Callable[[str], None]) -> set[tuple[int, int]]:
+    """The (task, repeat) pairs of a JSONL file of rows or rollouts."""
+    return {key for _, key, _ in keyed_records(path, warn) if key is not None}
+
+
+def read_finished(
+    output: Path, warn: Callable[[str], None]
+) -> tuple[set[tuple[int, int]], list[dict[str, Any]]]:
+    """The (task, repeat) pairs already in ``output`` and their slim records (after cutting a torn tail)."""
+    done: set[tuple[int, int]] = set()
+    slim: list[dict[str, Any]] = []
+    for lineno, key, record in keyed_records(output, warn):
+        if key is None:
+            warn(f"{output}:{lineno}: no {TASK_INDEX}/{ROLLOUT_INDEX}; ignored for resuming")
+            continue
+        if key in done:
+            warn(f"{output}:{lineno}: duplicate rollout {key}; counted once")
+            continue
+        done.add(key)
+        slim.append(slim_record(record))
+    return done, slim

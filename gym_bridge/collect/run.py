@@ -1,0 +1,287 @@
+"""The run loop: task rows streamed to a fixed pool of workers, each finished rollout written at once.
+
+Rows are read one at a time and handed to ``concurrency`` workers through a small queue, so memory does
+not grow with the file and no more than ``concurrency`` rollouts run. Repeats come in NeMo Gym's
+"aabbcc" order; with ``seed`` set, each rollout's model request carries ``seed`` = a hash of
+(seed, task, repeat): repeats differ, and a rerun asks for the same samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
+from gym_bridge.collect.client import ClientPool, connection_cap, running_policy
+from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
+from gym_bridge.collect.output import (
+    AGENT_LOOP_RESULT,
+    ENV_SERVER,
+    FAILURE_CLASS,
+    RESULT_TYPE,
+    ROLLOUT_INDEX,
+    TASK_INDEX,
+    LazyWriter,
+    aggregate_metrics_path_for,
+    failures_path_for,
+    materialized_path_for,
+    metrics_path_for,
+    prepare_output,
+    read_finished,
+    read_keys,
+    side_files,
+    slim_record,
+    write_json,
+)
+from gym_bridge.collect.routing import Router, parse_env_args
+from gym_bridge.collect.summary import RunStats, env_aggregate_metrics
+from gym_bridge.collect.tasks import count_rows, iter_tasks
+from gym_bridge.event_loop import new_event_loop
+from gym_bridge.jsonl import JsonlError, JsonlWriter
+from gym_bridge.metrics import aggregate_rewards
+from gym_bridge.seeding import rollout_seed
+
+__all__ = ["collect", "collect_async", "run_all"]
+
+
+@dataclass
+class _Job:
+    task_index: int
+    rollout_index: int
+    row: dict[str, Any]
+    agent_name: str
+    env_url: str
+    env_name: str
+
+    def agent_ref(self) -> dict[str, Any]:
+        """The row's ``agent_ref``, or one naming the agent it was routed as."""
+        ref = self.row.get("agent_ref")
+        return ref if isinstance(ref, dict) else {"name": self.agent_name}
+
+
+async def collect_async(
+    config: CollectConfig,
+    router: Router,
+    model_url: str,
+    *,
+    report: Callable[[str], None] = print,
+    on_progress: Callable[[RunStats, int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> CollectResult:
+    """Run the collection against running envs (``router``) and a running model (``model_url``)."""
+    stats = RunStats()
+    output, failures_path = config.output_path, failures_path_for(config.output_path)
+    done, slim = read_finished(output, report) if config.resume else (set(), [])
+    already_done = len(done)
+    if on_start is not None:
+        rows = count_rows(config.tasks_path)
+        rows = rows if config.limit is None else min(rows, config.limit)
+        planned = rows * config.num_repeats
+        on_start(max(0, planned - sum(1 for t, r in done if t < rows and r < config.num_repeats)))
+    materialized_path = materialized_path_for(output)
+    materialized_done = read_keys(materialized_path, report) if config.resume else set()
+    writer = JsonlWriter(output, append=True)
+    failures = LazyWriter(failures_path, append=config.resume)
+    materialized = LazyWriter(materialized_path, append=config.resume)
+    retry = config.retry_policy()
+    agent_config = AgentConfig(
+        model_url=model_url,
+        max_steps=config.max_steps,
+        overrides=dict(config.overrides),
+        model_retry=retry,
+        env_retry=retry,
+        model_headers=dict(config.model_headers),
+        env_headers=dict(config.env_headers),
+    )
+    workers = config.concurrency
+    queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
+    hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()]})
+    pool = ClientPool(workers, connection_cap(), hosts)
+
+    def record_failure(entry: dict[str, Any]) -> None:
+        failures.write(entry)
+        stats.add_failure(entry[FAILURE_CLASS])
+
+    def bad_row(task_index: int, err: JsonlError) -> None:
+        report(f"skipping bad task row: {err}")
+        record_failure(
+            {TASK_INDEX: task_index, ROLLOUT_INDEX: None, FAILURE_CLASS: "bad_task", "error": str(err), "attempts": 0}
+        )
+
+    async def produce() -> None:
+        try:
+            for task_index, row in iter_tasks(config.tasks_path, limit=config.limit, on_bad=bad_row):
+                routed = router.route(row)
+                if routed is None:
+                    problem = f"row {task_index}: no env for it ({router.describe()})"
+                    bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
+                    continue
+                for rollout_index in range(config.num_repeats):
+                    if (task_index, rollout_index) in done:
+                        continue
+                    job = _Job(task_index, rollout_index, row, *routed)
+                    if (task_index, rollout_index) not in materialized_done:
+                        materialized.write(_materialized_row(job, config, agent_config))
+                    await queue.put(job)
+        finally:
+            for _ in range(workers):
+                await queue.put(None)
+
+    def finish(job: _Job, rollout: Rollout) -> None:
+        stats.add_requests(rollout.metrics)
+        if rollout.record is not None:
+            record = _output_record(job, rollout.record)
+            writer.write(record)
+            slim.append(slim_record(record))
+            stats.add_written(record, rollout.metrics.total_s)
+        else:
+            f = rollout.failure
+            assert f is not None
+            record_failure(
+                {
+                    TASK_INDEX: job.task_index,
+                    ROLLOUT_INDEX: job.rollout_index,
+                    "agent_ref": job.agent_ref(),
+                    FAILURE_CLASS: f.failure_class,
+                    "error": f.message,
+                    "attempts": f.attempts,
+                    "stage": f.stage,
+                }
+            )
+        if on_progress is not None:
+            on_progress(stats, 1)
+
+    async def work(i: int) -> None:
+        client = pool.for_worker(i)
+        while (job := await queue.get()) is not None:
+            task = {**job.row, TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
+            extra = _rollout_params(job, config)
+            rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
+            finish(job, rollout)
+
+    aggregate: list[dict[str, Any]] = []
+    try:
+        await run_all([produce(), *(work(i) for i in range(workers))])
+        writer.close()
+        aggregate = await env_aggregate_metrics(
+            pool.session, output, router.url_of, report, timeout=retry.request_timeout
+        )
+    finally:
+        writer.close()
+        failures.close()
+        materialized.close()
+        await pool.aclose()
+
+    metrics = aggregate_rewards(slim)
+    metrics["run"] = stats.run_metrics(
+        already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
+    )
+    metrics["run"].update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
+    metrics_path = metrics_path_for(output)
+    write_json(metrics_path, metrics)
+    if aggregate:
+        write_json(aggregate_metrics_path_for(output), aggregate)
+    return CollectResult(
+        output,
+        failures_path,
+        metrics_path,
+        metrics,
+        stats.done,
+        stats.failed,
+        stats.bad_rows,
+        already_done,
+        aggregate,
+    )
+
+
+def _output_record(job: _Job, record: dict[str, Any]) -> dict[str, Any]:
+    """The env's verify answer stamped with the rollout's indices, agent and env, as NeMo Gym writes it."""
+    for key in (TASK_INDEX, ROLLOUT_INDEX, "agent_ref"):
+        record.pop(key, None)
+    record[TASK_INDEX] = job.task_index
+    record[ROLLOUT_INDEX] = job.rollout_index
+    record["agent_ref"] = job.agent_ref()
+    record[ENV_SERVER] = job.env_name
+    record[RESULT_TYPE] = AGENT_LOOP_RESULT
+    return record
+
+
+def _rollout_params(job: _Job, config: CollectConfig) -> dict[str, Any] | None:
+    """This rollout's own request parameters (its sampling ``seed``), merged over the run's overrides."""
+    if config.seed is None:
+        return None
+    return {"seed": rollout_seed(config.seed, job.task_index, job.rollout_index)}
+
+
+def _materialized_row(job: _Job, config: CollectConfig, agent_config: AgentConfig) -> dict[str, Any]:
+    """A (task, repeat) as NeMo Gym's ``_materialized_inputs.jsonl`` holds it: the row exactly as it is run."""
+    row = task_as_run(job.row, agent_config, _rollout_params(job, config))
+    if not isinstance(row.get("agent_ref"), dict):
+        row["agent_ref"] = {"name": job.agent_name}
+    row[TASK_INDEX] = job.task_index
+    row[ROLLOUT_INDEX] = job.rollout_index
+    row[ENV_SERVER] = job.env_name
+    return row
+
+
+async def run_all(coros: list[Any]) -> None:
+    """Run coroutines together; if one fails, cancel the others and raise its error."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def collect(
+    config: CollectConfig,
+    *,
+    report: Callable[[str], None] = print,
+    on_progress: Callable[[RunStats, int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> CollectResult:
+    """Run a whole collection: check inputs, start named envs / the policy, collect, write metrics.
+
+    ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar).
+    """
+    check_config(config)
+    prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))
+    routes = parse_env_args(config.envs)
+    if config.strict:
+        try:
+            for _ in iter_tasks(config.tasks_path, limit=config.limit, strict=True):
+                pass
+        except JsonlError as e:
+            raise CollectError(f"bad task row (--strict): {e}") from None
+    from gym_bridge.envs import running_env
+
+    with ExitStack() as stack:
+        urls = []
+        for route in routes:
+            try:
+                urls.append(stack.enter_context(running_env(route.target)))
+            except ValueError as e:
+                raise CollectError(str(e)) from None
+            except (RuntimeError, TimeoutError, OSError) as e:
+                raise CollectError(f"env '{route.target}' did not start: {e}") from None
+        router = Router(routes, urls)
+        model_url = config.model_url or stack.enter_context(
+            running_policy(config.policy or "", seed=config.seed or 0)
+        )
+        main = collect_async(
+            config, router, model_url, report=report, on_progress=on_progress, on_start=on_start
+        )
+        if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
+            return asyncio.run(main)
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(main)

@@ -1,0 +1,147 @@
+"""A run's numbers: live counters for the progress bar, the ``run`` block of ``<stem>_metrics.json``, and
+each env's own ``/aggregate_metrics`` answer for NeMo Gym's ``<stem>_aggregate_metrics.json``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gym_bridge.agent import RolloutMetrics
+from gym_bridge.aggregate import strip_for_aggregation
+from gym_bridge.collect.output import ENV_SERVER
+from gym_bridge.jsonl import iter_jsonl
+from gym_bridge.metrics import latency_summary
+
+__all__ = ["COUNTED", "RunStats", "env_aggregate_metrics"]
+
+COUNTED = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "retries")
+"""Per-rollout counts summed over the run (``retries``: extra attempts of any request, model or env)."""
+
+
+@dataclass
+class RunStats:
+    """Counters of a run, fed one rollout at a time (the progress bar reads them live)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    failed: int = 0
+    """Rollouts that failed plus bad task rows."""
+    bad_rows: int = 0
+    reward_sum: float = 0.0
+    first_rollout_s: float | None = None
+    model_latencies_s: list[float] = field(default_factory=list)
+    rollout_latencies_s: list[float] = field(default_factory=list)
+    totals: Counter[str] = field(default_factory=Counter)
+    failure_classes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        return (self.done + self.failed) / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.done if self.done else None
+
+    def add_requests(self, metrics: RolloutMetrics) -> None:
+        """Count a finished rollout's requests, tokens and retries, whether it succeeded or not."""
+        self.model_latencies_s.extend(metrics.model_latencies_s)
+        self.totals.update({name: getattr(metrics, name) for name in COUNTED})
+
+    def add_written(self, record: dict[str, Any], total_s: float) -> None:
+        """Count a rollout written to the output."""
+        self.rollout_latencies_s.append(total_s)
+        self.done += 1
+        try:
+            self.reward_sum += float(record.get("reward") or 0.0)
+        except (TypeError, ValueError):
+            pass
+        if self.first_rollout_s is None:
+            self.first_rollout_s = time.perf_counter() - self.started
+
+    def add_failure(self, failure_class: str) -> None:
+        """Count a failed rollout or (class ``bad_task``) a bad task row."""
+        self.failure_classes[failure_class] += 1
+        self.failed += 1
+        self.bad_rows += failure_class == "bad_task"
+
+    def run_metrics(self, *, already_done: int, concurrency: int, num_repeats: int) -> dict[str, Any]:
+        """The ``run`` block of the metrics file: what this run did and how fast."""
+        elapsed = time.perf_counter() - self.started
+        return {
+            "rollouts_written": self.done,
+            "rollouts_failed": self.failed - self.bad_rows,
+            "bad_task_rows": self.bad_rows,
+            "already_done": already_done,
+            "failures_by_class": dict(self.failure_classes),
+            "elapsed_s": elapsed,
+            "rollouts_per_s": self.done / elapsed if elapsed > 0 else None,
+            "time_to_first_rollout_s": self.first_rollout_s,
+            "model_latency_s": latency_summary(self.model_latencies_s),
+            "rollout_latency_s": latency_summary(self.rollout_latencies_s),
+            "mean_reward": self.mean_reward,
+            **{name: self.totals[name] for name in COUNTED},
+            "concurrency": concurrency,
+            "num_repeats": num_repeats,
+        }
+
+
+async def env_aggregate_metrics(
+    session: aiohttp.ClientSession,
+    output: Path,
+    url_of: dict[str, str],
+    report: Callable[[str], None],
+    env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
+    timeout: float = 300.0,
+) -> list[dict[str, Any]]:
+    """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
+
+    Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
+    (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
+    An env that cannot answer is reported and left out; the rollouts are already safe on disk.
+    """
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    agent_of: dict[str, str] = {}
+    if output.exists():
+        for _, record in iter_jsonl(output, strict=False):
+            env = env_of(record)
+            if env in url_of and isinstance(record.get("reward"), int | float):
+                by_env.setdefault(env, []).append(strip_for_aggregation(record))
+                agent_ref = record.get("agent_ref")
+                if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
+                    agent_of.setdefault(env, agent_ref["name"])
+    entries = []
+    for env, records in by_env.items():
+        url = url_of[env].rstrip("/") + "/aggregate_metrics"
+        try:
+            limit = aiohttp.ClientTimeout(total=timeout)
+            async with session.post(url, json={"verify_responses": records}, timeout=limit) as resp:
+                body = await resp.json(content_type=None)
+                if resp.status != 200 or not isinstance(body, dict):
+                    raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            report(f"env '{env}': /aggregate_metrics failed ({e}); no aggregate metrics for it")
+            continue
+        entries.append(
+            {
+                "agent_ref": {"name": agent_of.get(env, env)},
+                ENV_SERVER: env,
+                **{
+                    key: body.get(key, default)
+                    for key, default in (
+                        ("agent_metrics", {}),
+                        ("key_metrics", {}),
+                        ("group_level_metrics", []),
+                        ("repeat_level_metrics", []),
+                    )
+                },
+            }
+        )
+    return entries

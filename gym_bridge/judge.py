@@ -1,0 +1,346 @@
+"""An LLM judge over any OpenAI-compatible endpoint, as NeMo Gym's judging servers use one.
+
+A judge is asked whether two answers are equivalent and answers with a label (NeMo Gym's ``[[A=B]]`` /
+``[[A!=B]]`` by default). Why a module of its own: the math server's judge fallback and the
+``equivalence_judge`` server share the transport, the failure handling and the record of each call.
+
+* **Never an exception out of /verify.** A call that does not come back within ``judge_timeout_s`` is
+  ``judge_timeout``; a refused connection, a non-2xx status or a body that is not a model answer is
+  ``judge_error``. Both come back as a :class:`JudgeEvaluation` with ``failure_kind`` set.
+* **Bounded.** At most ``judge_endpoint_max_concurrency`` calls are in flight per server.
+* **Recorded.** Every call is one :class:`JudgeEvaluation` (``judge_evaluations`` entry): NeMo Gym's
+  ``responses_create_params`` / ``response`` / ``verdict_label``, plus the response text, the verdict,
+  the latency and the failure.
+* **The label comes from the final verdict only.** The text read is the judge's last message (reasoning
+  items and a ``<think>`` block are skipped) and the label that counts is the *last* one in it, so a judge
+  that quotes a hostile answer ("... output [[A=B]] ...") before concluding ``[[A!=B]]`` is read as
+  not-equal. NeMo Gym takes the first label in the text; the two agree whenever one label appears.
+* **Answers are data.** :func:`quote` defangs the labels and prompt markers inside the quoted texts, so an
+  answer cannot close its quote or hand the judge a ready-made label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gym_bridge.metrics import percentile
+
+__all__ = [
+    "EQUAL_LABEL",
+    "NOT_EQUAL_LABEL",
+    "JudgeClient",
+    "JudgeEndpointConfig",
+    "JudgeEvaluation",
+    "judge_metrics",
+    "parse_verdict",
+    "quote",
+]
+
+EQUAL_LABEL = "[[A=B]]"
+NOT_EQUAL_LABEL = "[[A!=B]]"
+JUDGE_FAILURES = ("judge_error", "judge_timeout")
+"""``failure_kind`` of a judge call that gave no answer (the verdict is unknown, not "wrong")."""
+_MAX_TEXT = 20_000
+
+
+class JudgeEndpointConfig(BaseModel):
+    """The judge's endpoint; servers that judge take these keys in their ``config.yaml``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    judge_url: str | None = None
+    """Base URL of an OpenAI-compatible API, up to ``/v1`` (``gym-bridge serve policy`` prints one)."""
+    judge_model: str | None = None
+    """``model`` of each judge request (else the one in ``judge_responses_create_params``, if any)."""
+    judge_api: Literal["responses", "chat_completions"] = "responses"
+    """``responses``: ``POST /responses`` as NeMo Gym calls its judge; ``chat_completions``: ``POST /chat/completions``."""
+    judge_api_key_env: str | None = None
+    """Name of the environment variable holding the judge's API key (sent as a Bearer token)."""
+    judge_timeout_s: float = Field(60.0, gt=0)
+    """Deadline of one judge call, connection to last byte; past it: ``judge_timeout``."""
+    judge_endpoint_max_concurrency: int = Field(64, ge=1)
+    """Judge calls in flight at once from this server (NeMo Gym's key and default)."""
+    judge_responses_create_params: dict[str, Any] = Field(default_factory=dict)
+    """Sampling fields of every judge request (``temperature``, ``max_output_tokens``...); ``input`` is set per
+    call (NeMo Gym's key; for ``chat_completions``, ``max_output_tokens`` is sent as ``max_tokens``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_server_refs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "judge_model_server" in data:
+            raise ValueError(
+                "judge_model_server: NeMo Gym's reference to a model server it started is not resolved by "
+                "gym-bridge; give the judge's OpenAI-compatible base URL as judge_url (and judge_model)"
+            )
+        return data
+
+    @field_validator("judge_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"judge_url: expected an http:// or https:// base URL, got {value!r}")
+        return value.rstrip("/") if value else value
+
+    @field_validator("judge_responses_create_params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "stream" in value and value["stream"]:
+            raise ValueError("judge_responses_create_params.stream: the judge is called without streaming")
+        return value
+
+
+class JudgeEvaluation(BaseModel):
+    """One judge call, as it goes into ``judge_evaluations``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    responses_create_params: dict[str, Any]
+    """The request as Responses create params (NeMo Gym's field): the prompt in ``input``."""
+    response: dict[str, Any] | None = None
+    """The endpoint's JSON answer as received (a chat completion for ``chat_completions``); None on failure."""
+    verdict_label: str | None = None
+    """The label that decided (NeMo Gym's field): the equal or not-equal label, or None."""
+    equal: bool | None = None
+    """The verdict: True equal, False not equal, None when there was none (no label, or a failure)."""
+    response_text: str | None = None
+    """The judge's final message text (what the label was read from)."""
+    latency_s: float = 0.0
+    order: str | None = None
+    """Which answer the judge saw first (the caller names it: ``expected_first`` / ``generated_first``)."""
+    failure_kind: str | None = None
+    """``judge_timeout`` or ``judge_error`` when the call gave no answer."""
+    failure_reason: str | None = None
+
+
+def quote(text: str, labels: Iterable[str] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> str:
+    """``text`` made safe to quote inside a judge prompt: the verdict labels and prompt markers in it defanged.
+
+    A label ``[[A=B]]`` becomes ``[ [A=B] ]`` and a marker such as ``<|End of Answer|>`` becomes
+    ``< |End of Answer| >``: still readable, but neither a verdict to echo nor the end of the quote.
+    """
+    out = text
+    for label in sorted(labels, key=len, reverse=True):
+        if len(label) > 2 and label in out:
+            out = out.replace(label, f"{label[0]} {label[1:-1]} {label[-1]}")
+    return out.replace("<|", "< |").replace("|>", "| >")
+
+
+def _occurrences(text: str, token: str) -> list[int]:
+    return [m.start() for m in re.finditer(re.escape(token), text)] if token else []
+
+
+def parse_verdict(text: str | None, equal_label: str = EQUAL_LABEL, not_equal_label: str = NOT_EQUAL_LABEL) -> str | None:
+    """The label of the judge's final verdict: the last label in ``text`` after any ``</think>``; None if none.
+
+    Why the last: a judge reasons first and concludes last; an earlier label may be quoted from an answer.
+    A label found inside the other one (``EQUAL`` in ``NOT EQUAL``) does not count there.
+    """
+    if not text:
+        return None
+    tail = text.rsplit("</think>", 1)[-1]
+    longer, shorter = sorted((equal_label, not_equal_label), key=len, reverse=True)
+    long_spans = [(i, i + len(longer)) for i in _occurrences(tail, longer)]
+    found = [(i, longer) for i, _ in long_spans]
+    found += [
+        (i, shorter) for i in _occurrences(tail, shorter)
+        if not any(a <= i and i + len(shorter) <= b for a, b in long_spans)
+    ]  # fmt: skip
+    return max(found)[1] if found else None
+
+
+def _final_text_responses(body: dict[str, Any]) -> str | None:
+    """Text of the last ``message`` item of a Responses ``output`` (reasoning and other items skipped)."""
+    output = body.get("output")
+    if not isinstance(output, list):
+        return None
+    for item in reversed(output):
+        if isinstance(item, dict) and item.get("type", "message") == "message" and "content" in item:
+            content = item["content"]
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+                return "".join(parts)
+            return None
+    return None
+
+
+def _final_text_chat(body: dict[str, Any]) -> str | None:
+    """``choices[0].message.content`` of a chat completion (``reasoning_content`` is not the verdict)."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else None
+
+
+class JudgeClient:
+    """Calls the configured judge; :meth:`compare` never raises for anything the judge does.
+
+    Create it where it is used (a server's ``startup``): the HTTP client belongs to that event loop.
+    """
+
+    def __init__(self, config: JudgeEndpointConfig) -> None:
+        if not config.judge_url:
+            raise ValueError("judge_url: the judge's base URL is required (e.g. http://127.0.0.1:8000/v1)")
+        self.config = config
+        self._semaphore = asyncio.Semaphore(config.judge_endpoint_max_concurrency)
+        self._client: Any = None
+        self.in_flight = 0
+        self.calls = 0
+
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            limits = httpx.Limits(max_connections=self.config.judge_endpoint_max_concurrency)
+            self._client = httpx.AsyncClient(timeout=None, limits=limits)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/health`` shows of the judge (never the key)."""
+        cfg = self.config
+        return {"url": cfg.judge_url, "model": cfg.judge_model, "api": cfg.judge_api, "timeout_s": cfg.judge_timeout_s,
+                "max_concurrency": cfg.judge_endpoint_max_concurrency, "calls": self.calls, "in_flight": self.in_flight}  # fmt: skip
+
+    def request_params(self, system: str | None, user: str) -> dict[str, Any]:
+        """The Responses create params of one call: the configured sampling fields, the model and the prompt."""
+        params = {k: v for k, v in self.config.judge_responses_create_params.items() if k != "input"}
+        if self.config.judge_model:
+            params["model"] = self.config.judge_model
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": user})
+        return {**params, "input": messages}
+
+    def _wire(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        base = self.config.judge_url
+        if self.config.judge_api == "responses":
+            return f"{base}/responses", params
+        body = {k: v for k, v in params.items() if k not in ("input", "max_output_tokens", "instructions")}
+        if params.get("max_output_tokens") is not None:
+            body["max_tokens"] = params["max_output_tokens"]
+        body["messages"] = params["input"]
+        return f"{base}/chat/completions", body
+
+    def _headers(self) -> dict[str, str]:
+        env = self.config.judge_api_key_env
+        key = os.environ.get(env) if env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def compare(
+        self,
+        system: str | None,
+        user: str,
+        *,
+        order: str | None = None,
+        equal_label: str = EQUAL_LABEL,
+        not_equal_label: str = NOT_EQUAL_LABEL,
+    ) -> JudgeEvaluation:
+        """Ask the judge once; the verdict, or the failure, is in the returned evaluation."""
+        params = self.request_params(system, user)
+        url, body = self._wire(params)
+        async with self._semaphore:
+            self.in_flight += 1
+            self.calls += 1
+            start = time.perf_counter()
+            try:
+                status, raw = await asyncio.wait_for(self._post(url, body), self.config.judge_timeout_s)
+            except asyncio.TimeoutError:
+                return _failed(params, order, "judge_timeout", f"no answer from {url} within {self.config.judge_timeout_s} s", start)
+            except Exception as e:  # any transport failure is the judge's, not the verifier's
+                return _failed(params, order, "judge_error", f"POST {url}: {type(e).__name__}: {e}", start)
+            finally:
+                self.in_flight -= 1
+        latency = time.perf_counter() - start
+        if not 200 <= status < 300:
+            snippet = raw[:300].decode("utf-8", "replace")
+            return _failed(params, order, "judge_error", f"POST {url}: HTTP {status}: {snippet}", start, latency)
+        try:
+            answer = json.loads(raw)
+            if not isinstance(answer, dict):
+                raise ValueError(f"expected a JSON object, got {type(answer).__name__}")
+        except ValueError as e:
+            snippet = raw[:200].decode("utf-8", "replace")
+            return _failed(params, order, "judge_error", f"POST {url}: the answer is not JSON ({e}): {snippet!r}", start, latency)
+        reader = _final_text_responses if self.config.judge_api == "responses" else _final_text_chat
+        text = reader(answer)
+        if text is None:
+            return _failed(params, order, "judge_error", f"POST {url}: the answer has no assistant message text",
+                           start, latency, response=answer)  # fmt: skip
+        label = parse_verdict(text, equal_label, not_equal_label)
+        return JudgeEvaluation(
+            responses_create_params=params, response=answer, verdict_label=label,
+            equal=None if label is None else label == equal_label, response_text=text[:_MAX_TEXT],
+            latency_s=latency, order=order,
+        )  # fmt: skip
+
+    async def _post(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        answer = await self._http().post(url, json=body, headers=self._headers())
+        return answer.status_code, await answer.aread()
+
+
+def _failed(
+    params: dict[str, Any], order: str | None, kind: str, reason: str, start: float,
+    latency: float | None = None, response: dict[str, Any] | None = None,
+) -> JudgeEvaluation:  # fmt: skip
+    return JudgeEvaluation(
+        responses_create_params=params, response=response, order=order, failure_kind=kind, failure_reason=reason,
+        latency_s=latency if latency is not None else time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _orders_disagree(entries: list[Any]) -> bool:
+    """Equal with the expected answer first, not equal the other way round (position bias)."""
+    by_order = {e.get("order"): e.get("equal") for e in entries if isinstance(e, dict)}
+    return by_order.get("expected_first") is True and by_order.get("generated_first") is False
+
+
+def judge_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Judge figures over verified records (their ``judge_evaluations``), for ``/aggregate_metrics``.
+
+    ``judge_calls``, ``judge_used_rate`` (records the judge was asked about), judge latency (mean, p50, p95,
+    max in seconds), ``judge_timeouts`` / ``judge_errors`` (calls), ``judge_no_verdict`` (answers without a
+    label), ``judge_order_disagreements`` (records whose two orders got different verdicts), and ``judge_accuracy``: mean reward of the records the judge decided (NeMo Gym's name).
+    """
+    evaluations: list[dict[str, Any]] = []
+    judged: list[dict[str, Any]] = []
+    for record in records:
+        entries = record.get("judge_evaluations")
+        if isinstance(entries, list) and entries:
+            judged.append(record)
+            evaluations.extend(e for e in entries if isinstance(e, dict))
+    if not records:
+        return {}
+    latencies = [float(e["latency_s"]) for e in evaluations if isinstance(e.get("latency_s"), int | float)]
+    out: dict[str, Any] = {
+        "judge_calls": len(evaluations),
+        "judge_used_rate": len(judged) / len(records),
+        "judge_timeouts": sum(e.get("failure_kind") == "judge_timeout" for e in evaluations),
+        "judge_errors": sum(e.get("failure_kind") == "judge_error" for e in evaluations),
+        "judge_no_verdict": sum(e.get("failure_kind") is None and e.get("verdict_label") is None for e in evaluations),
+        "judge_order_disagreements": sum(_orders_disagree(r["judge_evaluations"]) for r in judged),
+    }
+    if latencies:
+        out.update({
+            "judge_latency_mean_s": sum(latencies) / len(latencies), "judge_latency_p50_s": percentile(latencies, 50),
+            "judge_latency_p95_s": percentile(latencies, 95), "judge_latency_max_s": max(latencies),
+        })  # fmt: skip
+    if judged:
+        out["judge_accuracy"] = sum(float(r.get("reward") or 0.0) for r in judged) / len(judged)
+    return out

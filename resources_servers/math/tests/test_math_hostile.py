@@ -31,6 +31,8 @@ MEMORY_CAP_BYTES = 1536 * 1024 * 1024
 """The server, its fork server and its worker share this cap each (about 190 MB of address space idle)."""
 CONFIG = {"pool_size": 1, "timeout_s": 2.0, "kill_grace_s": 0.5}
 MB = 1_000_000
+HEALTH_BOUND_S = 3.0
+"""Slowest ``/health`` allowed during a hostile request (they blocked it 21-23 s; a shared machine adds noise)."""
 
 pytestmark = pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
 
@@ -140,7 +142,7 @@ def test_megabyte_hostile_answers_are_scored_while_health_answers(
     assert out["reward"] in (0.0, 1.0)
     assert out["reward"] == 1.0 or out["failure_kind"] is not None or out["extraction_method"] is not None
     assert wall < 15.0, f"{name}: {wall:.1f} s"
-    assert slowest_health < 1.5, f"{name}: /health took {slowest_health:.2f} s"
+    assert slowest_health < HEALTH_BOUND_S, f"{name}: /health took {slowest_health:.2f} s"
     assert process.poll() is None, "the server died"
 
 
@@ -193,5 +195,5 @@ def test_a_long_answer_under_the_limit_is_bounded_by_the_check_budget(
     assert response.status_code == 200 and out["reward"] in (0.0, 1.0)
     assert out["failure_kind"] in (None, "verifier_timeout", "unparsable_answer", "verifier_error")
     assert wall < CONFIG["timeout_s"] + CONFIG["kill_grace_s"] + 10.0
-    assert slowest_health < 1.5
+    assert slowest_health < HEALTH_BOUND_S
     assert post(url, "\\boxed{\\sqrt{4}}", "2").json()["reward"] == 1.0  # the pool still serves

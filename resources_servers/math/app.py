@@ -52,7 +52,7 @@ class MathConfig(MathJudgeConfig):
     extraction: ExtractionMode = "boxed"
     """``boxed``: only a non-empty last ``\\boxed{}`` (NeMo Gym's rule); ``boxed_or_final``: else "answer
     is X" / "Answer: X" / "#### X"; ``boxed_or_last``: else also the last number in the text (rewards
-    garbage ending in an operand); ``nemo_gym``: every response whole to math-verify, boxed or not
+    garbage ending in an operand); ``whole_text``: every response whole to math-verify, boxed or not
     (NeMo Gym's library check exactly). A ``/verify`` request's own ``extraction`` field overrides it."""
     max_answer_chars: int = Field(100_000, ge=1)
     """Longest answer handed to math-verify (with several boxes: the whole response); a longer one
@@ -244,7 +244,7 @@ def _no_answer_reason(mode: ExtractionMode) -> str:
         "boxed": "non-empty last \\boxed{}",
         "boxed_or_final": "\\boxed{} answer nor final-answer phrase ('The answer is X', 'Answer: X', '#### X')",
         "boxed_or_last": "\\boxed{} answer, final-answer phrase nor number",
-        "nemo_gym": "text",
+        "whole_text": "text",
     }[mode]
     return f"the response has no final answer: no {looked_for} (extraction mode '{mode}')"
 

@@ -6,7 +6,7 @@ which extracts every box (``First \boxed{3}, then \boxed{7}`` becomes the set ``
 does the same (method ``all_boxes``). Opt-in fallbacks, used only when there is no usable box: an
 explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"), then the last number in the
 text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
-operand of the question ("0 + 5" -> "...5") is rewarded. Mode ``nemo_gym`` is NeMo Gym's library check
+operand of the question ("0 + 5" -> "...5") is rewarded. Mode ``whole_text`` is the library check of NeMo Gym after 0.7.0
 exactly: every response goes whole to math-verify, boxed or not (method ``whole_text``).
 
 Every function here runs on the server's event loop, on answers of up to the body limit (16 MB), so
@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last", "nemo_gym"]
+ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last", "whole_text"]
 ExtractionMethod = Literal["boxed", "all_boxes", "final_answer", "last_number", "whole_text"]
 
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -128,7 +128,7 @@ def last_number(text: str) -> str | None:
 
 def extract_answer(text: str, mode: ExtractionMode = "boxed") -> Extraction | None:
     """The final answer of ``text`` under ``mode``, or None when the mode finds none."""
-    if mode == "nemo_gym":
+    if mode == "whole_text":
         return Extraction(text, "whole_text") if text.strip() else None
     boxed = last_boxed(text)
     if boxed is not None and boxed.strip():

@@ -158,6 +158,6 @@ def test_strip_math_delimiters(expected: str, stripped: str) -> None:
 
 
 def test_mode_nemo_gym_hands_over_every_response_whole() -> None:
-    assert extract_answer("The answer is 7", "nemo_gym") == Extraction("The answer is 7", "whole_text")
-    assert extract_answer("\\boxed{7}", "nemo_gym") == Extraction("\\boxed{7}", "whole_text")
-    assert extract_answer("  \n", "nemo_gym") is None
+    assert extract_answer("The answer is 7", "whole_text") == Extraction("The answer is 7", "whole_text")
+    assert extract_answer("\\boxed{7}", "whole_text") == Extraction("\\boxed{7}", "whole_text")
+    assert extract_answer("  \n", "whole_text") is None

@@ -88,7 +88,7 @@ UNBOXED_CASES = [
 
 @pytest.mark.parametrize(("text", "expected"), BOXED_CASES + UNBOXED_CASES)
 def test_mode_nemo_gym_scores_every_response_as_nemo_gym(default_math: str, text: str, expected: str) -> None:
-    body = verify_body(text, expected, extraction="nemo_gym")
+    body = verify_body(text, expected, extraction="whole_text")
     out = httpx.post(f"{default_math}/verify", json=body, timeout=60).json()
     assert out["reward"] == nemo_gym_reward(expected, text), out
     assert out["extraction_method"] == "whole_text"

@@ -99,7 +99,15 @@ def test_smollm2_recipe_resolves_tokenizer_from_its_own_model() -> None:
     cfg = load_config(ROOT / "recipes/grpo_smollm2_135m.yaml", [])
     assert cfg.policy.model_name == "smollm2-135m"
     assert cfg.policy.tokenizer.name == "smollm2-135m"  # ${policy.model_name} resolved after inheritance
-    assert cfg.grpo.max_num_steps <= 5
+    assert cfg.data.resolved("validation")[0].data_path == str(ROOT / "recipes/data/word_val.jsonl")
+    assert cfg.env["math"].config["extraction"] == "boxed_or_final"  # the phrase format its prompts ask for
+
+
+def test_smollm2_lora_recipe_is_the_full_recipe_with_adapters() -> None:
+    full = load_config(ROOT / "recipes/grpo_smollm2_135m.yaml", [])
+    lora = load_config(ROOT / "recipes/grpo_smollm2_135m_lora.yaml", [])
+    assert lora.policy.dtensor_cfg.lora_cfg.enabled and not full.policy.dtensor_cfg.lora_cfg.enabled
+    assert lora.grpo == full.grpo and lora.data == full.data  # the same task, steps and validation
 
 
 def test_vllm_recipe_refuses_to_run_without_a_gpu() -> None:

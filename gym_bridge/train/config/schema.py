@@ -121,6 +121,14 @@ class GRPOConfig(Section):
     max_rollout_turns: int = Field(1, ge=1)
     """Model turns per rollout in multi-turn environments (1 for single-answer tasks). Default 1."""
 
+    max_failed_rollouts_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """Stop the run when more than this share of a generation batch's rollouts fail (an environment or
+    the policy server unreachable or erroring after retries, a record without token ids); the error
+    names the failure kinds, their counts and an example. Failed rollouts below it are dropped from the
+    batch and counted in ``rollout_failures``. A batch where every rollout failed always stops the run;
+    0 stops it at the first failure (NeMo RL has no such key: its Gym path stops when rollouts are
+    missing). Applies to validation batches too. Default 0.5."""
+
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std (groups with zero std are left unscaled); false is
     Dr. GRPO's unscaled advantage. The ``grpo`` estimator's setting (see adv_estimator.name). Default true."""

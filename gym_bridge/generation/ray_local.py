@@ -60,10 +60,11 @@ def is_loopback(host: str) -> bool:
     return (mapped or address).is_loopback
 
 
-def start_local_ray(num_cpus: int, object_store_memory_mb: int = 200) -> bool:
+def start_local_ray(num_cpus: int, object_store_memory_mb: int = 200, num_gpus: int = 0) -> bool:
     """Start a private single-node Ray on 127.0.0.1 unless this process already has one.
 
-    ``num_cpus`` is Ray's logical CPU count (what actors reserve), not a thread limit. Returns True
+    ``num_cpus`` is Ray's logical CPU count (what actors reserve), not a thread limit; ``num_gpus`` the
+    GPUs it may hand to actors (data-parallel training workers). Returns True
     when this call started Ray (the caller then owns ``ray.shutdown()``), False when Ray was already
     up. Raises if the node is not on loopback (Ray then is shut down again).
     """
@@ -78,7 +79,7 @@ def start_local_ray(num_cpus: int, object_store_memory_mb: int = 200) -> bool:
     ray.init(
         address="local",
         num_cpus=num_cpus,
-        num_gpus=0,
+        num_gpus=num_gpus,
         object_store_memory=object_store_memory_mb * 1024 * 1024,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

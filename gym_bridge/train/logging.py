@@ -194,6 +194,10 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         value = metrics.get(key)
         if _finite(value):
             parts.append(f"{label} {fmt.format(value)}")
+    if _finite(metrics.get("rollout_failures")):  # online steps: failed rollouts were dropped
+        requested = metrics.get("rollouts_requested")
+        of = f"/{requested:.0f}" if _finite(requested) else ""
+        parts.append(f"failed {metrics['rollout_failures']:.0f}{of}")
     if metrics.get("no_learning_signal"):
         parts.append("no learning signal (every group's rewards tie): update skipped")
     return f"step {step:>4} [train] " + "  ".join(parts)

@@ -12,7 +12,8 @@
    groups whose rewards are all equal are dropped and more prompts are generated. A step without any
    non-zero advantage (and no KL penalty) has no learning signal: it skips the passes below;
 4. **log-probs**: of the step's starting policy (``prev``) and the reference policy (KL > 0);
-5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.update`);
+5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.update`),
+   here or spread over data-parallel workers on Ray (:mod:`gym_bridge.train.data_parallel`);
 6. **metrics**, **validation** every ``grpo.val_period`` steps, **checkpoint** every
    ``checkpointing.save_period`` steps. A restarted run resumes from the latest checkpoint.
 """
@@ -31,6 +32,7 @@ from transformers.utils import logging as hf_logging
 from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
+from gym_bridge.train.data_parallel import start_training_workers
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import step_summary, validate
@@ -99,6 +101,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     with ExitStack() as stack:
         stack.callback(view.close)
         stack.callback(logger.close)
+        learner.workers = start_training_workers(cfg, stack, learner)  # data parallel on Ray, or None
         if uses_rollout_process(cfg):
             view.print("starting the rollout process (async GRPO) ...")
         train_sampler, val_sampler = start_samplers(

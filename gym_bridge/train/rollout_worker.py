@@ -22,6 +22,7 @@ from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.models.registry import load_model_and_tokenizer
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
+from gym_bridge.train.rollout_failures import TooManyFailedRollouts
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sampling import OnlineSampler
 
@@ -86,6 +87,8 @@ class ProcessSampler:
                 code = self._process.exitcode
                 raise RolloutWorkerError(f"the rollout process died (exit code {code})") from exc
         if not ok:
+            if isinstance(value, TooManyFailedRollouts):  # the run's error, not the process's
+                raise value
             raise RolloutWorkerError(value)
         return value
 
@@ -142,5 +145,7 @@ def _answer_calls(conn: Any, sampler: OnlineSampler, shared: dict[str, Any]) -> 
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send((True, result))
+        except TooManyFailedRollouts as err:
+            conn.send((False, err))
         except Exception:
             conn.send((False, traceback.format_exc()))

@@ -35,6 +35,7 @@ from gym_bridge.server import start_in_thread
 from gym_bridge.train.advantages import samples_in_groups_with_variance
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
+from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
 from gym_bridge.train.rollouts import (
     Sample,
     TurnMismatch,
@@ -118,7 +119,6 @@ class OnlineSampler:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.timer = GenerationTimer(backend, threads=threads)
-        self.turn_mismatches = 0
         self.max_concurrency = max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt)
         self._services = ExitStack()
         self._session: Any = None
@@ -194,23 +194,31 @@ class OnlineSampler:
         results = asyncio.run_coroutine_threadsafe(self._rollouts(prompts, seeds), self._loop).result()
         wall = time.perf_counter() - started
         samples: list[Sample] = []
-        failures: list[str] = []
+        failures = FailureTally()
         for (i, prompt), result in results:
             if not result.ok:
                 failure = result.failure
-                failures.append(f"{failure.stage}: {failure.failure_class}: {failure.message}")
+                message = failure.message
+                if "attempt" not in message:
+                    message += f" ({failure.attempts} attempts)"
+                failures.add(f"{failure.stage}/{failure.failure_class}", message)
                 continue
-            sample = self.to_sample(result.record, i + group_offset, prompt)
-            if sample is not None:
-                samples.append(sample)
-        if not samples:
-            detail = failures[0] if failures else "no rollout carried token ids"
-            raise RuntimeError(f"every rollout of the step failed; first failure: {detail}")
+            try:
+                sample = self.to_sample(result.record, i + group_offset, prompt)
+            except TurnMismatch as err:
+                failures.add("sequence/turn_mismatch", str(err))
+                continue
+            if sample is None:
+                failures.add("sequence/no_token_ids", "the rollout's output items carry no token ids")
+                continue
+            samples.append(sample)
+        failures.check(len(results), self.cfg.grpo.max_failed_rollouts_fraction, any_kept=bool(samples))
         stats = {
             "time_rollouts_s": wall,
             "time_generation_s": self.timer.seconds,
             "time_reward_and_http_s": max(0.0, wall - self.timer.seconds),
-            "rollout_failures": len(failures),
+            "rollouts_requested": len(results),
+            "rollout_failures": failures.count,
             "generate_calls": self.timer.calls,
         }
         return samples, stats
@@ -251,12 +259,9 @@ class OnlineSampler:
         return [((i, p), r) for (i, p, _), r in zip(jobs, results, strict=True)]
 
     def to_sample(self, record: dict[str, Any], group: int, prompt: Prompt) -> Sample | None:
+        """The record as a training sequence; None without token ids; raises :class:`TurnMismatch`."""
         response = record.get("response") or {}
-        try:
-            built = sequence_from_items(response.get("output") or [])
-        except TurnMismatch:
-            self.turn_mismatches += 1
-            built = None
+        built = sequence_from_items(response.get("output") or [])
         if built is None:
             return None
         token_ids, mask, logprobs, turns = built
@@ -361,7 +366,7 @@ def sample_step(
     if not grpo.use_dynamic_sampling:
         prompts = data.next_batch()
         seeds = [[rollout_seed(grpo.seed, step, 1, i, g) for g in range(n)] for i in range(len(prompts))]
-        samples, drawn = sampler.sample(prompts, seeds)
+        samples, drawn = _sample_batch(sampler, prompts, seeds, 0, step)
         stats.update(drawn)
         stats["generation_batches"] = 1.0
         return samples, stats
@@ -371,7 +376,7 @@ def sample_step(
         attempt += 1
         prompts = data.next_batch(math.ceil(grpo.num_prompts_per_step * grpo.batch_multiplier))
         seeds = [[rollout_seed(grpo.seed, step, attempt, i, g) for g in range(n)] for i in range(len(prompts))]
-        new, drawn = sampler.sample(prompts, seeds, next_group)
+        new, drawn = _sample_batch(sampler, prompts, seeds, next_group, step)
         next_group += len(prompts)  # group ids stay unique across batches
         for key, value in drawn.items():
             stats[key] += value
@@ -387,6 +392,16 @@ def sample_step(
             kept_groups += 1
     stats["generation_batches"] = float(attempt)
     return samples, stats
+
+
+def _sample_batch(
+    sampler: Sampler, prompts: Sequence[Any], seeds: list[list[int]], group_offset: int, step: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """One generation batch; a :class:`TooManyFailedRollouts` names the step."""
+    try:
+        return sampler.sample(prompts, seeds, group_offset)
+    except TooManyFailedRollouts as err:
+        raise err.at_step(step) from None
 
 
 def produce_step(

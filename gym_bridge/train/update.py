@@ -33,7 +33,7 @@ from gym_bridge.train.sequences import (
     shares_prompts,
 )
 
-__all__ = ["Learner", "StepBatch", "skip_update", "update_policy"]
+__all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 
 
 @dataclass
@@ -54,6 +54,9 @@ class Learner:
     """The device every training tensor goes to and the precision (:mod:`gym_bridge.train.device`)."""
     scaler: Any | None = None
     """float16's loss scaler, one per run (its scale adapts across steps); made from ``placement``."""
+    workers: Any | None = None
+    """Data-parallel training workers (:class:`~gym_bridge.train.data_parallel.TrainingWorkers`) that
+    run the updates instead of this process, whose model then mirrors theirs; None trains here."""
 
     def __post_init__(self) -> None:
         if self.scaler is None:
@@ -124,6 +127,8 @@ def _step_scheduler(scheduler: Any) -> None:
 
 def skip_update(cfg: MasterConfig, learner: Learner, num_samples: int) -> dict[str, float]:
     """No update for a step without learning signal: the schedule still advances by its optimizer steps."""
+    if learner.workers is not None:
+        learner.workers.skip(num_samples)
     for _ in optimizer_batches(cfg, num_samples):
         _step_scheduler(learner.scheduler)
     return {"optimizer_steps": 0.0, "no_learning_signal": 1.0}
@@ -132,8 +137,26 @@ def skip_update(cfg: MasterConfig, learner: Learner, num_samples: int) -> dict[s
 def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
     """Optimizer steps over the batch's samples, ``train_global_batch_size`` at a time; their metrics.
 
+    With ``learner.workers`` the data-parallel workers run them and this process's model (and
+    optimizer and schedule) take their result.
+    """
+    if learner.workers is not None:
+        return summarize_update(*learner.workers.update(batch))
+    host = optimizer_steps(cfg, learner, batch)
+    return summarize_update(host, learner.scaler.get_scale() if learner.scaler is not None else None)
+
+
+def optimizer_steps(
+    cfg: MasterConfig, learner: Learner, batch: StepBatch, shard: Any = None
+) -> list[dict[str, float]]:
+    """The optimizer steps of the batch; each one's metrics (summed over its micro-batches).
+
     Every tensor of the pass is on ``learner.placement.device``: micro-batches are built on the host
     and moved there whole, and metrics stay tensors there until one transfer at the end of the step.
+    ``shard`` (data parallel; ``rank``, ``world_size``, ``all_reduce_gradients(params)``): this
+    process runs micro-batches ``rank``, ``rank + world_size``, ... of each optimizer step, then the
+    gradients are summed over the processes before the (identical) clip and optimizer step; the
+    metrics returned are this process's share.
     """
     model, samples, place = learner.model, batch.samples, learner.placement
     model.train()
@@ -154,7 +177,8 @@ def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict
             continue
         learner.optimizer.zero_grad(set_to_none=True)
         metrics: list[dict[str, torch.Tensor]] = []
-        for mb in (mb.to(place.device) for mb in mbs):
+        mine = mbs if shard is None else mbs[shard.rank :: shard.world_size]
+        for mb in (mb.to(place.device) for mb in mine):
             width = mb.token_mask.shape[1]
             with place.autocast():
                 current = micro_batch_logprobs(model, mb, learner.pad_token_id)
@@ -183,17 +207,28 @@ def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict
             (learner.scaler.scale(loss) if learner.scaler is not None else loss).backward()
             metrics.append(mb_metrics)
         reduced = reduce_microbatch_metrics(metrics)
+        if shard is not None:
+            shard.all_reduce_gradients(_trainable(learner))
         reduced.update(_optimizer_step(learner, max_norm))
         _step_scheduler(learner.scheduler)  # also after a float16 step the scaler skipped
         step_metrics.append(reduced)
-    host = _to_host(step_metrics)
+    return _to_host(step_metrics)
+
+
+def summarize_update(host: list[dict[str, float]], loss_scale: float | None = None) -> dict[str, float]:
+    """The step's update metrics from its optimizer steps' (:func:`optimizer_steps`) and float16's
+    loss scale after them."""
     for metrics in host:  # a skipped (overflowed) float16 step applied no gradient: no norm to average
         if metrics.get("amp_skipped_steps"):
             del metrics["grad_norm"]
     out = _mean_over_optimizer_steps(host)
-    if learner.scaler is not None:
-        out["amp_loss_scale"] = float(learner.scaler.get_scale())
+    if loss_scale is not None:
+        out["amp_loss_scale"] = float(loss_scale)
     return out
+
+
+def _trainable(learner: Learner) -> list[torch.Tensor]:
+    return [p for group in learner.optimizer.param_groups for p in group["params"]]
 
 
 def _optimizer_step(learner: Learner, max_norm: float) -> dict[str, torch.Tensor]:
@@ -202,7 +237,7 @@ def _optimizer_step(learner: Learner, max_norm: float) -> dict[str, torch.Tensor
     The scaler skips exactly when an unscaled gradient is inf or NaN, that is when their norm is not
     finite: that is how a skip is counted without asking the device mid-step.
     """
-    params = [p for group in learner.optimizer.param_groups for p in group["params"]]
+    params = _trainable(learner)
     scaler = learner.scaler
     if scaler is None:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach().float()

@@ -152,7 +152,6 @@ def test_sequence_packing_length_rounding_aligns_packed_sequences() -> None:
     ("override", "key"),
     [
         ("policy.sequence_packing.algorithm=modified_first_fit_decreasing", "policy.sequence_packing.algorithm"),
-        ("cluster.num_nodes=2", "cluster.num_nodes"),
     ],
 )
 def test_values_gym_bridge_cannot_run_are_refused_naming_the_key(override: str, key: str) -> None:

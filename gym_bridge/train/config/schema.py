@@ -121,6 +121,14 @@ class GRPOConfig(Section):
     max_rollout_turns: int = Field(1, ge=1)
     """Model turns per rollout in multi-turn environments (1 for single-answer tasks). Default 1."""
 
+    max_failed_rollouts_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """Stop the run when more than this share of a generation batch's rollouts fail (an environment or
+    the policy server unreachable or erroring after retries, a record without token ids); the error
+    names the failure kinds, their counts and an example. Failed rollouts below it are dropped from the
+    batch and counted in ``rollout_failures``. A batch where every rollout failed always stops the run;
+    0 stops it at the first failure (NeMo RL has no such key: its Gym path stops when rollouts are
+    missing). Applies to validation batches too. Default 0.5."""
+
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std (groups with zero std are left unscaled); false is
     Dr. GRPO's unscaled advantage. The ``grpo`` estimator's setting (see adv_estimator.name). Default true."""
@@ -462,15 +470,26 @@ class LoggerConfig(Section):
 
 
 class ClusterConfig(Section):
-    """Hardware. gym-bridge runs on one node; GPUs are optional."""
+    """Hardware. The trainer runs on one node (GPUs optional); its policy updates can be spread over
+    data-parallel workers on Ray, on this node or across ``num_nodes``."""
 
     gpus_per_node: int = Field(0, ge=0)
     """GPUs of this node: with policy.device auto, > 0 trains the policy on CUDA (and the vllm backend
     generates there); refused at start-up when torch sees fewer or no CUDA at all; 0 runs on CPU.
     Default 0."""
 
-    num_nodes: Literal[1] = 1
-    """Nodes; only 1 is supported. Default 1."""
+    num_nodes: int = Field(1, ge=1)
+    """Nodes the data-parallel training workers span. 1: this node, in a private Ray on 127.0.0.1.
+    More: an existing Ray cluster (``RAY_ADDRESS``, else the local ``ray start`` head), with
+    ``train_workers_per_node`` workers pinned to each of ``num_nodes`` nodes; needs
+    ``train_workers_per_node`` >= 1 (generation and environments stay on the trainer's node). Default 1."""
+
+    train_workers_per_node: int = Field(0, ge=0)
+    """Data-parallel training workers per node (Ray actors, each with a policy replica, one CPU or with
+    ``gpus_per_node`` > 0 one GPU each): every optimizer step's micro-batches are split over the
+    ``num_nodes x train_workers_per_node`` workers and their gradients all-reduced (gloo on CPU, NCCL
+    on GPU), one optimizer step per global batch, the same update as in one process. 0 updates in
+    the trainer's process. Default 0."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -547,6 +566,17 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
         problems.append(
             f"policy.generation.max_new_tokens ({policy.generation.max_new_tokens}) must not exceed "
             f"policy.max_total_sequence_length ({policy.max_total_sequence_length})"
+        )
+    cluster = cfg.cluster
+    if cluster.num_nodes > 1 and cluster.train_workers_per_node < 1:
+        problems.append(
+            f"cluster.num_nodes is {cluster.num_nodes}: only data-parallel training workers span nodes; "
+            "set cluster.train_workers_per_node >= 1 (or cluster.num_nodes: 1)"
+        )
+    if cluster.gpus_per_node and cluster.train_workers_per_node > cluster.gpus_per_node:
+        problems.append(
+            f"cluster.train_workers_per_node ({cluster.train_workers_per_node}) must not exceed "
+            f"cluster.gpus_per_node ({cluster.gpus_per_node}): each GPU worker takes one GPU"
         )
     if policy.generation.backend == "vllm" and cfg.cluster.gpus_per_node < 1:
         problems.append("policy.generation.backend 'vllm' needs a GPU: set cluster.gpus_per_node >= 1")

@@ -10,10 +10,13 @@ record stripped of ``responses_create_params`` and of ``response`` except ``resp
 Statistics follow NeMo Gym's ``RewardProfiler`` naming: ``mean/X``, ``max/X``, ``min/X``, ``median/X``,
 ``std/X`` (sample standard deviation, 0 for one value) over every numeric field X of the records (top-level
 numbers not starting with ``_``, booleans as 0/1, and ``response.usage`` counts). Per task
-(``_ng_task_index``) in ``group_level_metrics``; per repeat (``_ng_rollout_index``, only when there are
+(``_ng_task_index``) in ``group_level_metrics``; each ``reward_components`` entry counts as a field
+``reward_components.<name>`` (NeMo Gym's profiler skips nested objects, which is why its multi-reward
+example repeats each component at the top level; here the components are described as they are); per repeat (``_ng_rollout_index``, only when there are
 several) in ``repeat_level_metrics``; over all records in ``agent_metrics``, which also carries the
 environment's own summary (pass@1, pass@k, majority@k, failure kinds ...: ``ResourcesServer.aggregate_metrics``).
-``key_metrics`` holds the headline figures: ``mean/reward``, token means, pass@1, pass@k, majority@k.
+``key_metrics`` holds the headline figures: ``mean/reward``, token means, pass@1, pass@k, majority@k and
+``mean/reward_components.<name>`` per component.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+from gym_bridge.schema import reward_components_problem
 
 __all__ = ["AggregateRequestError", "nemo_gym_aggregate", "parse_aggregate_request", "strip_for_aggregation"]
 
@@ -36,6 +41,8 @@ _STATS: dict[str, Callable[[list[float]], float]] = {
     "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0,
 }
 _HEADLINE = ("mean/reward", "mean/input_tokens", "mean/output_tokens")
+COMPONENT_FIELD = "reward_components."
+"""Prefix of a reward component's field name in the statistics (``mean/reward_components.correct``)."""
 
 
 class AggregateRequestError(ValueError):
@@ -72,6 +79,9 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
             raise AggregateRequestError(f"verify_responses.{i}: expected an object")
         if not _finite_number(record.get("reward")):
             raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        components = record.get("reward_components")
+        if components is not None and (problem := reward_components_problem(components)) is not None:
+            raise AggregateRequestError(f"verify_responses.{i}.reward_components: {problem}")
         for key in ("response", "responses_create_params"):
             value = record.get(key)
             if value is not None and not isinstance(value, dict):
@@ -84,7 +94,8 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
 
 
 def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
-    """The numbers NeMo Gym's profiler describes: top-level (not ``_``-prefixed) and ``response.usage``."""
+    """The numbers NeMo Gym's profiler describes: top-level (not ``_``-prefixed) and ``response.usage``;
+    and each reward component, as ``reward_components.<name>``."""
     out: dict[str, float] = {}
     response = record.get("response")
     usage = response.get("usage") if isinstance(response, dict) else None
@@ -97,6 +108,9 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
                 out[key] = float(value)
             elif _finite_number(value):
                 out[key] = float(value)
+    components = record.get("reward_components")
+    if isinstance(components, dict):
+        out.update({COMPONENT_FIELD + name: float(value) for name, value in components.items()})
     return out
 
 
@@ -138,5 +152,6 @@ def nemo_gym_aggregate(
             )
     agent = {**_describe(numbers), "num_repeats": len(by_repeat), **summary(records)}
     key = {name: agent[name] for name in _HEADLINE if name in agent}
+    key.update({name: value for name, value in agent.items() if name.startswith("mean/" + COMPONENT_FIELD)})
     key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
     return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key, "repeat_level_metrics": repeats}

@@ -79,19 +79,26 @@ def fast_path_bodies() -> list[dict[str, Any]]:
 
 
 def pool_path_bodies(count: int, offset: int) -> list[dict[str, Any]]:
-    """``count`` answer pairs that only math-verify can judge, all distinct (no cache can help)."""
+    """``count`` answer pairs that only math-verify can judge, all distinct (no cache can help): roots,
+    decimals, multiples of pi, equations, complex numbers, sets, and fractions against decimals."""
     bodies = []
     for i in range(count):
         n = offset + i + 2
-        kind = i % 4
+        kind = i % 7
         if kind == 0:
             bodies.append(_body(f"so \\boxed{{\\frac{{\\sqrt{{{4 * n}}}}}{{2}}}}", f"\\(\\sqrt{{{n}}}\\)"))
         elif kind == 1:
             bodies.append(_body(f"\\boxed{{{n / 4}}}", f"\\frac{{{n}}}{{4}}"))
         elif kind == 2:
-            bodies.append(_body(f"The answer is $ {n}\\pi $.", f"{n}\\pi"))
-        else:
+            bodies.append(_body(f"The answer is $\\boxed{{{n}\\pi}}$.", f"{n}\\pi"))
+        elif kind == 3:
             bodies.append(_body(f"\\boxed{{x = {n}}}", str(n + n % 2)))
+        elif kind == 4:
+            bodies.append(_body(f"\\boxed{{{n} + {n % 5 + 1}i}}", f"{n}+{n % 5 + 1}i"))
+        elif kind == 5:
+            bodies.append(_body(f"\\boxed{{\\{{{n}, {n + 1}\\}}}}", f"\\{{{n + 1}, {n}\\}}"))
+        else:
+            bodies.append(_body(f"\\boxed{{\\frac{{{n}}}{{8}}}}", f"{n / 8}"))
     return bodies
 
 
@@ -218,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="300 requests, 1 round")
+    parser.add_argument("--only", nargs="*", help="run only these workloads (noop_verify always runs)")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.rounds = 300, 1
@@ -238,7 +246,7 @@ def main() -> None:
 
     def workloads(r: int) -> dict[str, Callable[[Any, int], Any]]:
         # Pool workloads get fresh answers every round: the server's verdict cache must not help them.
-        return {
+        every = {
             "health": lambda client, i: client.get("/health"),
             "noop_verify": poster([_body(None, "1")]),
             "fast_path": poster(fast_path_bodies()),
@@ -246,6 +254,8 @@ def main() -> None:
             "grpo_groups": poster(grpo_group_bodies(per_round, offset=r * per_round)),
             "nemo_records": poster(nemo_record_bodies()),
         }
+        keep = set(args.only or every) | {"noop_verify"}
+        return {name: make for name, make in every.items() if name in keep}
 
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in workloads(0)}
     with builtin_server("math") as (server, url):
@@ -263,6 +273,13 @@ def main() -> None:
         return ordered[len(ordered) // 2]
 
     summary = {name: median_round(name) for name in rounds}
+    if args.only:  # a partial run: print, write nothing
+        for name, result in summary.items():
+            print(
+                f"{name:13s} {result['per_s']:8.1f} req/s  {result['per_server_cpu_s']:6.0f} per server CPU-s  "
+                f"mean reward {result['mean_reward']}"
+            )
+        return
     noop, health = summary["noop_verify"]["per_s"], summary["health"]["per_s"]
     for result in summary.values():
         result["ratio_to_noop_verify"] = result["per_s"] / noop

@@ -7,16 +7,20 @@ record stripped of ``responses_create_params`` and of ``response`` except ``resp
     {"group_level_metrics": [per task], "agent_metrics": {...}, "key_metrics": {...},
      "repeat_level_metrics": [per repeat]}
 
-Statistics follow NeMo Gym's ``RewardProfiler`` naming: ``mean/X``, ``max/X``, ``min/X``, ``median/X``,
-``std/X`` (sample standard deviation, 0 for one value) over every numeric field X of the records (top-level
-numbers not starting with ``_``, booleans as 0/1, and ``response.usage`` counts). Per task
-(``_ng_task_index``) in ``group_level_metrics``; each ``reward_components`` entry counts as a field
+Statistics follow NeMo Gym 0.7.0's ``RewardProfiler`` (``nemo_gym/reward_profile.py``), names and values:
+``mean/X``, ``max/X``, ``min/X``, ``median/X``, ``std/X`` (sample standard deviation, 0 for one value) over
+every numeric field X of the records (top-level numbers not starting with ``_`` and ``response.usage``
+counts; booleans are not numbers there, so ``mask_sample`` is left out). Per task (``_ng_task_index``) in
+``group_level_metrics``; per repeat (``_ng_rollout_index``, only when there are several) in
+``repeat_level_metrics``, which adds ``sem/``, ``p25/``, ``p75/``; over all records in ``agent_metrics``,
+which adds ``{mean,median,std,min,max,se}_across_repeats/mean/X`` (each repeat's mean as one observation)
+and the environment's own summary (pass@1, pass@k, majority@k, failure kinds ...:
+``ResourcesServer.aggregate_metrics``). ``key_metrics`` is NeMo Gym's default headline set (every ``mean/X``
+of ``agent_metrics``) plus pass@k and majority@k. NeMo Gym's 95% confidence intervals (a Student-t
+interval, scipy) are not computed. Each ``reward_components`` entry is one more field,
 ``reward_components.<name>`` (NeMo Gym's profiler skips nested objects, which is why its multi-reward
-example repeats each component at the top level; here the components are described as they are); per repeat (``_ng_rollout_index``, only when there are
-several) in ``repeat_level_metrics``; over all records in ``agent_metrics``, which also carries the
-environment's own summary (pass@1, pass@k, majority@k, failure kinds ...: ``ResourcesServer.aggregate_metrics``).
-``key_metrics`` holds the headline figures: ``mean/reward``, token means, pass@1, pass@k, majority@k and
-``mean/reward_components.<name>`` per component.
+example repeats each component at the top level; here the components are described as they are), so
+``mean/reward_components.<name>`` is among the headline figures.
 """
 
 from __future__ import annotations
@@ -40,9 +44,24 @@ _STATS: dict[str, Callable[[list[float]], float]] = {
     "median": statistics.median,
     "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0,
 }
-_HEADLINE = ("mean/reward", "mean/input_tokens", "mean/output_tokens")
 COMPONENT_FIELD = "reward_components."
 """Prefix of a reward component's field name in the statistics (``mean/reward_components.correct``)."""
+_REPEAT_STATS: dict[str, Callable[[list[float]], float]] = {
+    **_STATS,
+    "sem": lambda xs: _STATS["std"](xs) / len(xs) ** 0.5,
+    "p25": lambda xs: _quantile(xs, 0.25),
+    "p75": lambda xs: _quantile(xs, 0.75),
+}
+_ACROSS_REPEATS: dict[str, Callable[[list[float]], float]] = {**_STATS, "se": _REPEAT_STATS["sem"]}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (pandas' default, which NeMo Gym uses)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    low = math.floor(pos)
+    high = min(low + 1, len(xs) - 1)
+    return xs[low] + (xs[high] - xs[low]) * (pos - low)
 
 
 class AggregateRequestError(ValueError):
@@ -104,9 +123,7 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
         for key, value in source.items():
             if key.startswith("_") or key == "response":
                 continue
-            if isinstance(value, bool):
-                out[key] = float(value)
-            elif _finite_number(value):
+            if _finite_number(value):  # not a bool: NeMo Gym's profiler takes pandas' numeric columns only
                 out[key] = float(value)
     components = record.get("reward_components")
     if isinstance(components, dict):
@@ -114,12 +131,24 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _describe(rows: list[dict[str, float]], stats: tuple[str, ...] = tuple(_STATS)) -> dict[str, float]:
+def _describe(
+    rows: list[dict[str, float]], stats: dict[str, Callable[[list[float]], float]] = _STATS
+) -> dict[str, float]:
     columns: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         for key, value in row.items():
             columns[key].append(value)
-    return {f"{stat}/{key}": _STATS[stat](values) for stat in stats for key, values in columns.items()}
+    return {f"{stat}/{key}": fn(values) for stat, fn in stats.items() for key, values in columns.items()}
+
+
+def _across_repeats(repeats: list[dict[str, Any]]) -> dict[str, float]:
+    """NeMo Gym's ``<stat>_across_repeats/mean/X``: each repeat's ``mean/X`` taken as one observation."""
+    columns: dict[str, list[float]] = defaultdict(list)
+    for entry in repeats:
+        for key, value in entry.items():
+            if key.startswith("mean/"):
+                columns[key].append(value)
+    return {f"{stat}_across_repeats/{key}": fn(xs) for stat, fn in _ACROSS_REPEATS.items() for key, xs in columns.items()}
 
 
 def nemo_gym_aggregate(
@@ -147,11 +176,10 @@ def nemo_gym_aggregate(
                     ROLLOUT_INDEX: repeat,
                     "sample_count": present,
                     "missing_count": len(by_task) - present,
-                    **_describe([row for _, row in entries]),
+                    **_describe([row for _, row in entries], _REPEAT_STATS),
                 }
             )
-    agent = {**_describe(numbers), "num_repeats": len(by_repeat), **summary(records)}
-    key = {name: agent[name] for name in _HEADLINE if name in agent}
-    key.update({name: value for name, value in agent.items() if name.startswith("mean/" + COMPONENT_FIELD)})
+    agent = {**_describe(numbers), **_across_repeats(repeats), "num_repeats": len(by_repeat), **summary(records)}
+    key = {name: value for name, value in agent.items() if name.startswith("mean/")}
     key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
     return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key, "repeat_level_metrics": repeats}

@@ -49,7 +49,9 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
     """Yield a base URL for the environment, starting a built-in server in-process when given a name.
 
     ``workers`` sizes the started server's worker pool (see :func:`workers_setting`); a ValueError
-    says so for a URL or a server without one.
+    says so for a URL or a server without one. ``settings`` are network settings
+    (:class:`~gym_bridge.server.ServerSettings`) or keys of the server's own config (the math server's
+    ``extraction``...); a key that is neither is a ValueError naming it.
     """
     if is_url(name_or_url):
         if workers is not None:
@@ -59,13 +61,20 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
     from gym_bridge.server import ServerSettings, start_in_thread
 
     server_class = load_server_class(name_or_url)
-    server = server_class(ServerSettings(**settings))
+    network = {k: v for k, v in settings.items() if k in ServerSettings.model_fields}
+    own = {k: v for k, v in settings.items() if k not in network}
+    server = server_class(ServerSettings(**network))
     if workers is not None:
         field = workers_setting(name_or_url)
         if field is None:
             raise ValueError(f"environment '{name_or_url}' has no worker pool to size")
-        config = server.config.model_validate({**server.config.model_dump(), field: workers})
-        server = server_class(ServerSettings(**settings), config=config)
+        own[field] = workers
+    if own:
+        config = getattr(server, "config", None)
+        if config is None:
+            raise ValueError(f"environment '{name_or_url}' has no setting {', '.join(map(repr, own))}")
+        config = config.model_validate({**config.model_dump(), **own})
+        server = server_class(ServerSettings(**network), config=config)
     running = start_in_thread(server.build_app())
     try:
         yield running.url

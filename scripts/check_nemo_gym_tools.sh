@@ -4,25 +4,14 @@
 #   2. NeMo Gym's `gym eval profile` on them
 #   3. NeMo Gym's `gym eval reverify` on them against our math server, started by NeMo Gym from a config
 #
-# NeMo Gym is installed into its own venv (never the project's): nemo-gym 0.7.0 asks for Python >= 3.13.14
-# and pulls ray, mlflow, wandb (~150 packages, minutes), which is why this is a script and not a test.
-# This machine has Python 3.13.0, so the wheel is fetched for 3.13.14 and installed with
-# --ignore-requires-python. Override with NG_VENV=/path/to/venv-with-nemo-gym, NG_PYTHON=python3.13.
+# NeMo Gym is installed into its own venv by scripts/nemo_gym_venv.sh (never the project's venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || PY=/work/main/.venv/bin/python
-NG_VENV=${NG_VENV:-/tmp/ngvenv}
 PORT=${PORT:-18731}
-
-if [ ! -x "$NG_VENV/bin/gym" ]; then
-    NG_PYTHON=${NG_PYTHON:-$(PYENV_VERSION=3.13.0 pyenv which python 2>/dev/null || command -v python3.13)}
-    wheels=$(mktemp -d)
-    "$PY" -m pip download nemo-gym==0.7.0 --no-deps --python-version 3.13.14 --only-binary=:all: -d "$wheels"
-    "$NG_PYTHON" -m venv "$NG_VENV"
-    "$NG_VENV/bin/pip" install --ignore-requires-python "$wheels"/nemo_gym-0.7.0-py3-none-any.whl
-fi
+. scripts/nemo_gym_venv.sh
 
 WORK=$(mktemp -d)
 echo "work dir: $WORK"

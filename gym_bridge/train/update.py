@@ -224,13 +224,17 @@ def _optimizer_step(learner: Learner, max_norm: float) -> dict[str, torch.Tensor
     return {"grad_norm": grad_norm, "amp_skipped_steps": skipped}
 
 
-def _to_host(step_metrics: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
-    """Every metric tensor of the step as Python floats, in one device-to-host transfer."""
-    keys = [(i, key) for i, metrics in enumerate(step_metrics) for key in metrics]
+def _to_host(step_metrics: list[dict[str, torch.Tensor | float]]) -> list[dict[str, float]]:
+    """Every metric of the step as Python floats: the tensors in one device-to-host transfer (a metric a
+    loss computed on the host already is taken as it is)."""
+    out: list[dict[str, float]] = [
+        {key: float(value) for key, value in metrics.items() if not isinstance(value, torch.Tensor)}
+        for metrics in step_metrics
+    ]
+    keys = [(i, key) for i, metrics in enumerate(step_metrics) for key, v in metrics.items() if isinstance(v, torch.Tensor)]
     if not keys:
-        return [{} for _ in step_metrics]
-    values = torch.stack([step_metrics[i][key].detach().double().reshape(()) for i, key in keys]).tolist()
-    out: list[dict[str, float]] = [{} for _ in step_metrics]
+        return out
+    values = torch.stack([step_metrics[i][key].detach().double().reshape(()) for i, key in keys]).tolist()  # type: ignore[union-attr]
     for (i, key), value in zip(keys, values, strict=True):
         out[i][key] = value
     return out

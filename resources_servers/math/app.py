@@ -6,14 +6,16 @@ request echoed plus ``reward``, ``extracted_answer``, ``library_reward``, ``judg
 ``mask_sample: false`` and, specific to gym-bridge, ``extraction_method`` and ``failure_kind`` /
 ``failure_reason`` (``null`` unless one applies).
 
-How a response is checked: the final answer is extracted (``\\boxed{}`` first; see
-:mod:`resources_servers.math.extraction` for the configurable fallbacks), plain integers and fractions
-are compared exactly in the server process, and everything else goes to math-verify in a warm worker
-pool with a hard per-check deadline (:mod:`resources_servers.math.pool`).
+How a response is checked: the final answer is extracted (by default NeMo Gym's rule, a non-empty last
+``\\boxed{}``; see :mod:`resources_servers.math.extraction` for the opt-in phrase fallbacks, chosen by
+the ``extraction`` setting or request field), plain integers and fractions are compared exactly in the
+server process, and everything else goes to math-verify in a warm worker pool with a hard per-check
+deadline (:mod:`resources_servers.math.pool`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
 from pathlib import Path
@@ -37,6 +39,8 @@ from resources_servers.math.pool import VerifierPool
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("config.yaml")
 _MAX_RAW_CHARS = 200
+_THREAD_TEXT_CHARS = 64 * 1024
+"""Longer answer texts are extracted in a thread, so the event loop keeps answering meanwhile."""
 
 
 class MathConfig(MathJudgeConfig):
@@ -45,9 +49,14 @@ class MathConfig(MathJudgeConfig):
 
     model_config = ConfigDict(extra="forbid")
 
-    extraction: ExtractionMode = "boxed_or_final"
-    """``boxed``: only ``\\boxed{}``; ``boxed_or_final``: else "answer is X" / "Answer: X" / "#### X";
-    ``boxed_or_last``: else also the last number in the text (rewards garbage ending in an operand)."""
+    extraction: ExtractionMode = "boxed"
+    """``boxed``: only a non-empty last ``\\boxed{}`` (NeMo Gym's rule); ``boxed_or_final``: else "answer
+    is X" / "Answer: X" / "#### X"; ``boxed_or_last``: else also the last number in the text (rewards
+    garbage ending in an operand); ``whole_text``: every response whole to math-verify, boxed or not
+    (NeMo Gym's library check exactly). A ``/verify`` request's own ``extraction`` field overrides it."""
+    max_answer_chars: int = Field(100_000, ge=1)
+    """Longest answer handed to math-verify (with several boxes: the whole response); a longer one
+    gets reward 0 with ``failure_kind: answer_too_long``, never a cut answer."""
     timeout_s: float = Field(5.0, gt=0)
     """Time budget of one math-verify check; past it the reward is 0 with ``verifier_timeout``."""
     kill_grace_s: float = Field(1.0, ge=0)
@@ -84,11 +93,13 @@ def _integer_answers_are_text(value: Any) -> Any:
 
 
 class MathVerifyRequest(VerifyRequest):
-    """``/verify`` body of a math task: ``expected_answer`` is required, the problem text is optional."""
+    """``/verify`` body of a math task: ``expected_answer`` is required, the problem text is optional;
+    ``extraction`` chooses the answer rule for this request (the server's setting when absent)."""
 
     expected_answer: str
     question: str | None = None
     problem: str | None = None
+    extraction: ExtractionMode | None = None
 
     _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
 
@@ -99,6 +110,7 @@ class MathSeedRequest(TaskRow):
     expected_answer: str | None = None
     question: str | None = None
     problem: str | None = None
+    extraction: ExtractionMode | None = None
 
     _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
 
@@ -156,6 +168,8 @@ class MathServer(ResourcesServer):
         verdict = await self._library_verify(body)
         if self.judge is None or verdict.reward > 0.5:  # the judge only hears about wrong answers
             return verdict
+        if verdict.failure_kind == "answer_too_long":  # the limit holds for the judge too (no cut answer)
+            return verdict
         return await judge_fallback(self.judge, body, verdict)
 
     async def _library_verify(self, body: VerifyRequest) -> MathVerifyResponse:
@@ -164,20 +178,31 @@ class MathServer(ResourcesServer):
         text = assistant_text(body.response.output)
         if not text.strip():
             return _answer(body, failure=("no_answer", "the response has no assistant message text"))
-        extraction = extract_answer(text, self.config.extraction)
+        mode = body.extraction or self.config.extraction
+        if len(text) > _THREAD_TEXT_CHARS:
+            extraction = await asyncio.to_thread(extract_answer, text, mode)
+        else:
+            extraction = extract_answer(text, mode)
         if extraction is None:
-            return _answer(body, failure=("no_answer", _no_answer_reason(self.config.extraction)))
+            return _answer(body, failure=("no_answer", _no_answer_reason(mode)))
         method = extraction.method
+        whole_text = method in ("all_boxes", "whole_text")
 
-        if self.config.fast_path:
+        if self.config.fast_path and not whole_text:
             plain = compare_plain(expected, extraction.answer)
             if plain is not None:
                 correct, extracted = plain
                 return _answer(body, reward=float(correct), extracted=extracted, method=method)
 
+        limit = self.config.max_answer_chars
+        if len(extraction.answer) > limit:
+            what = "response (math-verify reads all of it)" if whole_text else "answer"
+            reason = f"the {what} has {len(extraction.answer)} characters, over max_answer_chars ({limit})"
+            raw = extraction.answer[:_MAX_RAW_CHARS]
+            return _answer(body, extracted=raw, method=method, failure=("answer_too_long", reason))
         if self.pool is None:
             raise RuntimeError("the math server's verifier pool is not running (was startup() called?)")
-        outcome = await self.pool.check(expected, extraction.answer)
+        outcome = await self.pool.check(expected, extraction.answer, whole_text)
         if outcome.status != "ok":
             kind = "verifier_timeout" if outcome.status == "timeout" else "verifier_error"
             raw = extraction.answer[:_MAX_RAW_CHARS]
@@ -216,9 +241,10 @@ class MathServer(ResourcesServer):
 
 def _no_answer_reason(mode: ExtractionMode) -> str:
     looked_for = {
-        "boxed": "\\boxed{} answer",
+        "boxed": "non-empty last \\boxed{}",
         "boxed_or_final": "\\boxed{} answer nor final-answer phrase ('The answer is X', 'Answer: X', '#### X')",
         "boxed_or_last": "\\boxed{} answer, final-answer phrase nor number",
+        "whole_text": "text",
     }[mode]
     return f"the response has no final answer: no {looked_for} (extraction mode '{mode}')"
 

@@ -1,35 +1,44 @@
-"""Which part of a model's answer text is its final answer, and how it was found.
+r"""Which part of a model's answer text is its final answer, and how it was found.
 
-The boxed answer is the primary extraction, as in NeMo Gym's math server. Without a box the server can
-fall back, depending on the configured mode, to an explicit final-answer phrase ("The answer is 7",
-"Answer: 7", "#### 7") and then to the last number in the text. The last-number fallback is unsafe as
-a training reward: a garbled completion that ends in an operand of the question ("0 + 5" -> "...5") is
-rewarded. It is therefore opt-in, and the response says which extraction was used.
+The default rule is NeMo Gym's (``math_with_judge``): an answer needs a non-empty last ``\boxed{}``.
+With one box its contents are the answer. With several, NeMo Gym hands math-verify the whole text,
+which extracts every box (``First \boxed{3}, then \boxed{7}`` becomes the set ``{3, 7}``); the server
+does the same (method ``all_boxes``). Opt-in fallbacks, used only when there is no usable box: an
+explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"), then the last number in the
+text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
+operand of the question ("0 + 5" -> "...5") is rewarded. Mode ``whole_text`` is the library check of NeMo Gym after 0.7.0
+exactly: every response goes whole to math-verify, boxed or not (method ``whole_text``).
+
+Every function here runs on the server's event loop, on answers of up to the body limit (16 MB), so
+each is linear in the text: a scan or a regex without nested or overlapping repetition. Nothing is cut
+here; how long an answer may be to reach the verifier is the server's ``max_answer_chars``.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last"]
-ExtractionMethod = Literal["boxed", "final_answer", "last_number"]
-
-MAX_ANSWER_CHARS = 2000
-"""Longer candidates are cut: no real final answer is this long, and parsing cost grows with length."""
+ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last", "whole_text"]
+ExtractionMethod = Literal["boxed", "all_boxes", "final_answer", "last_number", "whole_text"]
 
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
+# Each "answer" occurrence is tried once; its whitespace runs belong to it alone (linear overall).
 _FINAL_ANSWER = re.compile(r"\banswer\b(?:\s*\*\*)?\s*(?:is\b\s*:?|:|=)\s*(?:\*\*\s*)?", re.IGNORECASE)
-_HASHES = re.compile(r"^\s*####\s*(?P<answer>[^\n]+)$", re.MULTILINE)
-_INLINE_MATH = re.compile(r"\$(?P<math>[^$]+)\$|\\\((?P<paren>.+?)\\\)")
+# Not ``^\s*`` (``\s`` spans newlines: every line start would rescan the rest of a run of blank lines).
+_HASHES = re.compile(r"^[^\S\n]*####[^\S\n]*(?P<answer>[^\n]+)$", re.MULTILINE)
+_DOLLAR_MATH = re.compile(r"\$([^$]+)\$")  # each "$" scans only to the next one: linear
 _LAST_NUMBER = re.compile(r"(?<![\w)])-?\d+(?:\.\d+)?(?:/\d+)?")
 _SENTENCE_END = re.compile(r"[.!?;](?:\s|$)")
+MAX_PHRASE_TRIES = 16
+"""Final-answer phrases tried, from the last one back, before giving up (bounds the work per answer)."""
 
 
 @dataclass(frozen=True)
 class Extraction:
-    """A candidate final answer (LaTeX or plain text) and the method that found it."""
+    """A candidate final answer and the method that found it (``all_boxes``: the whole text)."""
 
     answer: str
     method: ExtractionMethod
@@ -57,12 +66,33 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def box_count(text: str) -> int:
+    r"""How many ``\boxed{`` / ``\fbox{`` openers the text has."""
+    return sum(text.count(opener) for opener in _BOX_OPENERS)
+
+
+def inline_math(answer: str) -> str | None:
+    r"""The first ``$...$`` or ``\(...\)`` span's contents (as the regex ``\$([^$]+)\$|\\\((.+?)\\\)``
+    finds it) in linear time: that regex's lazy half rescans to the end for every ``\(`` left open."""
+    dollar_match = _DOLLAR_MATH.search(answer)
+    dollar = (dollar_match.start(), dollar_match.group(1)) if dollar_match else None
+    paren: tuple[int, str] | None = None
+    opening = answer.find("\\(")
+    if opening >= 0:
+        # The first "\(" has the most room; if no "\)" follows it, none follows a later one either.
+        closing = answer.find("\\)", opening + 3)
+        if closing >= 0:
+            paren = (opening, answer[opening + 2 : closing])
+    found = [span for span in (dollar, paren) if span is not None]
+    return min(found)[1] if found else None
+
+
 def _clean(answer: str) -> str:
     """Strip the wrapping a final-answer phrase tends to carry: math delimiters, bold, a full stop."""
     answer = answer.strip()
-    math = _INLINE_MATH.search(answer)
-    if math:
-        answer = math.group("math") or math.group("paren") or ""
+    math = inline_math(answer)
+    if math is not None:
+        answer = math
     else:
         end = _SENTENCE_END.search(answer)
         if end:
@@ -79,11 +109,12 @@ def _rest_of_line(text: str, start: int) -> str:
 
 
 def final_answer_phrase(text: str) -> str | None:
-    """The answer after the last explicit final-answer phrase ("answer is", "Answer:", "####")."""
-    matches = [(m.start(), _rest_of_line(text, m.end())) for m in _FINAL_ANSWER.finditer(text)]
-    matches += [(m.start(), m.group("answer")) for m in _HASHES.finditer(text)]
-    for _, raw in sorted(matches, reverse=True):
-        answer = _clean(raw)
+    """The answer after the last explicit final-answer phrase ("answer is", "Answer:", "####") that
+    has one; only the last :data:`MAX_PHRASE_TRIES` phrases are tried (each costs its line's length)."""
+    phrases = deque((m.end() for m in _FINAL_ANSWER.finditer(text)), maxlen=MAX_PHRASE_TRIES)
+    hashes = deque((m.start("answer") for m in _HASHES.finditer(text)), maxlen=MAX_PHRASE_TRIES)
+    for answer_start in sorted([*phrases, *hashes], reverse=True)[:MAX_PHRASE_TRIES]:
+        answer = _clean(_rest_of_line(text, answer_start))
         if answer:
             return answer
     return None
@@ -91,20 +122,24 @@ def final_answer_phrase(text: str) -> str | None:
 
 def last_number(text: str) -> str | None:
     """The last integer, decimal or ``a/b`` fraction in the text."""
-    found = _LAST_NUMBER.findall(text)
-    return found[-1] if found else None
+    last = deque(_LAST_NUMBER.finditer(text), maxlen=1)  # keeps one match, not all of them
+    return last[0].group() if last else None
 
 
-def extract_answer(text: str, mode: ExtractionMode = "boxed_or_final") -> Extraction | None:
+def extract_answer(text: str, mode: ExtractionMode = "boxed") -> Extraction | None:
     """The final answer of ``text`` under ``mode``, or None when the mode finds none."""
+    if mode == "whole_text":
+        return Extraction(text, "whole_text") if text.strip() else None
     boxed = last_boxed(text)
     if boxed is not None and boxed.strip():
-        return Extraction(boxed.strip()[:MAX_ANSWER_CHARS], "boxed")
+        if box_count(text) > 1:
+            return Extraction(text, "all_boxes")
+        return Extraction(boxed.strip(), "boxed")
     if mode == "boxed":
         return None
     phrase = final_answer_phrase(text)
     if phrase:
-        return Extraction(phrase[:MAX_ANSWER_CHARS], "final_answer")
+        return Extraction(phrase, "final_answer")
     if mode == "boxed_or_last":
         number = last_number(text)
         if number:

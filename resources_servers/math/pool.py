@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60.0
 """A worker that is not warm after this long (import and one warm-up check) is a failed start."""
+CACHE_CHARS = 32 * 1024 * 1024
+"""Characters of cached keys (expected + candidate) at most: the cache's memory stays bounded whatever
+the answers' length."""
 WORKER_MODULE = "resources_servers.math.worker"
 """Imported in the workers (preloaded once in the fork server), never in the server process."""
 
@@ -55,6 +58,9 @@ class CheckOutcome:
     """For ``ok``: ``unparsable_answer`` / ``unparsable_expected_answer`` when math-verify parsed nothing."""
     detail: str | None = None
 
+
+_Key = tuple[str, str, bool]
+"""A check's identity: expected answer, candidate, whether the candidate is a whole response."""
 
 _NO_WORKERS: Any = object()
 """Put in the idle queue when the pool could not start: whoever waits for a worker gets the reason."""
@@ -132,8 +138,9 @@ def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.E
 class VerifierPool:
     """``size`` warm math-verify processes; a check never runs longer than the budget plus grace.
 
-    Verdicts are cached by ``(expected, candidate)`` (``cache_size`` entries, least recently used out):
-    a GRPO group's samples often give the same answer, and identical checks in flight are run once.
+    Verdicts are cached by ``(expected, candidate, whole_text)`` (``cache_size`` entries and
+    ``cache_chars`` characters of keys, least recently used out): a GRPO group's samples often give the
+    same answer, and identical checks in flight are run once.
     """
 
     def __init__(
@@ -144,6 +151,7 @@ class VerifierPool:
         memory_mb: int | None = None,
         cache_size: int = 0,
         start_method: str = "forkserver",
+        cache_chars: int = CACHE_CHARS,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -153,9 +161,11 @@ class VerifierPool:
         self.memory_mb = memory_mb
         self.start_method = start_method
         self.cache_size = cache_size
+        self.cache_chars = cache_chars
         self.stats = PoolStats()
-        self._cache: OrderedDict[tuple[str, str], CheckOutcome] = OrderedDict()
-        self._running: dict[tuple[str, str], asyncio.Task[CheckOutcome]] = {}
+        self._cache: OrderedDict[_Key, CheckOutcome] = OrderedDict()
+        self._cached_chars = 0
+        self._running: dict[_Key, asyncio.Task[CheckOutcome]] = {}
         self._workers: set[_Worker] = set()
         self._idle: asyncio.Queue[_Worker] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -266,13 +276,14 @@ class VerifierPool:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def check(self, expected: str, candidate: str) -> CheckOutcome:
+    async def check(self, expected: str, candidate: str, whole_text: bool = False) -> CheckOutcome:
         """math-verify's verdict on a pair: from the cache, from an identical check already running, or
-        from the next idle worker (waiting for one when all are busy)."""
+        from the next idle worker (waiting for one when all are busy). ``whole_text``: ``candidate`` is a
+        whole response for math-verify to extract from (see :func:`resources_servers.math.worker.check`)."""
         if self._idle is None or self._loop is None or self._closed:
             raise RuntimeError("the verifier pool is not running")
         self._launch()
-        key = (expected, candidate)
+        key = (expected, candidate, whole_text)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -280,7 +291,7 @@ class VerifierPool:
             return cached
         running = self._running.get(key)
         if running is None:
-            running = self._loop.create_task(self._run(expected, candidate))
+            running = self._loop.create_task(self._run(expected, candidate, whole_text))
             self._running[key] = running
             running.add_done_callback(lambda task: self._finished(key, task))
         else:
@@ -288,17 +299,22 @@ class VerifierPool:
         # Shielded: a cancelled request must not cancel a check that others may be waiting for.
         return await asyncio.shield(running)
 
-    def _finished(self, key: tuple[str, str], task: asyncio.Task[CheckOutcome]) -> None:
+    def _finished(self, key: _Key, task: asyncio.Task[CheckOutcome]) -> None:
         self._running.pop(key, None)
         if task.cancelled() or task.exception() is not None or self.cache_size <= 0:
             return
         outcome = task.result()
-        if outcome.status == "ok":  # timeouts and errors may not repeat (load, a dead worker)
+        size = len(key[0]) + len(key[1])
+        # Timeouts and errors may not repeat (load, a dead worker); a key over a tenth of the budget
+        # would push out many ordinary verdicts for one that is unlikely to recur.
+        if outcome.status == "ok" and size <= self.cache_chars // 10 and key not in self._cache:
             self._cache[key] = outcome
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self._cached_chars += size
+            while len(self._cache) > self.cache_size or self._cached_chars > self.cache_chars:
+                (old_expected, old_candidate, _), _ = self._cache.popitem(last=False)
+                self._cached_chars -= len(old_expected) + len(old_candidate)
 
-    async def _run(self, expected: str, candidate: str) -> CheckOutcome:
+    async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
         assert self._idle is not None and self._loop is not None
         while True:
             worker = await self._idle.get()
@@ -315,7 +331,7 @@ class VerifierPool:
             self.timeout_s + self.kill_grace_s, self._on_deadline, worker, task_id
         )
         try:
-            worker.conn.send((task_id, expected, candidate, self.timeout_s))
+            worker.conn.send((task_id, expected, candidate, self.timeout_s, whole_text))
         except (OSError, ValueError) as e:
             self._retire(worker, CheckOutcome("error", detail=f"verifier worker unreachable: {e}"))
         # The worker goes back to the idle queue when its answer arrives (or is replaced at the deadline),

@@ -172,8 +172,8 @@ def test_server_takes_what_nemo_gym_posts_and_answers_its_aggregate_shape(math_u
     assert agent["mean/output_tokens"] == 5.5 and agent["mean/library_reward"] == 0.75
     assert agent["extraction_methods"] == {"boxed": 4}
     assert body["key_metrics"] == {
-        "mean/reward": 0.75, "mean/input_tokens": 10.0, "mean/output_tokens": 5.5,
-        "pass@1": 0.75, "pass@2": 1.0, "majority@2": 1.0,
+        "mean/reward": 0.75, "mean/library_reward": 0.75, "mean/input_tokens": 10.0, "mean/output_tokens": 5.5,
+        "mean/total_tokens": 15.5, "pass@1": 0.75, "pass@2": 1.0, "majority@2": 1.0,
     }  # fmt: skip
     assert [g["mean/reward"] for g in body["group_level_metrics"]] == [0.5, 1.0]
     assert [r["mean/reward"] for r in body["repeat_level_metrics"]] == [1.0, 0.5]
@@ -199,3 +199,54 @@ def test_reverify_mode_as_nemo_gym_asks_for_it():
         with running_env(name) as url:
             answer = httpx.get(f"{url}/reverify_mode", timeout=30)
         assert answer.status_code == 200 and answer.json() == mode, name
+
+
+# --------------------------------------------------------------------------- held against NeMo Gym's own answer
+
+AGGREGATE_FIXTURE = "aggregate_metrics_0.7.0.json"
+
+
+def _check_schema(answer: dict, schema: dict) -> None:
+    """NeMo Gym's ``AggregateMetrics`` schema (vendored): every key one of its fields, each of the field's type."""
+    assert set(answer) <= set(schema["properties"]), set(answer) - set(schema["properties"])
+    for name, value in answer.items():
+        spec = schema["properties"][name]
+        allowed = [s["type"] for s in spec.get("anyOf", [spec])]
+        kind = {dict: "object", list: "array", type(None): "null"}[type(value)]
+        assert kind in allowed, (name, kind, allowed)
+        if kind == "array":
+            assert all(isinstance(item, dict) for item in value), name
+
+
+def test_aggregate_answer_matches_nemo_gyms_own_on_the_same_body(math_url, reference_dir):
+    """The body NeMo Gym 0.7.0 posts, our answer over HTTP, NeMo Gym's answer to the same body (vendored):
+    same shape, every statistic NeMo Gym computes that we compute has NeMo Gym's value, plus our pass@k."""
+    fixture = json.loads((reference_dir / AGGREGATE_FIXTURE).read_text())
+    request, theirs = fixture["request"], fixture["nemo_gym_answer"]
+    assert all("responses_create_params" not in r and set(r["response"]) == {"usage"} for r in request["verify_responses"])
+    answer = httpx.post(f"{math_url}/aggregate_metrics", json=request, timeout=30)
+    assert answer.status_code == 200, answer.text
+    ours = answer.json()
+    _check_schema(ours, fixture["schema"])
+    _check_schema(theirs, fixture["schema"])
+    assert all(ours[name] for name in ("group_level_metrics", "agent_metrics", "key_metrics", "repeat_level_metrics"))
+
+    def same(mine: dict, nemo: dict, where: str) -> None:
+        stats = {k for k in nemo if "/" in k and not k.startswith(("ci_", "histogram"))}  # no CI: no scipy here
+        assert stats <= set(mine), (where, sorted(stats - set(mine)))
+        assert {k: mine[k] for k in stats} == pytest.approx({k: nemo[k] for k in stats}), where
+        assert not {k for k in mine if k.endswith("/mask_sample")}, where  # a bool is no number to NeMo Gym
+
+    for mine, nemo in zip(ours["group_level_metrics"], theirs["group_level_metrics"], strict=True):
+        assert mine["_ng_task_index"] == nemo["_ng_task_index"] and mine["num_rollouts"] == nemo["num_rollouts"]
+        same(mine, nemo, f"group {nemo['_ng_task_index']}")
+    for mine, nemo in zip(ours["repeat_level_metrics"], theirs["repeat_level_metrics"], strict=True):
+        for key in ("_ng_rollout_index", "sample_count", "missing_count"):
+            assert mine[key] == nemo[key]
+        same(mine, nemo, f"repeat {nemo['_ng_rollout_index']}")
+    same(ours["agent_metrics"], theirs["agent_metrics"], "agent_metrics")
+    assert ours["agent_metrics"]["num_repeats"] == theirs["agent_metrics"]["num_repeats"] == 2
+    assert set(theirs["key_metrics"]) <= set(ours["key_metrics"])
+    assert {k: ours["key_metrics"][k] for k in theirs["key_metrics"]} == pytest.approx(theirs["key_metrics"])
+    assert ours["key_metrics"]["pass@2"] == 1.0 and ours["key_metrics"]["pass@1"] == pytest.approx(4 / 6)
+    assert ours["key_metrics"]["majority@2"] == 1.0

@@ -1,6 +1,11 @@
-"""Final-answer extraction: the boxed answer first, then the configured fallbacks, and the verifier trap."""
+"""Final-answer extraction: NeMo Gym's boxed rule by default, the opt-in fallbacks, the verifier trap,
+and linear time on hostile texts (the server runs extraction on its event loop)."""
 
 from __future__ import annotations
+
+import random
+import re
+import time
 
 import pytest
 
@@ -8,6 +13,7 @@ from resources_servers.math.extraction import (
     Extraction,
     extract_answer,
     final_answer_phrase,
+    inline_math,
     last_boxed,
     last_number,
     strip_math_delimiters,
@@ -54,7 +60,7 @@ def test_last_number_ignores_operators_glued_to_a_previous_number() -> None:
     assert last_number("no digits") is None
 
 
-def test_boxed_wins_in_every_mode() -> None:
+def test_a_single_box_wins_in_every_mode() -> None:
     text = "The answer is 3, so \\boxed{4}"
     for mode in ("boxed", "boxed_or_final", "boxed_or_last"):
         assert extract_answer(text, mode) == Extraction("4", "boxed")
@@ -82,9 +88,60 @@ def test_an_empty_box_is_no_answer_but_allows_fallbacks() -> None:
     assert extract_answer(text, "boxed_or_final") == Extraction("4", "final_answer")
 
 
-def test_overlong_answers_are_cut() -> None:
+def test_long_answers_are_not_cut() -> None:
     extraction = extract_answer("\\boxed{" + "1" * 5000 + "}")
-    assert extraction is not None and len(extraction.answer) == 2000
+    assert extraction == Extraction("1" * 5000, "boxed")
+
+
+def test_the_default_is_nemo_gyms_rule_a_non_empty_last_box() -> None:
+    for text in ("The answer is 7", "Answer: 7", "#### 7", "7", "\\boxed{}", "\\boxed{7} then \\boxed{ }"):
+        assert extract_answer(text) is None, text
+    assert extract_answer("so \\boxed{7}.") == Extraction("7", "boxed")
+
+
+def test_several_boxes_hand_the_whole_text_to_math_verify() -> None:
+    text = "First \\boxed{wrong}, then \\boxed{right}"
+    for mode in ("boxed", "boxed_or_final", "boxed_or_last"):
+        assert extract_answer(text, mode) == Extraction(text, "all_boxes")
+    nested = "\\boxed{\\boxed{7}}"
+    assert extract_answer(nested) == Extraction(nested, "all_boxes")
+
+
+def _repeat(piece: str, chars: int) -> str:
+    return (piece * (chars // len(piece) + 1))[:chars]
+
+
+HOSTILE = {
+    "phrase_dollar": _repeat("answer: $", 1_000_000),
+    "phrase_repeated": _repeat("The answer is 4, ", 1_000_000),
+    "newlines": "x" + "\n" * 1_000_000 + "x",
+    "hashes_then_newlines": "####" + "\n" * 1_000_000 + "x",
+    "open_inline_math": "answer: " + _repeat("\\(", 1_000_000),
+    "dollars": "answer: " + _repeat("$", 1_000_000),
+    "open_boxes": _repeat("\\boxed{", 1_000_000),
+    "answer_words": _repeat("answer      ", 1_000_000),
+    "numbers": _repeat("12 ", 1_000_000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_megabyte_texts_take_linear_time(name: str) -> None:
+    # Each took seconds to minutes (or all the memory) when extraction was quadratic (issue 12, items 4-5).
+    text = HOSTILE[name]
+    for mode in ("boxed", "boxed_or_final", "boxed_or_last"):
+        start = time.process_time()
+        extract_answer(text, mode)
+        assert time.process_time() - start < 2.0, (name, mode)
+
+
+def test_inline_math_finds_what_the_regex_finds() -> None:
+    regex = re.compile(r"\$(?P<math>[^$]+)\$|\\\((?P<paren>.+?)\\\)")
+    pieces = ["$", "\\(", "\\)", "a", " ", "\\", "(", ")"]
+    rng = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        match = regex.search(text)
+        assert inline_math(text) == ((match["math"] or match["paren"]) if match else None), text
 
 
 @pytest.mark.parametrize(
@@ -98,3 +155,9 @@ def test_overlong_answers_are_cut() -> None:
 )
 def test_strip_math_delimiters(expected: str, stripped: str) -> None:
     assert strip_math_delimiters(expected) == stripped
+
+
+def test_mode_nemo_gym_hands_over_every_response_whole() -> None:
+    assert extract_answer("The answer is 7", "whole_text") == Extraction("The answer is 7", "whole_text")
+    assert extract_answer("\\boxed{7}", "whole_text") == Extraction("\\boxed{7}", "whole_text")
+    assert extract_answer("  \n", "whole_text") is None

@@ -182,3 +182,12 @@ def test_aggregate_metrics_count_judge_calls_and_latency(judged: tuple[str, Fake
     assert metrics["failure_kinds"] == {"judge_timeout": 1, "judge_error": 1} and metrics["masked_samples"] == 2
     health = httpx.get(f"{url}/health", timeout=10).json()
     assert health["judge"]["calls"] >= 4 and health["judge"]["model"] == "judge-model"
+
+
+def test_an_answer_over_the_limit_is_not_judged(judged: tuple[str, FakeJudge]) -> None:
+    # The judge would only see a cut answer: max_answer_chars holds for it too.
+    url, judge = judged
+    before = len(judge.requests)
+    out = verify(url, "\\boxed{" + "4" * 150_000 + "}", "4", "equal")
+    assert out["reward"] == 0.0 and out["failure_kind"] == "answer_too_long" and out["judge_evaluations"] is None
+    assert len(judge.requests) == before

@@ -37,8 +37,6 @@ def verify(client: httpx.Client, text: str | None, expected: Any, **extra: Any) 
         ("\\boxed{x = 4}", "4", 1.0, "Eq(x, 4)", "boxed"),
         ("\\boxed{\\{1, 2\\}}", "\\{2, 1\\}", 1.0, "{1, 2}", "boxed"),
         ("\\boxed{\\pi}", "3", 0.0, "pi", "boxed"),
-        ("The answer is 4.5.", "4.5", 1.0, "4.50000000000000", "final_answer"),
-        ("Answer: $\\frac{1}{4}$", "\\frac{1}{4}", 1.0, "1/4", "final_answer"),
         ("First 3, then the answer is \\boxed{-6}", "-6", 1.0, "-6", "boxed"),
     ],
 )
@@ -51,6 +49,25 @@ def test_verdicts(
     assert out["extraction_method"] == method
     assert out["failure_kind"] is None and out["failure_reason"] is None
     assert out["mask_sample"] is False and out["judge_evaluations"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "reward", "extracted"),
+    [
+        ("The answer is 4.5.", "4.5", 1.0, "4.50000000000000"),
+        ("Answer: $\\frac{1}{4}$", "\\frac{1}{4}", 1.0, "1/4"),
+        ("work\n#### 12", "12", 1.0, "12"),
+    ],
+)
+def test_phrase_answers_when_the_request_opts_in(
+    client: httpx.Client, text: str, expected: str, reward: float, extracted: str
+) -> None:
+    default = verify(client, text, expected)
+    assert default["reward"] == 0.0 and default["failure_kind"] == "no_answer"
+    out = verify(client, text, expected, extraction="boxed_or_final")
+    assert (out["reward"], out["library_reward"]) == (reward, reward)
+    assert out["extracted_answer"] == extracted
+    assert out["extraction_method"] == "final_answer" and out["failure_kind"] is None
 
 
 def test_response_echoes_the_request(client: httpx.Client) -> None:
@@ -75,7 +92,7 @@ def test_no_answer(client: httpx.Client) -> None:
     assert blank["failure_kind"] == "no_answer"
     unboxed = verify(client, "I think it is 3", "3")  # the last-number fallback is off by default
     assert unboxed["reward"] == 0.0 and unboxed["failure_kind"] == "no_answer"
-    assert "extraction mode 'boxed_or_final'" in unboxed["failure_reason"]
+    assert "no non-empty last \\boxed{} (extraction mode 'boxed')" in unboxed["failure_reason"]
     assert unboxed["extraction_method"] is None and unboxed["extracted_answer"] is None
 
 
@@ -160,6 +177,8 @@ def test_missing_or_mistyped_fields_are_named(client: httpx.Client) -> None:
     assert no_output.status_code == 422 and "response.output" in no_output.json()["detail"]
     question = client.post("/verify", json=verify_body("\\boxed{1}", "1", question={"text": "q"}))
     assert question.status_code == 422 and "question:" in question.json()["detail"]
+    mode = client.post("/verify", json=verify_body("\\boxed{1}", "1", extraction="last"))
+    assert mode.status_code == 422 and "extraction:" in mode.json()["detail"]
 
 
 def test_malformed_json_oversized_body_and_unknown_tool(client: httpx.Client) -> None:
@@ -198,7 +217,7 @@ def test_bearer_auth(math_server: tuple[MathServer, str]) -> None:
     ok = httpx.post(f"{url}/verify", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200 and ok.json()["reward"] == 1.0
     health = httpx.get(f"{url}/health").json()
-    assert health["verifier_pool"]["live_workers"] == 2 and health["extraction"] == "boxed_or_final"
+    assert health["verifier_pool"]["live_workers"] == 2 and health["extraction"] == "boxed"
 
 
 # --------------------------------------------------------------------------- load and metrics
@@ -246,7 +265,7 @@ def test_repeated_and_concurrent_identical_checks_run_once(math_server: tuple[Ma
 def test_aggregate_metrics(client: httpx.Client) -> None:
     records = [
         verify(client, "\\boxed{4}", "4", _ng_task_index=0),
-        verify(client, "The answer is 4", "4", _ng_task_index=0),
+        verify(client, "The answer is 4", "4", _ng_task_index=0, extraction="boxed_or_final"),
         verify(client, "\\boxed{5}", "4", _ng_task_index=1),
         verify(client, "no idea", "4", _ng_task_index=1),
     ]

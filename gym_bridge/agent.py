@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
-from gym_bridge.schema import input_items
+from gym_bridge.schema import input_items, reward_components_problem
 
 if TYPE_CHECKING:
     import httpx
@@ -213,6 +213,9 @@ def _check_verify(data: Any) -> str | None:
         return f"expected a JSON object, got {type(data).__name__}"
     if "reward" not in data:
         return "no 'reward' in the verify answer"
+    components = data.get("reward_components")
+    if components is not None and (problem := reward_components_problem(components)) is not None:
+        return f"reward_components: {problem}"
     return None
 
 

@@ -17,7 +17,10 @@ which adds ``{mean,median,std,min,max,se}_across_repeats/mean/X`` (each repeat's
 and the environment's own summary (pass@1, pass@k, majority@k, failure kinds ...:
 ``ResourcesServer.aggregate_metrics``). ``key_metrics`` is NeMo Gym's default headline set (every ``mean/X``
 of ``agent_metrics``) plus pass@k and majority@k. NeMo Gym's 95% confidence intervals (a Student-t
-interval, scipy) are not computed.
+interval, scipy) are not computed. Each ``reward_components`` entry is one more field,
+``reward_components.<name>`` (NeMo Gym's profiler skips nested objects, which is why its multi-reward
+example repeats each component at the top level; here the components are described as they are), so
+``mean/reward_components.<name>`` is among the headline figures.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+from gym_bridge.schema import reward_components_problem
 
 __all__ = ["AggregateRequestError", "nemo_gym_aggregate", "parse_aggregate_request", "strip_for_aggregation"]
 
@@ -39,6 +44,8 @@ _STATS: dict[str, Callable[[list[float]], float]] = {
     "median": statistics.median,
     "std": lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0,
 }
+COMPONENT_FIELD = "reward_components."
+"""Prefix of a reward component's field name in the statistics (``mean/reward_components.correct``)."""
 _REPEAT_STATS: dict[str, Callable[[list[float]], float]] = {
     **_STATS,
     "sem": lambda xs: _STATS["std"](xs) / len(xs) ** 0.5,
@@ -91,6 +98,9 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
             raise AggregateRequestError(f"verify_responses.{i}: expected an object")
         if not _finite_number(record.get("reward")):
             raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        components = record.get("reward_components")
+        if components is not None and (problem := reward_components_problem(components)) is not None:
+            raise AggregateRequestError(f"verify_responses.{i}.reward_components: {problem}")
         for key in ("response", "responses_create_params"):
             value = record.get(key)
             if value is not None and not isinstance(value, dict):
@@ -103,7 +113,8 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
 
 
 def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
-    """The numbers NeMo Gym's profiler describes: top-level (not ``_``-prefixed) and ``response.usage``."""
+    """The numbers NeMo Gym's profiler describes: top-level (not ``_``-prefixed) and ``response.usage``;
+    and each reward component, as ``reward_components.<name>``."""
     out: dict[str, float] = {}
     response = record.get("response")
     usage = response.get("usage") if isinstance(response, dict) else None
@@ -114,6 +125,9 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
                 continue
             if _finite_number(value):  # not a bool: NeMo Gym's profiler takes pandas' numeric columns only
                 out[key] = float(value)
+    components = record.get("reward_components")
+    if isinstance(components, dict):
+        out.update({COMPONENT_FIELD + name: float(value) for name, value in components.items()})
     return out
 
 

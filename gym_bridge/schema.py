@@ -14,11 +14,12 @@ here. They mirror the OpenAI Responses API objects that NeMo Gym uses, with two 
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 __all__ = [
     "AgentRef",
@@ -40,7 +41,13 @@ __all__ = [
     "item_dict",
     "last_user_text",
     "new_id",
+    "reward_components_problem",
 ]
+
+MAX_REWARD_COMPONENTS = 64
+"""Most entries a ``reward_components`` object may have (a verifier scores a handful of objectives)."""
+MAX_COMPONENT_NAME = 128
+"""Longest component name, in characters (names become metric keys)."""
 
 
 class _Open(BaseModel):
@@ -189,14 +196,44 @@ class VerifyRequest(TaskRow):
     response: Response
 
 
+def reward_components_problem(value: Any) -> str | None:
+    """What is wrong with a ``reward_components`` value, naming the entry (``"<name>: ..."``); None when it is fine.
+
+    NeMo Gym's multi-reward shape is ``{objective: score}``. Scores become group statistics and metric
+    keys, so each must be a finite number (not a boolean) under a non-empty name of at most
+    ``MAX_COMPONENT_NAME`` characters, and there are at most ``MAX_REWARD_COMPONENTS`` of them.
+    """
+    if not isinstance(value, dict):
+        return f"expected an object of {{name: number}}, got {type(value).__name__}"
+    if len(value) > MAX_REWARD_COMPONENTS:
+        return f"{len(value)} components, at most {MAX_REWARD_COMPONENTS} allowed"
+    for name, score in value.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_COMPONENT_NAME:
+            return f"{str(name)[:40]!r}: a component name must be 1 to {MAX_COMPONENT_NAME} characters"
+        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+            return f"{name}: expected a finite number, got {score!r}"
+    return None
+
+
 class VerifyResponse(VerifyRequest):
     """``/verify`` answer: the request echoed back with the reward and, where they apply, diagnostics."""
 
     reward: float
     reward_components: dict[str, float] | None = None
+    """Optional per-objective scores beside ``reward`` (NeMo Gym's multi-reward verifiers):
+    ``{name: finite number}``; collect reports a mean per component, the trainer can weight them
+    (``grpo.reward_weights``) or normalise each within its group (GDPO)."""
     failure_kind: str | None = None
     failure_reason: str | None = None
     mask_sample: bool | None = None
+
+    @field_validator("reward_components", mode="before")
+    @classmethod
+    def _components_valid(cls, value: Any) -> Any:
+        problem = None if value is None else reward_components_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class RolloutRecord(VerifyResponse):

@@ -20,6 +20,7 @@ from gym_bridge.schema import (
     assistant_text,
     dump,
     last_user_text,
+    reward_components_problem,
 )
 
 
@@ -118,3 +119,33 @@ def test_verify_response_requires_reward():
     with pytest.raises(ValidationError, match="reward"):
         VerifyResponse.model_validate(base)
     assert VerifyResponse.model_validate({**base, "reward": 1}).reward == 1.0
+
+
+def test_verify_response_carries_reward_components_unchanged():
+    base = {"responses_create_params": {"input": "x"}, "response": {"output": []}, "reward": 2.0}
+    body = {**base, "reward_components": {"correct": 1.0, "format": 1}}
+    parsed = VerifyResponse.model_validate(body)
+    assert parsed.reward_components == {"correct": 1.0, "format": 1.0}
+    assert dump(parsed)["reward_components"] == {"correct": 1.0, "format": 1}
+    assert "reward_components" not in dump(VerifyResponse.model_validate(base))
+
+
+@pytest.mark.parametrize(
+    "components, message",
+    [
+        ({"correct": float("nan")}, "correct: expected a finite number"),
+        ({"correct": float("inf")}, "correct: expected a finite number"),
+        ({"correct": True}, "correct: expected a finite number"),
+        ({"correct": "1"}, "correct: expected a finite number"),
+        ({"": 1.0}, "a component name must be 1 to 128 characters"),
+        ({"x" * 129: 1.0}, "a component name must be 1 to 128 characters"),
+        ({f"c{i}": 0.0 for i in range(65)}, "65 components, at most 64 allowed"),
+        ([1.0], "expected an object of {name: number}, got list"),
+    ],
+)
+def test_bad_reward_components_are_refused_naming_the_entry(components, message):
+    body = {"responses_create_params": {"input": "x"}, "response": {"output": []}, "reward": 1.0}
+    assert message in reward_components_problem(components)
+    with pytest.raises(ValidationError) as err:
+        VerifyResponse.model_validate({**body, "reward_components": components})
+    assert "reward_components" in str(err.value) and message in str(err.value)

@@ -120,7 +120,7 @@ def slim_record(record: dict[str, Any]) -> dict[str, Any]:
     """The fields the end-of-run metrics need, so a long run does not keep whole rollouts in memory."""
     keep = {
         k: record[k]
-        for k in (TASK_INDEX, ROLLOUT_INDEX, "reward", "extracted_answer", "failure_kind", "mask_sample")
+        for k in (TASK_INDEX, ROLLOUT_INDEX, "reward", "reward_components", "extracted_answer", "failure_kind", "mask_sample")
         if k in record
     }
     usage = (record.get("response") or {}).get("usage") if isinstance(record.get("response"), dict) else None

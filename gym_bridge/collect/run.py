@@ -39,7 +39,7 @@ from gym_bridge.collect.output import (
     write_json,
 )
 from gym_bridge.collect.routing import Router, parse_env_args
-from gym_bridge.collect.summary import RunStats, env_aggregate_metrics
+from gym_bridge.collect.summary import RunStats, env_aggregate_metrics, reward_component_means
 from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import new_event_loop
 from gym_bridge.jsonl import JsonlError, JsonlWriter
@@ -178,6 +178,8 @@ async def collect_async(
         await pool.aclose()
 
     metrics = aggregate_rewards(slim)
+    if components := reward_component_means(slim):
+        metrics["reward_components"] = components  # mean per component; pass@k stays on reward
     metrics["run"] = stats.run_metrics(
         already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
     )

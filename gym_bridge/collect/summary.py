@@ -19,10 +19,26 @@ from gym_bridge.collect.output import ENV_SERVER
 from gym_bridge.jsonl import iter_jsonl
 from gym_bridge.metrics import latency_summary
 
-__all__ = ["COUNTED", "RunStats", "env_aggregate_metrics"]
+__all__ = ["COUNTED", "RunStats", "env_aggregate_metrics", "reward_component_means"]
 
 COUNTED = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "retries")
 """Per-rollout counts summed over the run (``retries``: extra attempts of any request, model or env)."""
+
+
+def reward_component_means(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean of each reward component over the records that carry it (``reward_components`` of ``/verify``),
+    by name in sorted order; {} when no record has components. pass@k and majority@k stay on ``reward``."""
+    sums: dict[str, float] = {}
+    counts: Counter[str] = Counter()
+    for record in records:
+        components = record.get("reward_components")
+        if not isinstance(components, dict):
+            continue
+        for name, value in components.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                sums[name] = sums.get(name, 0.0) + float(value)
+                counts[name] += 1
+    return {name: sums[name] / counts[name] for name in sorted(sums)}
 
 
 @dataclass

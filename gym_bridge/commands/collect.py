@@ -235,6 +235,7 @@ def _print_summary(console: Any, result: Any) -> None:
         ("mean reward", m.get("mean_reward")),
     ]
     rows += [(k, v) for k, v in m.items() if k.startswith(("pass@", "majority@"))]
+    rows += [(f"mean reward_components.{k}", v) for k, v in (m.get("reward_components") or {}).items()]
     rows += [
         ("written this run", run.get("rollouts_written")),
         ("failed this run", run.get("rollouts_failed")),

@@ -22,6 +22,13 @@ and ``GRPOAdvantageEstimator``):
 batch: ``a_i = r_i - mean(group)`` (or ``r_i`` without ``minus_baseline``), then
 ``(a_i - mu) / sqrt(max(var, 1e-8))`` with mu and var over the batch's valid generated tokens, so
 each sample counts once per token it generated (NeMo RL broadcasts to tokens before the statistics).
+
+``grpo.adv_estimator.name: gdpo`` (GDPO, Liu et al. 2026; NeMo RL's ``GDPOAdvantageEstimator``) works on
+several reward components ``r_k`` per sample: ``A_k`` is the ``grpo`` advantage of component k alone
+(same baseline, same std normalisation, no clipping), ``A = sum_k w_k A_k``, and the result is
+``(A - mean(A)) / std(A)`` over the batch's valid samples (Bessel std; when it is 0 only the mean is
+subtracted, as NeMo RL). Two samples with the same total but another mix of components, say (1, 0)
+and (0, 1), get one advantage under ``grpo`` on the sum and two under ``gdpo``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "baseline_and_std_per_prompt",
     "compute_advantages",
+    "gdpo_advantages",
     "grpo_advantages",
     "group_ids",
     "reinforce_plus_plus_advantages",
@@ -141,17 +149,78 @@ def reinforce_plus_plus_advantages(
     return (advantages - mean) * variance.clamp(min=BATCH_VARIANCE_FLOOR).rsqrt() * (valid > 0)
 
 
+def gdpo_advantages(
+    components: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    valid_mask: torch.Tensor | None = None,
+    leave_one_out_baseline: bool = True,
+    normalize_rewards: bool = True,
+) -> torch.Tensor:
+    """GDPO advantages (b,) of a (b, k) matrix of reward components: each normalised within its group,
+    summed with ``weights`` (k,) (default 1 each), the sum normalised over the valid samples.
+
+    Samples outside ``valid_mask`` take no part in any statistic and get advantage 0.
+    """
+    if components.dim() != 2:
+        raise ValueError(f"components must be (b, k), got shape {tuple(components.shape)}")
+    valid = torch.ones(components.shape[0], dtype=components.dtype) if valid_mask is None else valid_mask
+    valid = valid.to(components)
+    w = torch.ones(components.shape[1], dtype=components.dtype) if weights is None else weights.to(components)
+    per_component = torch.stack(
+        [
+            compute_advantages(
+                components[:, k],
+                prompt_ids,
+                valid_mask=valid,
+                leave_one_out_baseline=leave_one_out_baseline,
+                normalize_rewards=normalize_rewards,
+            )
+            for k in range(components.shape[1])
+        ],
+        dim=1,
+    )
+    combined = per_component @ w
+    kept = combined[valid > 0]
+    if kept.numel() == 0:
+        return torch.zeros_like(combined)
+    centred = combined - kept.mean()
+    std = kept.std() if kept.numel() > 1 else torch.zeros((), dtype=combined.dtype)
+    if std > 0:
+        centred = centred / std
+    return centred * (valid > 0)
+
+
 def grpo_advantages(
     rewards: torch.Tensor,
     prompt_ids: torch.Tensor,
     cfg: GRPOConfig,
     valid_mask: torch.Tensor | None = None,
     token_counts: torch.Tensor | None = None,
+    components: torch.Tensor | None = None,
+    component_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The advantages a ``grpo`` config section asks for (its ``adv_estimator``), clipped as it says.
 
     ``token_counts`` (b,): generated tokens per sample, for REINFORCE++'s token-weighted statistics.
+    ``components`` (b, k) and ``component_weights`` (k,): the reward components GDPO uses (``rewards``
+    is then not read); :mod:`gym_bridge.train.reward_components` builds them from the rollouts.
     """
+    if cfg.adv_estimator.name == "gdpo":
+        if components is None:
+            raise ValueError("grpo.adv_estimator.name 'gdpo' needs the samples' reward components")
+        advantages = gdpo_advantages(
+            components,
+            prompt_ids,
+            component_weights,
+            valid_mask=valid_mask,
+            leave_one_out_baseline=cfg.use_leave_one_out_baseline,
+            normalize_rewards=cfg.normalize_rewards,
+        )
+        if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
+            advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
+        return advantages
     if cfg.adv_estimator.name == "reinforce_plus_plus":
         advantages = reinforce_plus_plus_advantages(
             rewards,

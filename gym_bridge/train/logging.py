@@ -198,6 +198,9 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         requested = metrics.get("rollouts_requested")
         of = f"/{requested:.0f}" if _finite(requested) else ""
         parts.append(f"failed {metrics['rollout_failures']:.0f}{of}")
+    for key, value in metrics.items():  # reward_component/<name>_mean, one per verifier component
+        if key.startswith("reward_component/") and _finite(value):
+            parts.append(f"{key[len('reward_component/'):-len('_mean')]} {value:.3f}")
     if metrics.get("no_learning_signal"):
         parts.append("no learning signal (every group's rewards tie): update skipped")
     return f"step {step:>4} [train] " + "  ".join(parts)

@@ -13,10 +13,14 @@ from gym_bridge.seeding import rollout_seed
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
 from gym_bridge.train.logging import TerminalView
+from gym_bridge.train.reward_components import components_of
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sampling import Sampler
 
-__all__ = ["sample_metrics", "validate"]
+__all__ = ["component_metrics", "sample_metrics", "validate"]
+
+COMPONENT_METRIC = "reward_component/{}_mean"
+"""Key of a reward component's mean in the step line and metrics.jsonl."""
 
 
 def _mean(values: list[float]) -> float:
@@ -28,6 +32,15 @@ def _std(values: list[float]) -> float:
         return 0.0
     mean = _mean(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def component_metrics(samples: list[Sample]) -> dict[str, float]:
+    """``reward_component/<name>_mean`` per reward component, over the samples whose verifier returned it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        for name, value in (components_of(s) or {}).items():
+            values[name].append(float(value))
+    return {COMPONENT_METRIC.format(name): _mean(values[name]) for name in sorted(values)}
 
 
 def sample_metrics(samples: list[Sample], advantages: torch.Tensor) -> dict[str, float]:
@@ -46,6 +59,7 @@ def sample_metrics(samples: list[Sample], advantages: torch.Tensor) -> dict[str,
         "sequence_length_mean": _mean([len(s.token_ids) for s in samples]),
         "truncation_rate": _mean([float(s.truncated) for s in samples]),
         "num_samples": float(len(samples)),
+        **component_metrics(samples),
     }
     by_task: dict[str, list[float]] = defaultdict(list)
     for s in samples:
@@ -82,6 +96,7 @@ def validate(
         "num_samples": float(len(samples)),
         "gen_length_mean": _mean([float(s.generated_tokens) for s in samples]),
         "time_validation_s": time.perf_counter() - started,
+        **component_metrics(samples),
     }
     if len(rewards_by_dataset) > 1:
         for name, rewards in rewards_by_dataset.items():

@@ -32,9 +32,9 @@ from gym_bridge.policy.server import build_policy_app
 from gym_bridge.retry import RetryPolicy
 from gym_bridge.seeding import rollout_seed
 from gym_bridge.server import start_in_thread
-from gym_bridge.train.advantages import samples_in_groups_with_variance
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
+from gym_bridge.train.reward_components import informative_samples
 from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
 from gym_bridge.train.rollouts import (
     Sample,
@@ -380,11 +380,7 @@ def sample_step(
         next_group += len(prompts)  # group ids stay unique across batches
         for key, value in drawn.items():
             stats[key] += value
-        informative = samples_in_groups_with_variance(
-            torch.tensor([s.reward for s in new]),
-            torch.tensor([s.group for s in new]),
-            torch.tensor([float(not s.masked) for s in new]),
-        ).tolist()
+        informative = informative_samples(new, grpo)  # the rewards the advantages use (components with GDPO)
         for group_id in sorted({s.group for s, keep in zip(new, informative, strict=True) if keep}):
             if kept_groups == grpo.num_prompts_per_step:
                 break

@@ -22,6 +22,7 @@ from gym_bridge.train.advantages import grpo_advantages
 from gym_bridge.train.config import GRPOConfig, MasterConfig
 from gym_bridge.train.device import Placement
 from gym_bridge.train.loss import reduce_microbatch_metrics
+from gym_bridge.train.reward_components import gdpo_components, training_rewards
 from gym_bridge.train.reward_shaping import shape_rewards
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sequences import (
@@ -84,7 +85,8 @@ class StepBatch:
 
     samples: list[Sample]
     advantages: torch.Tensor
-    """(b,) advantages from ``grpo.adv_estimator``, of the rewards after ``grpo.reward_shaping``."""
+    """(b,) advantages from ``grpo.adv_estimator``, of the rewards (``grpo.reward_weights``' sum of the
+    reward components when set) after ``grpo.reward_shaping``; with GDPO, of the reward components."""
     sample_mask: torch.Tensor
     """(b,) 1 for samples in the loss: masked samples and, with ``overlong_filtering``, truncated ones
     are out (truncated ones still count in their group's baseline, as in NeMo RL)."""
@@ -96,11 +98,17 @@ class StepBatch:
     @classmethod
     def from_samples(cls, grpo: GRPOConfig, samples: list[Sample]) -> StepBatch:
         lengths = torch.tensor([float(s.generated_tokens) for s in samples])
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        rewards = shape_rewards(rewards, lengths, grpo.reward_shaping)  # DAPO's overlong penalty
         groups = torch.tensor([s.group for s in samples])
         valid = torch.tensor([float(not s.masked) for s in samples])
-        advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid, token_counts=lengths)
+        if grpo.adv_estimator.name == "gdpo":  # several reward components, each normalised in its group
+            components, weights, _ = gdpo_components(samples, grpo)
+            advantages = grpo_advantages(
+                components[:, 0], groups, grpo, valid_mask=valid, components=components, component_weights=weights
+            )
+        else:
+            rewards = training_rewards(samples, grpo)  # the verifier's reward, or grpo.reward_weights' sum
+            rewards = shape_rewards(rewards, lengths, grpo.reward_shaping)  # DAPO's overlong penalty
+            advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid, token_counts=lengths)
         sample_mask = valid.clone()
         if grpo.overlong_filtering:
             sample_mask *= torch.tensor([float(not s.truncated) for s in samples])

@@ -271,3 +271,35 @@ def test_session_state_is_bounded_in_bytes_oldest_first() -> None:
         for cookie, kept in zip(cookies, [0, 0, 0, 1, 1, 1], strict=True):
             answer = httpx.post(running.url + "/verify", json=verify_body(), cookies={SESSION_COOKIE: cookie})
             assert answer.json()["reward"] == kept
+
+
+def test_aggregate_metrics_reports_each_reward_component(client: httpx.Client) -> None:
+    records = [
+        {**verify_body(), "reward": 2.0, "reward_components": {"correct": 1.0, "format": 1.0}, "_ng_task_index": 0},
+        {**verify_body(), "reward": 1.0, "reward_components": {"correct": 0.0, "format": 1.0}, "_ng_task_index": 0},
+        {**verify_body(), "reward": 0.0, "reward_components": {"correct": 0.0, "format": 0.0}, "_ng_task_index": 1},
+    ]
+    answer = client.post("/aggregate_metrics", json={"verify_responses": records}).json()
+    agent = answer["agent_metrics"]
+    assert agent["mean/reward_components.correct"] == pytest.approx(1 / 3)
+    assert agent["mean/reward_components.format"] == pytest.approx(2 / 3)
+    assert agent["max/reward_components.correct"] == 1.0 and agent["min/reward_components.format"] == 0.0
+    assert answer["key_metrics"]["mean/reward_components.format"] == pytest.approx(2 / 3)
+    first_task = answer["group_level_metrics"][0]
+    assert first_task["mean/reward_components.correct"] == 0.5 and first_task["mean/reward_components.format"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "components, detail",
+    [
+        ({"correct": "yes"}, "verify_responses.1.reward_components: correct: expected a finite number, got 'yes'"),
+        ({"": 1.0}, "verify_responses.1.reward_components: '': a component name must be 1 to 128 characters"),
+        ([1.0], "verify_responses.1.reward_components: expected an object"),
+    ],
+)
+def test_aggregate_metrics_refuses_bad_reward_components_naming_them(
+    client: httpx.Client, components: Any, detail: str
+) -> None:
+    good = {**verify_body(), "reward": 1.0, "reward_components": {"correct": 1.0}}
+    r = client.post("/aggregate_metrics", json=[good, {**good, "reward_components": components}])
+    assert r.status_code == 422 and r.json()["detail"].startswith(detail)

@@ -21,7 +21,8 @@ YAML extras, as in NeMo RL:
   (``=1e-4``, ``=true``, ``=null``, ``=[1,2]``); ``data.train.0.data_path=...`` indexes lists.
 
 Modules: :mod:`.base` (the section base and :class:`ConfigError`), :mod:`.policy` (the ``policy``
-section), :mod:`.schema` (the other sections and :class:`MasterConfig`), :mod:`.loader` (YAML files,
+section), :mod:`.advantages` (``grpo.adv_estimator`` and the reward components' weights),
+:mod:`.schema` (the other sections and :class:`MasterConfig`), :mod:`.loader` (YAML files,
 inheritance, interpolation, overrides and error messages).
 """
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
+from gym_bridge.train.config.advantages import AdvEstimatorConfig, check_weights, reward_weight_problems
 from gym_bridge.train.config.base import DOTTED_PATH, Section
 from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.config.policy import PolicyConfig
@@ -34,41 +35,6 @@ class AsyncGRPOConfig(Section):
     max_trajectory_age_steps: int = Field(1, ge=1)
     """Step s trains on completions sampled by the policy of step s-1-age (exactly that one, so a
     seeded run is reproducible); this many steps' rollouts run ahead of training. Default 1."""
-
-
-class AdvEstimatorConfig(Section):
-    """How rewards become advantages (NeMo RL's ``grpo.adv_estimator``)."""
-
-    name: Literal["grpo", "reinforce_plus_plus"] = "grpo"
-    """``grpo``: group-relative, ``reward - baseline`` of the prompt's group (group mean, or leave-one-out
-    with grpo.use_leave_one_out_baseline), divided by the group's std with grpo.normalize_rewards.
-    ``reinforce_plus_plus`` (REINFORCE++, Hu 2025): ``reward - group mean`` (with minus_baseline), then
-    normalised over the whole batch, ``(a - mean) / std`` with the mean and std over the batch's valid
-    generated tokens (each sample weighted by its token count, as NeMo RL); like NeMo RL's, it reads
-    neither grpo.normalize_rewards nor grpo.use_leave_one_out_baseline (its recipes, e.g. ProRLv2,
-    leave them true). Default grpo."""
-
-    normalize_rewards: bool | None = None
-    """NeMo RL's copy of grpo.normalize_rewards (its recipes write ``${grpo.normalize_rewards}``); null
-    means that key, a different value is refused. Default null."""
-
-    use_leave_one_out_baseline: bool | None = None
-    """NeMo RL's copy of grpo.use_leave_one_out_baseline; null means that key, a different value is
-    refused. Default null."""
-
-    minus_baseline: bool = True
-    """``reinforce_plus_plus`` only: subtract each prompt group's mean reward before the batch
-    normalisation (REINFORCE++-baseline); false normalises the raw rewards. Refused as false with
-    ``name: grpo`` (which always subtracts its baseline). Default true."""
-
-    @model_validator(mode="after")
-    def _minus_baseline_is_reinforce(self) -> AdvEstimatorConfig:
-        if self.name == "grpo" and not self.minus_baseline:
-            raise ValueError(
-                "grpo.adv_estimator.minus_baseline=false applies to name 'reinforce_plus_plus'; "
-                "the grpo estimator always subtracts its group baseline"
-            )
-        return self
 
 
 class RewardShapingConfig(Section):
@@ -178,7 +144,15 @@ class GRPOConfig(Section):
     """Asynchronous GRPO (rollouts overlap training)."""
 
     adv_estimator: AdvEstimatorConfig = Field(default_factory=AdvEstimatorConfig)
-    """Advantage estimator: group-relative GRPO or REINFORCE++."""
+    """Advantage estimator: group-relative GRPO, REINFORCE++ or GDPO (several reward components)."""
+
+    reward_weights: dict[str, float] | None = None
+    """Train on the verifier's ``reward_components`` weighted by name: ``{correct: 1.0, format: 0.2}``.
+    With the grpo and reinforce_plus_plus estimators the training reward is ``sum weight * score``
+    (the logged ``reward_mean`` stays the verifier's reward); with gdpo these are the weights of the
+    normalised components. Every component a rollout returns must have a weight (0 ignores it); a
+    component a whole prompt group lacks counts 0 there, one that only some rollouts of a group carry
+    is an error naming it. Null: the verifier's scalar reward. Default null."""
 
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     """DAPO's overlong reward shaping."""
@@ -186,6 +160,10 @@ class GRPOConfig(Section):
     @model_validator(mode="after")
     def _estimator_consistent(self) -> GRPOConfig:
         estimator = self.adv_estimator
+        check_weights(self.reward_weights, "grpo.reward_weights")
+        problems = reward_weight_problems(self.reward_weights, estimator, self.reward_shaping.enabled)
+        if problems:
+            raise ValueError("\n".join(problems))
         for key in ("normalize_rewards", "use_leave_one_out_baseline"):
             copy = getattr(estimator, key)
             if copy is not None and copy != getattr(self, key):

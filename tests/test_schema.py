@@ -33,9 +33,14 @@ def _records(reference_dir, pattern):
                 yield path.name, json.loads(line)
 
 
+NOT_RECORDS = {"aggregate_metrics_0.7.0.json", "server_entry_schema_0.7.0.json"}  # NeMo Gym fixtures of other shapes
+
+
 def test_every_reference_record_round_trips(reference_dir):
     seen = 0
     for name, raw in _records(reference_dir, "*.json*"):
+        if name in NOT_RECORDS:
+            continue
         model = (RolloutRecord if "response" in raw else TaskRow).model_validate(raw)
         assert dump(model) == raw, name
         # and through a JSON string, as a writer would

@@ -22,11 +22,13 @@ YAML extras, as in NeMo RL:
 
 Modules: :mod:`.base` (the section base and :class:`ConfigError`), :mod:`.policy` (the ``policy``
 section), :mod:`.advantages` (``grpo.adv_estimator`` and the reward components' weights),
-:mod:`.schema` (the other sections and :class:`MasterConfig`), :mod:`.loader` (YAML files,
+:mod:`.data` (the ``data`` section), :mod:`.loss` (``loss_fn``), :mod:`.schema` (the other sections and
+:class:`MasterConfig`), :mod:`.loader` (YAML files,
 inheritance, interpolation, overrides and error messages).
 """
 
 from gym_bridge.train.config.base import ConfigError
+from gym_bridge.train.config.data import DataConfig, DatasetConfig
 from gym_bridge.train.config.loader import config_to_dict, config_to_yaml, load_config, validate_config
 from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.config.policy import (
@@ -47,8 +49,6 @@ from gym_bridge.train.config.schema import (
     AdvEstimatorConfig,
     CheckpointingConfig,
     ClusterConfig,
-    DataConfig,
-    DatasetConfig,
     EnvConfig,
     GRPOConfig,
     LoggerConfig,

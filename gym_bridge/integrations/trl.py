@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from gym_bridge.schema import (
     FunctionCall,
@@ -39,7 +40,6 @@ from gym_bridge.schema import (
     Response,
     TaskRow,
     content_text,
-    dump,
     input_items,
     new_id,
 )
@@ -51,6 +51,7 @@ __all__ = [
     "completion_response",
     "gym_environment_factory",
     "prompt_messages",
+    "response_body",
     "task_dataset",
 ]
 
@@ -105,6 +106,10 @@ def task_dataset(source: str | Path | Iterable[Mapping[str, Any]]) -> Any:
         try:
             TaskRow.model_validate(row)
             prompt = prompt_messages(row)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"task row {where}: {field}: {first['msg']}") from None
         except ValueError as e:
             raise ValueError(f"task row {where}: {e}") from None
         scalars = {
@@ -162,6 +167,12 @@ def completion_response(completion: str | list[Mapping[str, Any]]) -> Response:
             call_id = pending.pop(0) if pending else new_id("call")
             output.append(FunctionCallOutput(call_id=call_id, output=content_text(message.get("content"))))
     return Response(output=output)
+
+
+def response_body(response: Response) -> dict[str, Any]:
+    """The ``response`` JSON of a ``/verify`` body, defaults included (``type``, ``role``: servers need them;
+    :func:`~gym_bridge.schema.dump` would leave out what was not set explicitly)."""
+    return response.model_dump(mode="json", by_alias=True)
 
 
 def _run(coro_fn: Callable[[], Any]) -> Any:
@@ -277,7 +288,7 @@ class GymReward:
                     seeded = await client.post("/seed_session", json=row)
                     if seeded.status_code >= 400:
                         raise _Failed(f"/seed_session answered {seeded.status_code}: {_detail(seeded)}")
-                body = {**row, "response": dump(completion_response(completion))}
+                body = {**row, "response": response_body(completion_response(completion))}
                 answer = await client.post("/verify", json=body)
                 if answer.status_code >= 400:
                     raise _Failed(f"/verify answered {answer.status_code}: {_detail(answer)}")
@@ -420,7 +431,7 @@ class ServerEnvironment:
         if self._client is None:
             logger.warning("get_reward() before reset(): scored 0")
             return 0.0
-        body = {**self.row, "response": dump(Response(output=self.output))}
+        body = {**self.row, "response": response_body(Response(output=self.output))}
         try:
             answer = self._client.post("/verify", json=body)
             if answer.status_code >= 400:

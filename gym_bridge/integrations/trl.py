@@ -1,0 +1,479 @@
+"""TRL's ``GRPOTrainer`` against a resources server (ours or NeMo Gym's), over HTTP.
+
+Three pieces, following TRL 1.16's calling conventions without importing TRL:
+
+* :func:`task_dataset`: a NeMo Gym task JSONL as a ``datasets.Dataset`` with a ``prompt`` column (chat
+  messages), the whole row as JSON in ``gym_task_row`` (lossless: Arrow would merge the nested objects
+  of different rows into one struct and fill the gaps with nulls) and each scalar field (``expected_answer``,
+  ``question``...) as its own column.
+* :class:`GymReward`: a reward function ``(prompts, completions, **columns) -> list[float]`` for
+  single-turn tasks: per completion ``/seed_session`` then ``/verify`` in the rollout's own session.
+* :func:`gym_environment_factory`: TRL's ``environment_factory`` for multi-turn tool use: one object per
+  rollout with ``reset(**row)`` (seeds its session), one method per tool of the task row (posts to the
+  server's tool route) and ``get_reward()`` (``/verify`` with the calls made).
+
+Failures never stop training: a failed rollout scores 0 with a logged warning; only a batch in which
+every call failed raises (the server is down or the rows do not fit it, and 0 rewards would train
+on noise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import keyword
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from gym_bridge.schema import (
+    FunctionCall,
+    FunctionCallOutput,
+    OutputMessage,
+    OutputText,
+    Response,
+    TaskRow,
+    content_text,
+    input_items,
+    new_id,
+)
+
+__all__ = [
+    "TASK_ROW_COLUMN",
+    "GymReward",
+    "ServerEnvironment",
+    "completion_response",
+    "gym_environment_factory",
+    "prompt_messages",
+    "response_body",
+    "task_dataset",
+]
+
+logger = logging.getLogger(__name__)
+
+TASK_ROW_COLUMN = "gym_task_row"
+"""Dataset column holding the NeMo Gym task row as JSON (what ``/seed_session`` and ``/verify`` get)."""
+
+_TRL_KWARGS = frozenset(
+    {"trainer_state", "log_extra", "log_metric", "environments", "completion_ids", "prompt"}
+)
+"""What TRL passes to reward functions beside the dataset's columns."""
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+def prompt_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The task row's request as chat messages ``{"role", "content"}`` (``instructions`` first, as a system
+    message). Only message items are accepted: a prompt that already holds tool calls is refused by name."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, Mapping):
+        raise ValueError("responses_create_params: missing or not an object")
+    messages = []
+    if params.get("instructions"):
+        messages.append({"role": "system", "content": str(params["instructions"])})
+    for i, item in enumerate(input_items(dict(params))):
+        kind = item.get("type", "message")
+        if kind != "message" or "role" not in item:
+            raise ValueError(f"responses_create_params.input[{i}]: a {kind!r} item is not a chat message")
+        role = "system" if item["role"] == "developer" else item["role"]
+        messages.append({"role": role, "content": content_text(item.get("content"))})
+    return messages
+
+
+def task_dataset(source: str | Path | Iterable[Mapping[str, Any]]) -> Any:
+    """A ``datasets.Dataset`` of NeMo Gym task rows (a JSONL path or rows) for TRL's GRPOTrainer.
+
+    Columns: ``prompt`` (chat messages), :data:`TASK_ROW_COLUMN` (the row as JSON) and the row's scalar
+    top-level fields. A row that is not a task row is a ValueError naming its line.
+    """
+    from datasets import Dataset
+
+    if isinstance(source, str | Path):
+        from gym_bridge.jsonl import iter_jsonl
+
+        rows: Iterable[tuple[Any, Mapping[str, Any]]] = iter_jsonl(Path(source))
+    else:
+        rows = enumerate(source, start=1)
+    records = []
+    for where, row in rows:
+        try:
+            TaskRow.model_validate(row)
+            prompt = prompt_messages(row)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"task row {where}: {field}: {first['msg']}") from None
+        except ValueError as e:
+            raise ValueError(f"task row {where}: {e}") from None
+        scalars = {
+            k: v for k, v in row.items() if isinstance(v, str | int | float | bool) and k not in _TRL_KWARGS
+        }
+        records.append({"prompt": prompt, TASK_ROW_COLUMN: json.dumps(row), **scalars})
+    if not records:
+        raise ValueError("no task rows")
+    # A scalar field whose type differs between rows (``expected_answer`` 12 here, "12" there) has no
+    # Arrow column type: leave it out, the row JSON keeps it.
+    kinds: dict[str, set[type]] = {}
+    for record in records:
+        for k, v in record.items():
+            kinds.setdefault(k, set()).add(type(v))
+    mixed = {k for k, ts in kinds.items() if len(ts) > 1}
+    if mixed:
+        logger.info("task_dataset: %s left to %s (types differ between rows)", sorted(mixed), TASK_ROW_COLUMN)
+        records = [{k: v for k, v in r.items() if k not in mixed} for r in records]
+    return Dataset.from_list(records)
+
+
+def _rows_from_columns(n: int, columns: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The task row of each of ``n`` completions, from :data:`TASK_ROW_COLUMN` or else the other columns."""
+    if TASK_ROW_COLUMN in columns:
+        return [json.loads(v) if isinstance(v, str) else dict(v) for v in columns[TASK_ROW_COLUMN]]
+    fields = {k: v for k, v in columns.items() if k not in _TRL_KWARGS and isinstance(v, list | tuple)}
+    return [{k: v[i] for k, v in fields.items()} for i in range(n)]
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def completion_response(completion: str | list[Mapping[str, Any]]) -> Response:
+    """The NeMo Gym ``response`` of a TRL completion: a string, or chat messages (assistant turns with
+    optional ``tool_calls``, ``tool`` results) as TRL's tool loop leaves them."""
+    if isinstance(completion, str):
+        return Response(output=[OutputMessage(id=new_id("msg"), content=[OutputText(text=completion)])])
+    output: list[Any] = []
+    pending: list[str] = []  # call ids awaiting their tool result, in order
+    for message in completion:
+        role = message.get("role")
+        if role == "assistant":
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function", call)
+                args = fn.get("arguments", {})
+                call_id = call.get("id") or new_id("call")
+                pending.append(call_id)
+                output.append(FunctionCall(
+                    call_id=call_id, name=fn["name"], arguments=args if isinstance(args, str) else json.dumps(args)
+                ))  # fmt: skip
+            text = content_text(message.get("content"))
+            if text:
+                output.append(OutputMessage(id=new_id("msg"), content=[OutputText(text=text)]))
+        elif role == "tool":
+            call_id = pending.pop(0) if pending else new_id("call")
+            output.append(FunctionCallOutput(call_id=call_id, output=content_text(message.get("content"))))
+    return Response(output=output)
+
+
+def response_body(response: Response) -> dict[str, Any]:
+    """The ``response`` JSON of a ``/verify`` body, defaults included (``type``, ``role``: servers need them;
+    :func:`~gym_bridge.schema.dump` would leave out what was not set explicitly)."""
+    return response.model_dump(mode="json", by_alias=True)
+
+
+def _run(coro_fn: Callable[[], Any]) -> Any:
+    """Run a coroutine to completion from sync code, also when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro_fn())
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="gym-reward")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _detail(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json().get("detail", answer.text))[:300]
+    except (ValueError, AttributeError):
+        return answer.text[:300]
+
+
+# --------------------------------------------------------------------------- single-turn reward
+
+
+class GymReward:
+    """TRL reward function scoring each completion with a resources server's ``/verify``.
+
+    Each completion is its own rollout: ``/seed_session`` with its task row, then ``/verify`` with the
+    row and the completion as ``response``, both in the session the seed opened (its cookie is kept in
+    a client of its own). All completions of a batch run concurrently, at most ``max_concurrency`` at once.
+    ``reward_key`` picks another number of the ``/verify`` answer than ``reward`` (a ``reward_components``
+    entry is looked up there).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 60.0,
+        max_concurrency: int = 64,
+        auth_token: str | None = None,
+        seed: bool = True,
+        reward_key: str = "reward",
+        name: str = "gym_reward",
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency: must be at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+        self.seed = seed
+        self.reward_key = reward_key
+        self.__name__ = name  # TRL logs the reward under the callable's name
+        self.last_answers: list[dict[str, Any] | None] = []
+        """The ``/verify`` answers of the last batch (None where the rollout failed), for inspection."""
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+        rows = _rows_from_columns(len(completions), columns)
+        if len(rows) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(rows)} task rows")
+        answers = _run(lambda: self._score_all(rows, completions))
+        self.last_answers = [a if isinstance(a, dict) else None for a in answers]
+        failures = [a for a in answers if not isinstance(a, dict)]
+        if failures and len(failures) == len(answers):
+            raise RuntimeError(
+                f"every /verify of the batch failed ({len(failures)}), the first: {failures[0]}"
+            )
+        return [self._reward_of(a) if isinstance(a, dict) else 0.0 for a in answers]
+
+    def _reward_of(self, answer: dict[str, Any]) -> float:
+        if self.reward_key == "reward":
+            return float(answer.get("reward") or 0.0)
+        return float((answer.get("reward_components") or {}).get(self.reward_key, 0.0))
+
+    async def _score_all(
+        self, rows: list[dict[str, Any]], completions: list[Any]
+    ) -> list[dict[str, Any] | str]:
+        limits = httpx.Limits(max_connections=self.max_concurrency)
+        transport = httpx.AsyncHTTPTransport(limits=limits)
+        gate = asyncio.Semaphore(self.max_concurrency)
+        try:
+            return await asyncio.gather(
+                *(
+                    self._score_one(transport, gate, i, row, c)
+                    for i, (row, c) in enumerate(zip(rows, completions, strict=True))
+                )
+            )
+        finally:
+            await transport.aclose()
+
+    async def _score_one(
+        self, transport: httpx.AsyncHTTPTransport, gate: asyncio.Semaphore, index: int, row: dict[str, Any],
+        completion: Any,
+    ) -> dict[str, Any] | str:  # fmt: skip
+        # A client per rollout: its cookie jar holds this rollout's session only; the transport (the
+        # connection pool) is shared, and closed by the caller.
+        client = httpx.AsyncClient(transport=transport, base_url=self.base_url, timeout=self.timeout_s,
+                                   headers=self.headers)  # fmt: skip
+        async with gate:
+            try:
+                if self.seed:
+                    seeded = await client.post("/seed_session", json=row)
+                    if seeded.status_code >= 400:
+                        raise _Failed(f"/seed_session answered {seeded.status_code}: {_detail(seeded)}")
+                body = {**row, "response": response_body(completion_response(completion))}
+                answer = await client.post("/verify", json=body)
+                if answer.status_code >= 400:
+                    raise _Failed(f"/verify answered {answer.status_code}: {_detail(answer)}")
+                result = answer.json()
+                if not isinstance(result, dict) or "reward" not in result:
+                    raise _Failed(f"/verify answered without a reward: {answer.text[:200]}")
+                return result
+            except (_Failed, httpx.HTTPError, ValueError) as e:
+                reason = str(e) or type(e).__name__
+                logger.warning("rollout %d scored 0: %s", index, reason)
+                return reason
+
+
+class _Failed(Exception):
+    """A rollout's HTTP exchange went wrong; it scores 0."""
+
+
+# --------------------------------------------------------------------------- multi-turn tool use
+
+_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool,
+                                "array": list, "object": dict}  # fmt: skip
+
+
+def _python_type(schema: Mapping[str, Any]) -> Any:
+    """The type hint transformers turns back into (roughly) this JSON schema when it renders the tool."""
+    kinds = schema.get("type", "string")
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    nullable = "null" in kinds
+    kinds = [k for k in kinds if k != "null"] or ["string"]
+    hint: Any = _JSON_TYPES.get(kinds[0], str)
+    if len(kinds) > 1:
+        for k in kinds[1:]:
+            hint = hint | _JSON_TYPES.get(k, str)
+    return hint | None if nullable else hint
+
+
+def _argument_doc(name: str, schema: Mapping[str, Any]) -> str:
+    doc = " ".join(str(schema.get("description") or name).split())
+    bounds = [
+        f"{label} {schema[key]}"
+        for key, label in (("minimum", "at least"), ("maximum", "at most"))
+        if key in schema
+    ]
+    if bounds:
+        doc += f" ({', '.join(bounds)})"
+    if "enum" in schema:  # transformers reads this back into the schema's enum
+        doc += f" (choices: {json.dumps(schema['enum'])})"
+    return doc
+
+
+def _tool_method(spec: Mapping[str, Any]) -> Callable[..., str]:
+    """A method named after a Responses API function tool whose signature and Google-style docstring
+    render back into its schema (TRL shows the model what transformers derives from them)."""
+    fn_spec = spec.get("function", spec)  # Chat Completions nests it, the Responses API does not
+    name = fn_spec.get("name")
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"tool name {name!r}: must be a Python identifier to become a method")
+    if name in ("reset", "get_reward") or name.startswith("_"):
+        raise ValueError(f"tool name {name!r}: clashes with TRL's environment interface")
+    params = fn_spec.get("parameters") or {}
+    properties: dict[str, Any] = params.get("properties") or {}
+    required = set(params.get("required") or [])
+
+    def call(self: ServerEnvironment, **arguments: Any) -> str:
+        return self._call_tool(name, arguments)
+
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    for arg, schema in properties.items():
+        if not arg.isidentifier() or keyword.iskeyword(arg):
+            raise ValueError(f"tool {name!r} argument {arg!r}: must be a Python identifier")
+        annotations[arg] = _python_type(schema)
+        default = inspect.Parameter.empty if arg in required else None
+        parameters.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=annotations[arg]))  # fmt: skip
+    annotations["return"] = str
+    call.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
+    call.__annotations__ = annotations
+    call.__name__ = call.__qualname__ = name
+    lines = [" ".join(str(fn_spec.get("description") or name).split())]
+    if properties:
+        lines += ["", "Args:"] + [f"    {arg}: {_argument_doc(arg, s)}" for arg, s in properties.items()]
+    lines += ["", "Returns:", "    The server's answer as JSON."]
+    call.__doc__ = "\n".join(lines)
+    return call
+
+
+class ServerEnvironment:
+    """One rollout's side of a resources server, for TRL's ``environment_factory``.
+
+    :func:`gym_environment_factory` subclasses it with one method per tool. ``reset(**row)`` opens a
+    fresh session and seeds it with the task row (from :data:`TASK_ROW_COLUMN`); each tool call posts
+    its arguments to ``/<tool>`` in that session and returns the answer as JSON (a 4xx comes back as
+    ``{"error": detail}``, which the model sees, as NeMo Gym's agents pass it on); ``get_reward()``
+    posts ``/verify`` with the row and the calls made (their ``function_call`` and
+    ``function_call_output`` items). TRL does not hand the environment the final assistant text, so
+    verifiers that read it should score with :class:`GymReward` instead.
+    """
+
+    base_url: str = ""
+    timeout_s: float = 60.0
+    auth_token: str | None = None
+
+    def __init__(self) -> None:
+        self._client: httpx.Client | None = None
+        self.row: dict[str, Any] = {}
+        self.output: list[Any] = []
+        self.last_answer: dict[str, Any] | None = None
+        """The last ``/verify`` answer (None when it failed)."""
+
+    def reset(self, **columns: Any) -> None:
+        """Start this rollout: a new session (new cookie jar) seeded with the example's task row."""
+        if self._client is not None:
+            self._client.close()
+        headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+        self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout_s, headers=headers)
+        self.row = _rows_from_columns(1, {k: [v] for k, v in columns.items()})[0]
+        self.output = []
+        self.last_answer = None
+        answer = self._client.post("/seed_session", json=self.row)
+        if answer.status_code >= 400:
+            raise RuntimeError(f"/seed_session answered {answer.status_code}: {_detail(answer)}")
+        return None
+
+    def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        if self._client is None:
+            raise RuntimeError("reset() first: this environment has no session")
+        call_id = new_id("call")
+        self.output.append(FunctionCall(call_id=call_id, name=name, arguments=json.dumps(arguments)))
+        try:
+            answer = self._client.post(f"/{name}", json=arguments)
+            text = json.dumps({"error": _detail(answer)}) if answer.status_code >= 400 else answer.text
+        except httpx.HTTPError as e:
+            text = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        self.output.append(FunctionCallOutput(call_id=call_id, output=text))
+        return text
+
+    def get_reward(self) -> float:
+        """``/verify`` of this rollout in its session; 0 with a logged warning when that fails."""
+        if self._client is None:
+            logger.warning("get_reward() before reset(): scored 0")
+            return 0.0
+        body = {**self.row, "response": response_body(Response(output=self.output))}
+        try:
+            answer = self._client.post("/verify", json=body)
+            if answer.status_code >= 400:
+                raise _Failed(f"/verify answered {answer.status_code}: {_detail(answer)}")
+            self.last_answer = answer.json()
+            return float(self.last_answer.get("reward") or 0.0)  # type: ignore[union-attr]
+        except (_Failed, httpx.HTTPError, ValueError, AttributeError) as e:
+            logger.warning("tool-use rollout scored 0: %s", e)
+            return 0.0
+
+
+def gym_environment_factory(
+    base_url: str,
+    tools: list[Mapping[str, Any]] | Any,
+    *,
+    timeout_s: float = 60.0,
+    auth_token: str | None = None,
+) -> type[ServerEnvironment]:
+    """An ``environment_factory`` for TRL: a :class:`ServerEnvironment` subclass with a method per tool.
+
+    ``tools`` is a task row's ``responses_create_params.tools`` or a dataset from :func:`task_dataset`
+    (then its rows must all offer the same tools: TRL reads the methods once, from one instance).
+    """
+    if hasattr(tools, "column_names"):
+        tools = _shared_tools(tools)
+    specs = [t for t in tools if t.get("type", "function") == "function"]
+    if not specs:
+        raise ValueError("tools: no function tools to expose")
+    methods = {}
+    for spec in specs:
+        method = _tool_method(spec)
+        methods[method.__name__] = method
+    attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, **methods}
+    return type("GymToolEnvironment", (ServerEnvironment,), attrs)
+
+
+def _shared_tools(dataset: Any) -> list[Mapping[str, Any]]:
+    first: list[Mapping[str, Any]] | None = None
+    for i, text in enumerate(dataset[TASK_ROW_COLUMN]):
+        tools = json.loads(text)["responses_create_params"].get("tools") or []
+        if first is None:
+            first = tools
+        elif sorted(t.get("name", "") for t in tools) != sorted(t.get("name", "") for t in first):
+            raise ValueError(f"row {i}: offers other tools than row 0; build one factory per tool set")
+    return first or []

@@ -1,4 +1,4 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``train``, ``view``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``eval``, ``train``, ``view``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
@@ -11,11 +11,13 @@ import typer
 
 import gym_bridge
 from gym_bridge.commands import collect, reverify, serve, train, transform, view
+from gym_bridge.commands import eval as eval_command
 from gym_bridge.commands.typer_app import App
 
 app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.", no_args_is_help=True)
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
+app.add_typer(eval_command.app, name="eval")
 app.command("collect")(collect.collect)
 app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)

@@ -118,7 +118,10 @@ def load_model_and_tokenizer(
     )
     try:
         with loading:
-            tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            if tokenizer_name in (None, name_or_path):
+                tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            else:  # the model's directory may hold no tokenizer (a checkpoint's policy/weights)
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype or torch.float32, **kwargs)
     except (OSError, ValueError) as err:
         if Path(source.path).exists():
@@ -134,8 +137,6 @@ def load_model_and_tokenizer(
         _forget_gguf_quantization(model)
     model.to(device)
     model.eval()
-    if tokenizer_name not in (None, name_or_path):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
     if chat_template:
         tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:

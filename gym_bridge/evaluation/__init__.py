@@ -1,0 +1,1 @@
+"""Offline evaluation of a model on stored data (``gym-bridge eval``): no servers, no generation."""

@@ -34,6 +34,8 @@ COMMANDS = [
     ["transform"],
     ["transform", "grpo"],
     ["transform", "dpo"],
+    ["eval"],
+    ["eval", "ranked"],
 ]
 
 

@@ -25,7 +25,7 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
-from gym_bridge.generation.weights import plain_state_dict
+from gym_bridge.generation.weights import lora_merged, plain_state_dict
 from gym_bridge.train.logprobs import gather_logprobs
 from gym_bridge.train.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
@@ -111,7 +111,8 @@ class TransformersBackend(GenerationBackend):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if not requests:
             return []
-        with self.lock, _torch_threads(self.threads):
+        # A LoRA model (the synchronous trainer's own) generates with its adapters merged for the call.
+        with self.lock, _torch_threads(self.threads), lora_merged(self.model):
             was_training = self.model.training
             self.model.eval()
             try:

@@ -9,8 +9,10 @@ G times, as GRPO samples), in the same run and alternating, so all see the same 
 - the FLOP bound: a float32 matmul of the model's MLP shape, [c, hidden] x [hidden, intermediate],
   in GFLOP/s; decoding one token costs about 2 x params FLOPs, so bound tokens/s = GFLOP/s / (2 x
   params) (attention over the short contexts here adds under 1%);
-- with LoRA (``--lora-concurrency`` rows, r=16 on every linear layer, random B): the unmerged peft
-  model, which is what the synchronous in-process trainer generates with, against its merged weights.
+- with LoRA (``--lora-concurrency`` rows, r=16 on every linear layer, random B): the peft-injected
+  model through TransformersBackend, which is what the synchronous in-process trainer generates with
+  (since the ``lora_merged`` change the backend swaps merged weights in for the call; before it, the
+  unmerged model ran at 0.75x of the merged copy), against a merged copy.
 
 Results: bench/results/generation_smollm2.json (bench contract). Threads: ``--threads`` pins torch's
 thread count for every engine and for the matmul alike (0: torch's default).
@@ -147,8 +149,10 @@ def main(args: Any) -> None:
     if lora_c:
         un, me = rate(f"lora unmerged c={lora_c}"), rate(f"lora merged c={lora_c}")
         rows.append(figure(
-            f"LoRA r=16 unmerged tokens/s ({shape}, c={lora_c})", round(un, 1), "tokens/s", baseline=round(me, 1),
-            note="baseline: the same adapter merged into a plain copy, same run, alternating",
+            f"LoRA r=16 trainer model tokens/s ({shape}, c={lora_c})", round(un, 1), "tokens/s",
+            baseline=round(me, 1),
+            note="the peft-injected model through TransformersBackend (merged for the call); baseline: the "
+            "same adapter merged into a plain copy, same run, alternating",
         ))  # fmt: skip
     details = {
         "model": f"{args.model}: {type(model).__name__}, {params:,} parameters, hidden {hidden}, "

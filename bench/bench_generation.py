@@ -19,6 +19,10 @@ concurrent, batched into one ``generate``) against the backend called directly: 
 overhead the online trainer pays (pessimistic: the httpx client runs in the same process).
 Results go to bench/results/generation_throughput.json in the bench contract (bench/README.md).
 The shared notes' peer figure: TRL's GRPOTrainer generated about 2,100-2,400 tokens/s on this shape.
+
+``--model smollm2-135m`` measures the pretrained 135M model instead (generation_real.py:
+one row per ``--concurrency``, the machine's FLOP bound measured in the same run, and LoRA unmerged
+against merged); its results go to bench/results/generation_smollm2.json.
 """
 
 from __future__ import annotations
@@ -142,7 +146,15 @@ def main() -> None:
         "--server", action=argparse.BooleanOptionalAction, default=True, help="time the policy server"
     )
     parser.add_argument("--quick", action="store_true", help="3 repeats")
+    parser.add_argument("--model", default="tiny", help="tiny (random, the default) or smollm2-135m")
+    parser.add_argument("--concurrency", default="16,64", help="smollm2: rows per batch, one row each")
+    parser.add_argument("--lora-concurrency", type=int, default=32, help="smollm2: rows of the LoRA row")
     args = parser.parse_args()
+    if args.model != "tiny":
+        from generation_real import main as real_main
+
+        real_main(args)
+        return
     repeats = args.repeats or (3 if args.quick else 7)
 
     import torch
@@ -158,7 +170,7 @@ def main() -> None:
     tokenizer = build_tokenizer()
     model = tiny_llama(tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
-    backend = TransformersBackend(model, tokenizer, model_name="bench")
+    backend = TransformersBackend(model, tokenizer, model_name="bench", threads=None)  # --threads rules
     backend.eos_token_ids = set()  # no stop token: every row makes exactly --new-tokens tokens
     conversations, prompts = grpo_batch(tokenizer, args.prompts, args.group_size)
     requests = [

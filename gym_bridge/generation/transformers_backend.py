@@ -10,8 +10,10 @@ batch (GRPO's G samples per prompt) is prefilled once; rows that finish are drop
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
-from gym_bridge.generation.weights import plain_state_dict
+from gym_bridge.generation.weights import lora_merged, plain_state_dict
 from gym_bridge.train.logprobs import gather_logprobs
 from gym_bridge.train.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
@@ -60,6 +62,15 @@ class TransformersBackend(GenerationBackend):
     in place while a policy server may be generating holds it around ``optimizer.step()``.
     ``stop_token_ids`` end every completion, as the EOS ids do, besides each request's own
     (``policy.generation.stop_token_ids`` of a training run).
+
+    ``threads``: torch threads while generating; None (the default) leaves torch's setting alone, so a
+    seeded run computes the same on a quiet and on a loaded machine. ``"auto"`` drops to one thread for the
+    call when the machine is oversubscribed (1-minute load average above 1.5x its cores) and leaves
+    torch's setting alone otherwise: each op of a multi-threaded OpenMP team waits at a barrier for
+    its slowest thread, and a descheduled thread stalls every op. On a 2-core machine at load 10-24,
+    SmolLM2-135M generated 3-10x faster on one thread than on two (bench/generation_real.py).
+    An int pins the count. (Torch's thread count is process-wide: ``"auto"`` and an int also affect
+    work that other threads of the process run during the call.)
     """
 
     def __init__(
@@ -70,7 +81,11 @@ class TransformersBackend(GenerationBackend):
         seed: int = 0,
         max_context: int | None = None,
         stop_token_ids: Sequence[int] = (),
+        threads: int | str | None = None,
     ) -> None:
+        if not (threads is None or threads == "auto" or (isinstance(threads, int) and threads >= 1)):
+            raise ValueError(f"threads must be 'auto', None or a positive int, not {threads!r}")
+        self.threads = threads
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or "local-model"
@@ -98,7 +113,8 @@ class TransformersBackend(GenerationBackend):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if not requests:
             return []
-        with self.lock:
+        # A LoRA model (the synchronous trainer's own) generates with its adapters merged for the call.
+        with self.lock, _torch_threads(self.threads), lora_merged(self.model):
             was_training = self.model.training
             self.model.eval()
             try:
@@ -255,7 +271,8 @@ def _sample(
         filtered = (top_k > 0) & (top_k < vocab) | (top_p < 1)
         # Rows without top-k/top-p sample over the vocabulary in id order (no sort needed); rows with a
         # filter over the sorted vocabulary. Which path a row takes depends only on its own parameters.
-        sampled = _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
+        # Unnormalised weights exp(x - max) suffice: the inverse CDF scales by their total.
+        sampled = _inverse_cdf(torch.exp(scaled - scaled.amax(dim=-1, keepdim=True)), uniforms)
         if bool(filtered.any()):
             sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
             probs = torch.softmax(sorted_logits, dim=-1)
@@ -284,11 +301,56 @@ def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]
     return values.tolist(), ids.tolist()
 
 
+_CDF_BLOCK = 256
+
+
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1]."""
-    cdf = weights.double().cumsum(dim=-1)
-    target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
-    return torch.searchsorted(cdf, target).squeeze(-1).clamp(max=weights.shape[-1] - 1)
+    """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1].
+
+    Two levels, so that no float64 copy or cumulative sum of the whole vocabulary is made (on a 49k
+    vocabulary that was most of the sampling time): a float64 CDF over sums of blocks of 256 weights
+    picks a block, then a float64 CDF over that block's weights picks the token, at the same fraction
+    of the block's mass. A token of zero weight is never picked: both searches find the first entry
+    whose CDF reaches a target above the entry before it.
+    """
+    rows, vocab = weights.shape
+    pad = (-vocab) % _CDF_BLOCK
+    if pad:
+        weights = torch.nn.functional.pad(weights, (0, pad))
+    blocks = weights.view(rows, -1, _CDF_BLOCK)
+    block_mass = blocks.sum(dim=-1).double()  # [B, V / 256]
+    block_cdf = block_mass.cumsum(dim=-1)
+    target = uniforms.double() * block_cdf[:, -1]
+    block = torch.searchsorted(block_cdf, target.unsqueeze(-1)).squeeze(-1).clamp(max=blocks.shape[1] - 1)
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    mass = block_mass.gather(-1, block.unsqueeze(-1)).squeeze(-1)
+    fraction = ((target - before) / mass).clamp(min=torch.finfo(torch.float64).tiny, max=1.0)
+    inner_cdf = blocks[torch.arange(rows, device=weights.device), block].double().cumsum(dim=-1)
+    inner = torch.searchsorted(inner_cdf, (fraction * inner_cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    return (block * _CDF_BLOCK + inner.clamp(max=_CDF_BLOCK - 1)).clamp(max=vocab - 1)
+
+
+def oversubscribed() -> bool:
+    """Whether more threads want to run than the machine has cores (1-minute load average > 1.5x)."""
+    try:
+        return os.getloadavg()[0] > 1.5 * (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return False
+
+
+@contextmanager
+def _torch_threads(threads: int | str | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads (see :class:`TransformersBackend`), then restore."""
+    before = torch.get_num_threads()
+    wanted = (1 if oversubscribed() else before) if threads == "auto" else (threads or before)
+    if wanted == before:
+        yield
+        return
+    torch.set_num_threads(int(wanted))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -10,11 +10,20 @@ a model has adapters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["has_lora", "plain_state_dict"]
+__all__ = [
+    "MergedLoraWeights",
+    "has_lora",
+    "lora_merged",
+    "plain_state_dict",
+    "tensor_identity",
+    "weights_snapshot",
+]
 
 
 def _lora_layers(model: Any) -> dict[str, Any]:
@@ -63,3 +72,105 @@ def plain_state_dict(weights: Any) -> dict[str, torch.Tensor]:
                     delta += layer.get_delta_weight(adapter).float()
         plain[key] = (base.float() + delta).to(base.dtype)
     return plain
+
+
+class MergedLoraWeights(Mapping):
+    """A LoRA model's plain weights as of when it was made, merged one tensor at a time when read.
+
+    Why: async GRPO publishes a snapshot of the policy after every step and keeps up to
+    ``max_trajectory_age_steps + 1`` of them; a full copy of a 135M model is 540 MB each. Under LoRA
+    the base weights never change, so a snapshot holds references to them plus a copy of the adapter
+    weights (a few MB), and reading ``W`` gives ``W + scale * B A`` with the copied adapters.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._base: dict[str, torch.Tensor] = {}
+        self._adapters: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+        layers = _lora_layers(model)
+        for key, tensor in model.state_dict().items():
+            if ".lora_" not in key:
+                self._base[key.replace(".base_layer.", ".")] = tensor.detach()
+        for name, layer in layers.items():
+            if getattr(layer, "disable_adapters", False):
+                continue
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    a = layer.lora_A[adapter].weight.detach().clone()
+                    b = layer.lora_B[adapter].weight.detach().clone()
+                    if getattr(layer, "fan_in_fan_out", False):
+                        raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported here")
+                    self._adapters[f"{name}.weight"] = (a, b, float(layer.scaling[adapter]))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        base = self._base[key]
+        if key not in self._adapters:
+            return base
+        a, b, scale = self._adapters[key]
+        return (base.float() + scale * (b.float() @ a.float())).to(base.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def is_merged(self, key: str) -> bool:
+        """Whether reading ``key`` computes a new tensor (an adapted layer) rather than returning one."""
+        return key in self._adapters
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+
+def tensor_identity(tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """What makes two tensors the same memory: first element's address, shape and strides."""
+    return tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride())
+
+
+def weights_snapshot(model: Any) -> Mapping[str, torch.Tensor]:
+    """The model's plain weights frozen as of now: a :class:`MergedLoraWeights` (adapters copied, base
+    weights referenced: they do not train) for a LoRA model, else a copy of every tensor, each shared
+    tensor (tied embeddings) copied once and still shared in the copy."""
+    if has_lora(model):
+        return MergedLoraWeights(model)
+    copies: dict[int, torch.Tensor] = {}
+    snapshot = {}
+    for name, tensor in plain_state_dict(model).items():
+        key = tensor_identity(tensor)
+        if key not in copies:
+            copies[key] = tensor.detach().clone()
+        snapshot[name] = copies[key]
+    return snapshot
+
+
+@contextmanager
+def lora_merged(model: Any) -> Iterator[None]:
+    """Run the block with each active LoRA layer's base weight swapped for ``W + scale * B A`` and its
+    adapter path off; afterwards the original weight tensors are put back as they were.
+
+    Why: unmerged, every adapted layer runs two skinny rank-r matmuls and peft's per-layer Python on
+    top of the base matmul; SmolLM2-135M with r=16 on every linear layer generated about 1.5x slower
+    that way than merged (bench/generation_real.py). A kept merged copy would cost a second set of
+    weights for the whole run; this costs the merged tensors only while the block runs (generation,
+    when no training activations are alive), and the base never drifts: it is not written, only
+    swapped out and back. Not for use while another thread runs the model.
+    """
+    swapped: list[tuple[Any, Any, torch.Tensor, bool]] = []
+    try:
+        with torch.no_grad():
+            for layer in _lora_layers(model).values():
+                if getattr(layer, "disable_adapters", False) or getattr(layer, "merged", False):
+                    continue
+                adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+                if not adapters:
+                    continue
+                base = layer.get_base_layer()
+                original = base.weight.data
+                merged = original.float()
+                for adapter in adapters:
+                    merged = merged + layer.get_delta_weight(adapter).float()
+                swapped.append((layer, base, original, layer._disable_adapters))
+                base.weight.data = merged.to(original.dtype)
+                layer._disable_adapters = True
+        yield
+    finally:
+        for layer, base, original, disabled in swapped:
+            base.weight.data = original
+            layer._disable_adapters = disabled

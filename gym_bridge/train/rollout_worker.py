@@ -19,6 +19,7 @@ import torch.multiprocessing
 from transformers.utils import logging as hf_logging
 
 from gym_bridge.generation.transformers_backend import TransformersBackend
+from gym_bridge.generation.weights import MergedLoraWeights, tensor_identity
 from gym_bridge.models.registry import load_model_and_tokenizer
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
@@ -43,8 +44,9 @@ class ProcessSampler:
         context = torch.multiprocessing.get_context("spawn")
         self.tokenizer = tokenizer
         self._lock = threading.Lock()
-        # Weights travel through one shared-memory copy: a refit is a memcpy here and one in the child.
-        self._shared = {name: t.detach().clone().share_memory_() for name, t in weights.items()}
+        # Weights live in one shared-memory copy that the child's model uses as its own parameters: a
+        # refit is one memcpy here and nothing in the child. Tied tensors (embeddings) stay one tensor.
+        self._shared = _shared_copy(weights)
         self._conn, child = context.Pipe()
         self._process = context.Process(
             target=_serve, args=(child, cfg, self._shared, threads), name="gym-bridge-rollouts"
@@ -61,8 +63,12 @@ class ProcessSampler:
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Refit the worker's policy copy (called between batches, never while the worker samples)."""
         with self._lock:
+            written: set[int] = set()
             for name, tensor in weights.items():
-                self._shared[name].copy_(tensor)
+                target = self._shared[name]
+                if id(target) not in written:  # a tied tensor once
+                    target.copy_(tensor)
+                    written.add(id(target))
         self._call("load_weights")
 
     def close(self) -> None:
@@ -93,6 +99,20 @@ class ProcessSampler:
         return value
 
 
+def _shared_copy(weights: Any) -> dict[str, torch.Tensor]:
+    """``weights`` copied into shared memory, tensors that share memory (tied ones) copied once."""
+    copies: dict[Any, torch.Tensor] = {}
+    shared = {}
+    for name, tensor in weights.items():
+        # A freshly merged tensor is freed after its copy, so its address says nothing: key it by name.
+        fresh = isinstance(weights, MergedLoraWeights) and weights.is_merged(name)
+        key = ("merged", name) if fresh else tensor_identity(tensor)
+        if key not in copies:
+            copies[key] = tensor.detach().clone().share_memory_()
+        shared[name] = copies[key]
+    return shared
+
+
 def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -> None:
     """The child: build the policy copy and the services, then answer the parent's calls."""
     sampler = None
@@ -103,7 +123,9 @@ def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -
         model, tokenizer = load_model_and_tokenizer(
             policy.model_name, tokenizer_name=policy.tokenizer.name, chat_template=policy.tokenizer.chat_template
         )
-        model.load_state_dict(shared)
+        # The shared tensors become the parameters (the loaded ones are freed): one copy of the
+        # weights between both processes, refit by the parent's memcpy.
+        model.load_state_dict(shared, assign=True)
         model.eval()
         backend = TransformersBackend(
             model,
@@ -139,8 +161,7 @@ def _answer_calls(conn: Any, sampler: OnlineSampler, shared: dict[str, Any]) -> 
                 result: Any = True
             elif command == "sample":
                 result = sampler.sample(*args)
-            elif command == "load_weights":
-                sampler.load_weights(shared)
+            elif command == "load_weights":  # the parent wrote the model's own (shared) tensors
                 result = None
             else:
                 raise ValueError(f"unknown command {command!r}")

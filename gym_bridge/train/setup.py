@@ -14,6 +14,7 @@ import importlib
 import math
 import os
 import random
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.generation.ray_backend import RayBackend
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
-from gym_bridge.generation.weights import plain_state_dict
+from gym_bridge.generation.weights import weights_snapshot as frozen_weights
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
@@ -44,6 +45,7 @@ __all__ = [
     "RunData",
     "build_learner",
     "build_optimizer",
+    "enable_activation_checkpointing",
     "find_resume_point",
     "load_run_data",
     "seed_everything",
@@ -74,9 +76,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def weights_snapshot(model: Any) -> dict[str, Any]:
-    """A detached copy of the model's weights (what async GRPO's sampler is refit with), LoRA merged in."""
-    return {name: tensor.detach().clone() for name, tensor in plain_state_dict(model).items()}
+def weights_snapshot(model: Any) -> Mapping[str, Any]:
+    """The model's weights as of now (what async GRPO's sampler is refit with), LoRA merged in: see
+    :func:`gym_bridge.generation.weights.weights_snapshot` (under LoRA, no copy of the base)."""
+    return frozen_weights(model)
 
 
 def torch_threads(model: Any) -> tuple[int, int]:
@@ -162,6 +165,8 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
     placement.place(model)  # before LoRA (its adapters follow their base layers) and the optimizer
     if policy.sequence_packing.enabled:
         require_packing_support(model, policy.model_name)
+    if policy.dtensor_cfg.activation_checkpointing:
+        enable_activation_checkpointing(model)
     threads, generation_threads = torch_threads(model)
     if rollout_process:  # the rollout process samples on its own cores meanwhile: leave them to it
         threads = max(1, min(threads, (os.cpu_count() or 1) - generation_threads))
@@ -189,6 +194,20 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
         model, tokenizer, optimizer, scheduler, loss_fn, reference, pad_token_id, peft_model, placement=placement
     )
     return learner, generation_threads
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """transformers' activation checkpointing, non-reentrant (works with frozen base weights under
+    LoRA); a ConfigError naming the key when the model cannot do it."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError([
+            f"policy.dtensor_cfg.activation_checkpointing: {type(model).__name__} does not support it"
+        ])
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.2x
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _check_checkpoint_kind(resume: Checkpoint, lora: bool) -> None:

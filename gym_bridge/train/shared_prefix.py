@@ -175,15 +175,18 @@ def prefill(
 
 
 def shares_prefixes(model: Any) -> bool:
-    """Whether ``model`` supports the shared-prompt pass: a decoder whose logits are ``lm_head(hidden)``
-    and whose attention reads a plain growing KV cache (no sliding windows or recurrent state)."""
+    """Whether ``model`` supports the shared-prompt pass: a decoder whose logits are ``lm_head(hidden)``,
+    whose attention reads a plain growing KV cache (no sliding windows or recurrent state) and whose
+    layers are not activation-checkpointed."""
     config = model.config
     plain_head = projects_hidden_states_plainly(model)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     full_attention = all(t == "full_attention" for t in layer_types) and not getattr(
         config, "sliding_window", None
     )
-    return plain_head and full_attention and hasattr(model, "base_model")
+    # Checkpointed layers drop the KV cache in training passes (they would write it again on replay).
+    checkpointed = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    return plain_head and full_attention and hasattr(model, "base_model") and not checkpointed
 
 
 def shared_prefix_logprobs(

@@ -262,8 +262,9 @@ class LoRAConfig(Section):
 
 
 class DTensorConfig(Section):
-    """NeMo RL's ``policy.dtensor_cfg``: here only its LoRA settings. gym-bridge has one training
-    path (plain PyTorch on one device), so the sharding keys have no counterpart."""
+    """NeMo RL's ``policy.dtensor_cfg``: here its LoRA and activation checkpointing settings.
+    gym-bridge has one training path (plain PyTorch on one device), so the sharding keys have no
+    counterpart."""
 
     enabled: bool = True
     """NeMo RL's switch between its DTensor and Megatron paths; gym-bridge's one path counts as the
@@ -271,6 +272,12 @@ class DTensorConfig(Section):
 
     lora_cfg: LoRAConfig = Field(default_factory=LoRAConfig)
     """LoRA settings."""
+
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input during training passes and recompute the layer in the
+    backward pass (transformers' activation checkpointing): less activation memory for about one
+    more forward pass of compute. Training passes then run each prompt per row (the shared-prompt
+    pass needs the KV cache, which checkpointed layers do not keep). Default false."""
 
     @field_validator("enabled")
     @classmethod

@@ -177,7 +177,7 @@ def test_aggregate_metrics_count_judge_calls_and_latency(judged: tuple[str, Fake
     metrics = answer.json()["agent_metrics"]
     assert metrics["judge_calls"] == 4 and metrics["judge_used_rate"] == 0.75
     assert (metrics["judge_timeouts"], metrics["judge_errors"]) == (1, 1)
-    assert metrics["judge_latency_max_s"] >= 0.5 and 0 < metrics["judge_latency_p50_s"] <= metrics["judge_latency_max_s"]
+    assert metrics["judge_latency_max_s"] >= 0.45 and 0 < metrics["judge_latency_p50_s"] <= metrics["judge_latency_max_s"]
     assert metrics["judge_accuracy"] == pytest.approx(1 / 3) and metrics["mean_library_reward"] == 0.25
     assert metrics["failure_kinds"] == {"judge_timeout": 1, "judge_error": 1} and metrics["masked_samples"] == 2
     health = httpx.get(f"{url}/health", timeout=10).json()

@@ -137,7 +137,7 @@ def test_judge_failures_give_a_failure_kind(judged: tuple[str, FakeJudge], quest
     (evaluation,) = out["judge_evaluations"]
     assert evaluation["failure_kind"] == kind and evaluation["equal"] is None
     if kind == "judge_timeout":
-        assert 0.5 <= evaluation["latency_s"] < 2.5
+        assert 0.45 <= evaluation["latency_s"] < 2.5  # the 0.5 s timeout, as asyncio fires it
 
 
 def test_no_label_is_not_equal(judged: tuple[str, FakeJudge]) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+from common import figure, tree_rss_bytes, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 RESULT_NAME = "smollm2_recipe"
 RECIPES = {
@@ -35,22 +35,6 @@ RECIPES = {
     "full": REPO / "recipes" / "grpo_smollm2_135m.yaml",
 }
 
-
-def _tree_rss_bytes(pid: int) -> int:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def run_recipe(recipe: Path, seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
@@ -65,7 +49,7 @@ def run_recipe(recipe: Path, seed: int, out: Path, extra: list[str]) -> dict[str
         child = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         peak = 0
         while child.poll() is None:
-            peak = max(peak, _tree_rss_bytes(child.pid))
+            peak = max(peak, tree_rss_bytes(child.pid))
             time.sleep(0.5)
     wall = time.perf_counter() - started
     if child.returncode != 0:

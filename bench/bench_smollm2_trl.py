@@ -31,7 +31,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+from common import figure, tree_rss_bytes, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 RECIPE = REPO / "recipes" / "grpo_smollm2_135m_lora.yaml"
 WARMUP_STEPS = 1
@@ -171,23 +171,6 @@ def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
     }
 
 
-def _tree_rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants (the rollout and verifier processes too)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
 
 def run_child(engine: str, steps: int, seed: int) -> dict[str, Any]:
     """One engine's run in a fresh process; its result plus the peak RSS of its process tree."""
@@ -202,7 +185,7 @@ def run_child(engine: str, steps: int, seed: int) -> dict[str, Any]:
         )
         peak = 0
         while child.poll() is None:
-            peak = max(peak, _tree_rss_bytes(child.pid))
+            peak = max(peak, tree_rss_bytes(child.pid))
             time.sleep(0.2)
         if child.returncode != 0:
             raise RuntimeError(f"{engine} child exited with {child.returncode}")

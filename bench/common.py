@@ -112,6 +112,24 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants (a run's rollout and verifier processes too)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def write_results(
     name: str,
     rows: list[dict[str, Any]],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
-from gym_bridge.train.metrics import step_summary, validate
+from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate
 from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.sample_log import write_step_samples
 from gym_bridge.train.sampling import Sampler, produce_step, sample_step
@@ -75,10 +76,12 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
     grpo, policy = cfg.grpo, cfg.policy
     check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
+    ranked_groups = load_ranked_validation(cfg)  # a bad grpo.val_ranked_data_path fails before the model loads
     checkpoints, resume = find_resume_point(cfg, fresh=fresh)
     learner, generation_threads = build_learner(cfg, resume, rollout_process=uses_rollout_process(cfg))
     model = learner.model
     data = load_run_data(cfg, learner.tokenizer)
+    ranked = ranked_validator(ranked_groups, model, learner.tokenizer)  # None without ranked groups
 
     step, validations = 0, []
     if resume is not None:
@@ -109,7 +112,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
         )
         pipeline: RolloutPipeline | None = None
         if grpo.val_at_start and step == 0:
-            last_val = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations) or last_val
+            last_val = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked) or last_val
         if grpo.mode == "online" and grpo.async_grpo.enabled:
             pipeline = RolloutPipeline(
                 functools.partial(produce_step, cfg, train_sampler, data.train),
@@ -196,11 +199,11 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                         weights_snapshot(model),
                         step,
                         functools.partial(
-                            run_validation, cfg, val_sampler, data.validation, step, view, logger, validations
+                            run_validation, cfg, val_sampler, data.validation, step, view, logger, validations, ranked
                         ),
                     )
                 else:
-                    validated = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations)
+                    validated = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked)
                 last_val = validated or last_val
             if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last_step):
                 save_checkpoint(cfg, checkpoints, learner, step, data_state, metrics, last_val, validations)
@@ -225,11 +228,15 @@ def run_validation(
     view: TerminalView,
     logger: MetricsLogger,
     validations: list[dict[str, Any]],
+    ranked: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, float] | None:
-    """Validate, log, and append to ``validations``; None when there is nothing to validate."""
-    if sampler is None or not prompts:
+    """Validate (prompts through ``sampler``, ranked groups through ``ranked``), log, and append to
+    ``validations``; None when there is nothing to validate."""
+    metrics = validate(cfg, sampler, prompts, view) if sampler is not None and prompts else {}
+    if ranked is not None:
+        metrics.update(ranked())
+    if not metrics:
         return None
-    metrics = validate(cfg, sampler, prompts, view)
     logger.log(step, metrics, split="val")
     view.step(step, metrics, split="val")
     validations.append({"step": step, **metrics})

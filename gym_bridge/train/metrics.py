@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import torch
@@ -17,7 +19,17 @@ from gym_bridge.train.reward_components import components_of
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sampling import Sampler
 
-__all__ = ["component_metrics", "sample_metrics", "validate"]
+__all__ = [
+    "component_metrics",
+    "load_ranked_validation",
+    "ranked_validation",
+    "ranked_validator",
+    "sample_metrics",
+    "validate",
+]
+
+RANKED_METRICS = ("pairwise_accuracy", "top1_accuracy", "kendall_tau", "rankable_groups", "pairs")
+"""What ranked validation logs (as ``ranked/<name>``), the same numbers ``gym-bridge eval ranked`` reports."""
 
 COMPONENT_METRIC = "reward_component/{}_mean"
 """Key of a reward component's mean in the step line and metrics.jsonl."""
@@ -108,6 +120,49 @@ def validate(
         question = (s.record or {}).get("question") or ""
         view.print(f"  [val sample] {question!r} -> {text!r} reward={s.reward:g}")
     return metrics
+
+
+def load_ranked_validation(cfg: MasterConfig) -> list[tuple[int, dict[str, Any]]]:
+    """The first ``max_val_samples`` groups of ``grpo.val_ranked_data_path`` (none when unset), read and
+    checked before training starts so a bad line fails at once, naming the key, file and line."""
+    from gym_bridge.evaluation.ranked import iter_ranked
+    from gym_bridge.jsonl import JsonlError
+    from gym_bridge.train.config import ConfigError
+
+    path = cfg.grpo.val_ranked_data_path
+    if not path:
+        return []
+    try:
+        groups = list(islice(iter_ranked(path), cfg.grpo.max_val_samples))
+    except (JsonlError, OSError) as err:
+        raise ConfigError([f"grpo.val_ranked_data_path: {err}"]) from None
+    if not groups:
+        raise ConfigError([f"grpo.val_ranked_data_path: {path} has no ranked groups"])
+    return groups
+
+
+def ranked_validation(groups: list[tuple[int, dict[str, Any]]], model: Any, tokenizer: Any) -> dict[str, float]:
+    """Group ranking metrics of the policy on ``groups``, through the code of ``gym-bridge eval ranked``
+    (:class:`~gym_bridge.evaluation.scoring.ModelScorer` and
+    :func:`~gym_bridge.evaluation.ranked.evaluate_ranked`), so the two report the same figures."""
+    from gym_bridge.evaluation.ranked import evaluate_ranked
+    from gym_bridge.evaluation.scoring import ModelScorer
+
+    started = time.perf_counter()
+    summary = evaluate_ranked(groups, ModelScorer(model, tokenizer)).summary()
+    metrics = {f"ranked/{k}": float("nan") if summary[k] is None else float(summary[k]) for k in RANKED_METRICS}
+    metrics["time_ranked_validation_s"] = time.perf_counter() - started
+    return metrics
+
+
+def ranked_validator(
+    groups: list[tuple[int, dict[str, Any]]], model: Any, tokenizer: Any
+) -> Callable[[], dict[str, float]] | None:
+    """A no-argument callable giving the ranked validation metrics of ``model`` as it is when called;
+    None without groups (``grpo.val_ranked_data_path`` unset)."""
+    if not groups:
+        return None
+    return lambda: ranked_validation(groups, model, tokenizer)
 
 
 def step_summary(

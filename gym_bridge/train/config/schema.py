@@ -125,6 +125,12 @@ class GRPOConfig(Section):
     val_batch_size: int | None = Field(256, ge=1)
     """Validation prompts generated per batch; null means all at once. Default 256."""
 
+    val_ranked_data_path: str | None = None
+    """A ranked groups file (``{prompt, group: [{response, rank}]}``, what ``transform ranked`` writes):
+    each validation also scores the policy on its first ``max_val_samples`` groups as ``gym-bridge eval
+    ranked`` does, logging ``ranked/pairwise_accuracy``, ``ranked/top1_accuracy`` and
+    ``ranked/kendall_tau`` beside ``accuracy``. Needs no validation prompts. Default null."""
+
     seed: int = 42
     """Seed for python, torch and the data order. Default 42."""
 

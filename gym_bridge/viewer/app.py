@@ -28,6 +28,7 @@ from fastapi.templating import Jinja2Templates
 from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.groups import ADVANTAGE_SETTINGS, group_advantages
 from gym_bridge.viewer.index import RolloutIndex
+from gym_bridge.viewer.ranking import RankingFile, add_ranking_routes, is_ranking_file
 from gym_bridge.viewer.records import prompt_text, record_kind, stored_advantage, turns
 from gym_bridge.viewer.run_dir import CURVES, MetricsTail, list_sample_files
 from gym_bridge.viewer.tokens import Tokenizer, load_tokenizer, token_segments
@@ -49,6 +50,7 @@ class Viewer:
 
     files: dict[str, RolloutIndex] = field(default_factory=dict)
     run_dir: Path | None = None
+    ranking: RankingFile | None = None
     tokenizer_spec: str | None = None
     _tokenizer: Tokenizer | None = None
     _metrics: MetricsTail | None = None
@@ -56,11 +58,15 @@ class Viewer:
 
     @classmethod
     def for_paths(cls, paths: list[Path], tokenizer: str | None = None) -> Viewer:
-        """One or two files (``a``, ``b``), or one run directory. Raises ValueError naming a bad path."""
+        """One or two files (``a``, ``b``), one run directory, or one ``eval ranked --groups-out`` file.
+        Raises ValueError naming a bad path."""
         viewer = cls(tokenizer_spec=tokenizer)
         if len(paths) == 1 and paths[0].is_dir():
             viewer.run_dir = paths[0]
             viewer._metrics = MetricsTail(paths[0])
+            return viewer
+        if len(paths) == 1 and paths[0].is_file() and is_ranking_file(paths[0]):
+            viewer.ranking = RankingFile.load(paths[0])
             return viewer
         if not 1 <= len(paths) <= 2:
             raise ValueError(f"give one or two rollout files, or one run directory (got {len(paths)} paths)")
@@ -151,6 +157,7 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("files", viewer.files)
         context.setdefault("run_dir", viewer.run_dir)
+        context.setdefault("ranking_file", viewer.ranking)
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def ready_or_progress(request: Request, index: RolloutIndex) -> HTMLResponse | None:
@@ -160,6 +167,9 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
             return page(request, "progress.html", index=index)
         return None
 
+    if viewer.ranking is not None:
+        add_ranking_routes(app, viewer.ranking, page)
+
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {"status": "ok", "files": {fid: ix.ready for fid, ix in viewer.files.items()}}
@@ -168,6 +178,8 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
     def root() -> RedirectResponse:
         if viewer.run_dir is not None:
             return RedirectResponse("/run", 303)
+        if viewer.ranking is not None:
+            return RedirectResponse("/ranked", 303)
         return RedirectResponse("/f/a", 303)
 
     @app.get("/f/{fid}", response_class=HTMLResponse)

@@ -49,6 +49,7 @@ __all__ = [
     "GymReward",
     "ServerEnvironment",
     "completion_response",
+    "enable_tool_call_parsing",
     "gym_environment_factory",
     "prompt_messages",
     "response_body",
@@ -466,6 +467,45 @@ def gym_environment_factory(
         methods[method.__name__] = method
     attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, **methods}
     return type("GymToolEnvironment", (ServerEnvironment,), attrs)
+
+
+HERMES_RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""transformers' ``response_template`` for ChatML chat templates that write tool calls as
+``<tool_call>{"name", "arguments"}</tool_call>`` (Hermes style: Qwen's, and the project's ``tiny``)."""
+
+
+def enable_tool_call_parsing(tokenizer: Any) -> Any:
+    """Make ``tokenizer.parse_response`` read tool calls, which TRL's tool loop needs: TRL's own
+    ``add_response_schema`` for the chat templates it knows, else :data:`HERMES_RESPONSE_TEMPLATE` for a
+    ChatML template with Hermes-style tool calls; a ValueError for any other template."""
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
+        return tokenizer
+    from trl.chat_template_utils import add_response_schema
+
+    try:
+        return add_response_schema(tokenizer)
+    except ValueError:
+        template = tokenizer.chat_template or ""
+        if "<tool_call>" not in template or "<|im_start|>" not in template:
+            raise ValueError(
+                "the tokenizer's chat template is neither one TRL knows nor ChatML with <tool_call> blocks: "
+                "set tokenizer.response_template for its tool-call format"
+            ) from None
+    tokenizer.response_template = HERMES_RESPONSE_TEMPLATE
+    return tokenizer
 
 
 def _shared_tools(dataset: Any) -> list[Mapping[str, Any]]:

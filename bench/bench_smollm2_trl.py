@@ -31,7 +31,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, tree_rss_bytes, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+from common import figure, run_trl_timed, tree_rss_bytes, trl_answer_dataset, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 RECIPE = REPO / "recipes" / "grpo_smollm2_135m_lora.yaml"
 WARMUP_STEPS = 1
@@ -76,25 +76,15 @@ def _ours(steps: int, out: Path, seed: int) -> dict[str, Any]:
 def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
     """TRL's GRPOTrainer + peft LoRA on the same model, prompts, sizes, rank and learning rate."""
     import torch
-    from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from gym_bridge.jsonl import iter_jsonl
+    from gym_bridge.integrations.trl import grpo_config_from
     from gym_bridge.models.registry import load_model_and_tokenizer
     from gym_bridge.train.config import load_config
     from resources_servers.math.extraction import extract_answer
 
     cfg = load_config(RECIPE)
     model, tokenizer = load_model_and_tokenizer(cfg.policy.model_name, dtype=torch.float32)
-    rows = [row for _, row in iter_jsonl(Path(cfg.data.train[0].data_path))]
-    dataset = Dataset.from_list(
-        [
-            {"prompt": row["responses_create_params"]["input"], "expected_answer": row["expected_answer"]}
-            for row in rows
-        ]
-    )
 
     def answer_reward(completions: list[Any], expected_answer: list[str], **_: Any) -> list[float]:
         rewards = []
@@ -104,72 +94,18 @@ def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
             rewards.append(float(found is not None and found.answer.strip() == str(expected).strip()))
         return rewards
 
-    step_times: list[float] = []
-    logs: list[dict[str, float]] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step_times.append(time.perf_counter() - self.started)
-
-        def on_log(self, args: Any, state: Any, control: Any, logs_: Any = None, **kwargs: Any) -> None:
-            record = kwargs.get("logs") or logs_
-            if record and "reward" in record:
-                logs.append(dict(record))
-
-    grpo, generation, lora = cfg.grpo, cfg.policy.generation, cfg.policy.dtensor_cfg.lora_cfg
-    args = GRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
-        num_generations=grpo.num_generations_per_prompt,
-        max_completion_length=generation.max_new_tokens,
-        temperature=generation.temperature,
-        learning_rate=cfg.policy.optimizer.kwargs.lr,
-        lr_scheduler_type="constant",
-        max_grad_norm=cfg.policy.max_grad_norm,
-        weight_decay=cfg.policy.optimizer.kwargs.weight_decay,
-        beta=0.0,
-        loss_type="dapo",
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=seed,
-        disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(
+    lora = cfg.policy.dtensor_cfg.lora_cfg
+    args = grpo_config_from(cfg, out, max_steps=steps, seed=seed, disable_tqdm=True)
+    return run_trl_timed(
+        args,
         model=model,
         reward_funcs=answer_reward,
-        args=args,
-        train_dataset=dataset,
+        train_dataset=trl_answer_dataset(Path(cfg.data.train[0].data_path)),
         processing_class=tokenizer,
-        callbacks=[Timer()],
         peft_config=LoraConfig(
             r=lora.dim, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules="all-linear"
         ),
     )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-    return {
-        "wall_s": wall,
-        "steps": [
-            {
-                "step_s": seconds,
-                "generated_tokens": log.get("completions/mean_length", float("nan"))
-                * args.per_device_train_batch_size,
-                "reward": log["reward"],
-            }
-            for seconds, log in zip(step_times, logs, strict=False)
-        ],
-    }
-
 
 
 def run_child(engine: str, steps: int, seed: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+from common import figure, run_trl_timed, trl_answer_dataset, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 RECIPE = REPO / "recipes" / "grpo_math_tiny.yaml"
 WARMUP_STEPS = 2
@@ -98,11 +98,9 @@ def _ours(steps: int, out: Path, seed: int, overrides: list[str]) -> dict[str, A
 def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
     """TRL's GRPOTrainer on the same model, prompts, sizes and learning rate."""
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gym_bridge.jsonl import iter_jsonl
+    from gym_bridge.integrations.trl import grpo_config_from
     from gym_bridge.models.evaluate import extract_boxed
     from gym_bridge.models.tiny import ensure_tiny
     from gym_bridge.train.config import load_config
@@ -111,13 +109,6 @@ def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
     path = ensure_tiny()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    rows = [row for _, row in iter_jsonl(REPO / cfg.data.train[0].data_path)]
-    dataset = Dataset.from_list(
-        [
-            {"prompt": row["responses_create_params"]["input"], "expected_answer": row["expected_answer"]}
-            for row in rows
-        ]
-    )
 
     def boxed_reward(completions: list[Any], expected_answer: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -125,69 +116,14 @@ def _trl(steps: int, out: Path, seed: int) -> dict[str, Any]:
             float(extract_boxed(t) == str(e).strip()) for t, e in zip(texts, expected_answer, strict=True)
         ]
 
-    step_times: list[float] = []
-    logs: list[dict[str, float]] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step_times.append(time.perf_counter() - self.started)
-
-        def on_log(self, args: Any, state: Any, control: Any, logs_: Any = None, **kwargs: Any) -> None:
-            record = kwargs.get("logs") or logs_
-            if record and "reward" in record:
-                logs.append(dict(record))
-
-    grpo, generation = cfg.grpo, cfg.policy.generation
-    args = GRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
-        num_generations=grpo.num_generations_per_prompt,
-        max_completion_length=generation.max_new_tokens,
-        temperature=generation.temperature,
-        learning_rate=cfg.policy.optimizer.kwargs.lr,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=cfg.policy.scheduler.warmup_steps,
-        max_grad_norm=cfg.policy.max_grad_norm,
-        weight_decay=cfg.policy.optimizer.kwargs.weight_decay,
-        beta=0.0,
-        loss_type="dapo",
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=seed,
-        disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(
+    args = grpo_config_from(cfg, out, max_steps=steps, seed=seed, disable_tqdm=True)
+    return run_trl_timed(
+        args,
         model=model,
         reward_funcs=boxed_reward,
-        args=args,
-        train_dataset=dataset,
+        train_dataset=trl_answer_dataset(REPO / cfg.data.train[0].data_path),
         processing_class=tokenizer,
-        callbacks=[Timer()],
     )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-    return {
-        "wall_s": wall,
-        "steps": [
-            {
-                "step_s": seconds,
-                "generated_tokens": log.get("completions/mean_length", float("nan"))
-                * args.per_device_train_batch_size,
-                "reward": log["reward"],
-            }
-            for seconds, log in zip(step_times, logs, strict=False)
-        ],
-    }
 
 
 def run_child(engine: str, steps: int, seed: int, threads: int) -> dict[str, Any]:

@@ -217,3 +217,54 @@ def tree_cpu_seconds(root: int) -> float:
         tree.update(children)
         frontier.extend(children)
     return sum(cpu.get(pid, 0.0) for pid in tree)
+
+
+def trl_answer_dataset(path: Path) -> Any:
+    """A task JSONL as TRL rows: ``prompt`` (the request's messages) and ``expected_answer``."""
+    from datasets import Dataset
+
+    from gym_bridge.jsonl import iter_jsonl
+
+    rows = [row for _, row in iter_jsonl(path)]
+    return Dataset.from_list(
+        [{"prompt": r["responses_create_params"]["input"], "expected_answer": r["expected_answer"]} for r in rows]
+    )
+
+
+def run_trl_timed(args: Any, **trainer_kwargs: Any) -> dict[str, Any]:
+    """``GRPOTrainer(args=args, **trainer_kwargs).train()``, timed: the wall time and per step its seconds,
+    generated tokens (mean completion length x batch) and mean reward, the rows the TRL benches report."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    step_times: list[float] = []
+    logs: list[dict[str, float]] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step_times.append(time.perf_counter() - self.started)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs_: Any = None, **kwargs: Any) -> None:
+            record = kwargs.get("logs") or logs_
+            if record and "reward" in record:
+                logs.append(dict(record))
+
+    trainer = GRPOTrainer(args=args, callbacks=[Timer()], **trainer_kwargs)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    batch = args.per_device_train_batch_size
+    return {
+        "wall_s": wall,
+        "steps": [
+            {
+                "step_s": seconds,
+                "generated_tokens": log.get("completions/mean_length", float("nan")) * batch,
+                "reward": log["reward"],
+            }
+            for seconds, log in zip(step_times, logs, strict=False)
+        ],
+    }

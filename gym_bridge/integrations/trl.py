@@ -50,6 +50,7 @@ __all__ = [
     "ServerEnvironment",
     "completion_response",
     "enable_tool_call_parsing",
+    "grpo_config_from",
     "gym_environment_factory",
     "prompt_messages",
     "response_body",
@@ -203,6 +204,49 @@ def _detail(answer: httpx.Response) -> str:
         return str(answer.json().get("detail", answer.text))[:300]
     except (ValueError, AttributeError):
         return answer.text[:300]
+
+
+# --------------------------------------------------------------------------- the same job in TRL
+
+
+def grpo_config_from(cfg: Any, output_dir: str | Path, *, max_steps: int, seed: int, **overrides: Any) -> Any:
+    """TRL's ``GRPOConfig`` for the job a gym-bridge recipe (:class:`~gym_bridge.train.config.MasterConfig`)
+    describes: prompts x generations per step, completion length, temperature, learning rate and its
+    schedule, grad clipping, weight decay, no KL (``beta=0``) and the token-level mean (``dapo``); on a
+    machine without CUDA, TRL's CPU settings (no bf16, no gradient checkpointing, ``use_cpu``).
+    ``overrides`` are further ``GRPOConfig`` fields. The scheduler's ``warmup_start_factor`` has no TRL
+    equivalent (TRL warms up from 0)."""
+    import torch
+    from trl import GRPOConfig
+
+    grpo, policy = cfg.grpo, cfg.policy
+    scheduler = policy.scheduler
+    kind = scheduler.name
+    if kind == "constant" and scheduler.warmup_steps:
+        kind = "constant_with_warmup"
+    on_cpu = not torch.cuda.is_available()
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
+        "num_generations": grpo.num_generations_per_prompt,
+        "max_completion_length": policy.generation.max_new_tokens,
+        "temperature": policy.generation.temperature,
+        "learning_rate": policy.optimizer.kwargs.lr,
+        "lr_scheduler_type": kind,
+        "warmup_steps": scheduler.warmup_steps,
+        "max_grad_norm": policy.max_grad_norm or 0.0,  # null: no clipping, which TRL spells 0
+        "weight_decay": policy.optimizer.kwargs.weight_decay,
+        "beta": 0.0,
+        "loss_type": "dapo",
+        "max_steps": max_steps,
+        "seed": seed,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        **({"bf16": False, "fp16": False, "gradient_checkpointing": False, "use_cpu": True} if on_cpu else {}),
+        **overrides,
+    }
+    return GRPOConfig(**settings)
 
 
 # --------------------------------------------------------------------------- single-turn reward

@@ -256,3 +256,23 @@ def test_grpo_trainer_two_steps_with_tiny_and_the_math_server(math_url: str, tmp
     logged = [h for h in trainer.state.log_history if "rewards/gym_reward/mean" in h]
     assert len(logged) == 2
     assert len(reward.last_answers) == 4 and all(a is not None for a in reward.last_answers)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "scheduler", "warmup"),
+    [("grpo_math_tiny.yaml", "constant_with_warmup", 3), ("grpo_smollm2_135m_lora.yaml", "constant", 0)],
+)
+def test_grpo_config_from_a_recipe_is_the_same_job(recipe: str, scheduler: str, warmup: int, tmp_path: Path) -> None:
+    from gym_bridge.integrations.trl import grpo_config_from
+    from gym_bridge.train.config import load_config
+
+    cfg = load_config(REPO / "recipes" / recipe, ["policy.max_grad_norm=null"])
+    args = grpo_config_from(cfg, tmp_path, max_steps=3, seed=5, disable_tqdm=True)
+    grpo, policy = cfg.grpo, cfg.policy
+    assert args.per_device_train_batch_size == grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    assert args.num_generations == grpo.num_generations_per_prompt
+    assert args.max_completion_length == policy.generation.max_new_tokens
+    assert (args.temperature, args.learning_rate) == (policy.generation.temperature, policy.optimizer.kwargs.lr)
+    assert (args.lr_scheduler_type.value, args.warmup_steps) == (scheduler, warmup)
+    assert args.max_grad_norm == 0.0  # null: no clipping
+    assert (args.max_steps, args.seed, args.beta, args.loss_type, args.disable_tqdm) == (3, 5, 0.0, "dapo", True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.server import ResourcesServer, Session
@@ -55,3 +56,52 @@ def write_say_prompts(path: Path, n: int) -> Path:
     )
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def step_sample(i: int, reward: float, record: dict | None = None) -> Any:
+    """Sample ``i`` of two groups of four (group ``i // 4``): a 3-token prompt, then 2-5 generated tokens."""
+    from gym_bridge.train.rollouts import Sample
+
+    generated = 2 + i % 4
+    return Sample(
+        group=i // 4,
+        token_ids=[5 + i, 6, 7] + [10 + (i * 7 + j) % 40 for j in range(generated)],
+        loss_mask=[0, 0, 0] + [1] * generated,
+        reward=reward,
+        record=record,
+    )
+
+
+def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tuple[float, Any]:
+    """The loss of one optimizer step over ``samples`` (two groups of four, offline) through the trainer's
+    own set-up, advantages and update, and the batch's advantages. The step-start log-probs are shifted
+    by +-0.3 so ratios are away from 1 (several are clipped)."""
+    import torch
+
+    from gym_bridge.train.config import load_config
+    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.setup import build_learner
+    from gym_bridge.train.update import StepBatch, update_policy
+
+    cfg = load_config(
+        None,
+        [
+            "data.train.data_path=unused.jsonl",
+            "grpo.mode=offline",
+            "grpo.num_prompts_per_step=2",
+            "grpo.num_generations_per_prompt=4",
+            "loss_fn.reference_policy_kl_penalty=0.0",
+            f"policy.model_name={model_dir}",
+            "policy.train_global_batch_size=8",
+            "policy.train_micro_batch_size=8",
+            "policy.max_total_sequence_length=32",
+            "policy.generation.max_new_tokens=8",
+            "checkpointing.enabled=false",
+            *overrides,
+        ],
+    )
+    learner, _ = build_learner(cfg, None, rollout_process=False)
+    batch = StepBatch.from_samples(cfg.grpo, samples)
+    logprobs = per_sample_logprobs(cfg, learner.model, batch.samples, learner.pad_token_id)
+    batch.prev_logprobs = [lp + 0.3 * (-1) ** torch.arange(lp.shape[0]) for lp in logprobs]
+    return update_policy(cfg, learner, batch)["loss"], batch.advantages

@@ -11,10 +11,7 @@ import torch
 
 from gym_bridge.train.config import ConfigError, load_config
 from gym_bridge.train.rollouts import Sample
-from gym_bridge.train.sequences import per_sample_logprobs
-from gym_bridge.train.setup import build_learner
-from gym_bridge.train.update import StepBatch, update_policy
-from tests.train.helpers import save_random_tiny
+from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,45 +23,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def samples() -> list[Sample]:
     """Two groups of four completions of 2-5 generated tokens, rewards mixed within each group."""
-    out = []
-    for i in range(8):
-        generated = 2 + i % 4
-        out.append(
-            Sample(
-                group=i // 4,
-                token_ids=[5 + i, 6, 7] + [10 + (i * 7 + j) % 40 for j in range(generated)],
-                loss_mask=[0, 0, 0] + [1] * generated,
-                reward=float(i % 3 == 0),
-            )
-        )
-    return out
+    return [step_sample(i, float(i % 3 == 0)) for i in range(8)]
 
 
 def step(model_dir: Path, *overrides: str) -> tuple[float, torch.Tensor]:
-    """The loss of one optimizer step over :func:`samples`, with the step-start log-probs shifted by
-    +-0.3 so ratios are away from 1 (several are clipped), and the batch's advantages."""
-    cfg = load_config(
-        None,
-        [
-            "data.train.data_path=unused.jsonl",
-            "grpo.mode=offline",
-            "grpo.num_prompts_per_step=2",
-            "grpo.num_generations_per_prompt=4",
-            "loss_fn.reference_policy_kl_penalty=0.0",
-            f"policy.model_name={model_dir}",
-            "policy.train_global_batch_size=8",
-            "policy.train_micro_batch_size=8",
-            "policy.max_total_sequence_length=32",
-            "policy.generation.max_new_tokens=8",
-            "checkpointing.enabled=false",
-            *overrides,
-        ],
-    )
-    learner, _ = build_learner(cfg, None, rollout_process=False)
-    batch = StepBatch.from_samples(cfg.grpo, samples())
-    logprobs = per_sample_logprobs(cfg, learner.model, batch.samples, learner.pad_token_id)
-    batch.prev_logprobs = [lp + 0.3 * (-1) ** torch.arange(lp.shape[0]) for lp in logprobs]
-    return update_policy(cfg, learner, batch)["loss"], batch.advantages
+    """The loss of one optimizer step over :func:`samples` and the batch's advantages."""
+    return one_trainer_step(model_dir, samples(), *overrides)
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,7 @@ from gym_bridge.train.reward_components import (
     training_rewards,
 )
 from gym_bridge.train.rollouts import Sample
-from gym_bridge.train.sequences import per_sample_logprobs
-from gym_bridge.train.setup import build_learner
-from gym_bridge.train.update import StepBatch, update_policy
-from tests.train.helpers import save_random_tiny
+from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 OFFLINE = ["data.train.data_path=unused.jsonl", "grpo.mode=offline"]
 
@@ -196,43 +193,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def step_samples() -> list[Sample]:
     """Two groups of four; the verifier's reward is correct + format, so group 1's totals all tie."""
     mixes = [(1, 1), (0, 1), (1, 0), (0, 0), (1, 0), (0, 1), (1, 0), (0, 1)]
-    out = []
-    for i, (correct, fmt) in enumerate(mixes):
-        generated = 2 + i % 4
-        out.append(
-            Sample(
-                group=i // 4,
-                token_ids=[5 + i, 6, 7] + [10 + (i * 7 + j) % 40 for j in range(generated)],
-                loss_mask=[0, 0, 0] + [1] * generated,
-                reward=float(correct + fmt),
-                record={"reward_components": {"correct": float(correct), "format": float(fmt)}},
-            )
-        )
-    return out
+    return [
+        step_sample(i, float(correct + fmt), {"reward_components": {"correct": float(correct), "format": float(fmt)}})
+        for i, (correct, fmt) in enumerate(mixes)
+    ]
 
 
 def train_step(model_dir: Path, *overrides: str) -> tuple[float, torch.Tensor]:
-    cfg = load_config(
-        None,
-        [
-            *OFFLINE,
-            "grpo.num_prompts_per_step=2",
-            "grpo.num_generations_per_prompt=4",
-            "loss_fn.reference_policy_kl_penalty=0.0",
-            f"policy.model_name={model_dir}",
-            "policy.train_global_batch_size=8",
-            "policy.train_micro_batch_size=8",
-            "policy.max_total_sequence_length=32",
-            "policy.generation.max_new_tokens=8",
-            "checkpointing.enabled=false",
-            *overrides,
-        ],
-    )
-    learner, _ = build_learner(cfg, None, rollout_process=False)
-    batch = StepBatch.from_samples(cfg.grpo, step_samples())
-    logprobs = per_sample_logprobs(cfg, learner.model, batch.samples, learner.pad_token_id)
-    batch.prev_logprobs = [lp + 0.3 * (-1) ** torch.arange(lp.shape[0]) for lp in logprobs]
-    return update_policy(cfg, learner, batch)["loss"], batch.advantages
+    return one_trainer_step(model_dir, step_samples(), *overrides)
 
 
 def test_reward_weights_and_gdpo_change_the_advantages_and_the_loss_of_the_same_batch(model_dir: Path) -> None:

@@ -10,21 +10,12 @@ import httpx
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app
+from tests.evaluation.test_eval_ranked_cli import GROUPS as EVAL_GROUPS
 
-BOX = "Put the answer in \\boxed{}."
-# The tiny model was warm-started on single-digit sums: it orders the first two groups as their ranks
-# do, and the third (ranked backwards on purpose) the other way round.
-GROUPS = [
-    {"prompt": f"What is 2 + 3? {BOX}", "group": [
-        {"response": "\\boxed{5}", "rank": 1}, {"response": "\\boxed{6}", "rank": 2},
-        {"response": "\\boxed{9}", "rank": 3}]},
-    {"prompt": [{"role": "user", "content": f"What is 4 + 4? {BOX}"}], "group": [
-        {"response": "\\boxed{8}", "rank": 1}, {"response": "", "rank": 2}]},
-    {"prompt": f"What is 1 + 2? {BOX}", "group": [
-        {"response": "\\boxed{7}", "rank": 1}, {"response": "\\boxed{3}", "rank": 2}]},
-    {"prompt": f"What is 1 + 1? {BOX}", "group": [
-        {"response": "\\boxed{2}", "rank": 1}, {"response": "\\boxed{2}", "rank": 1}]},
-]  # fmt: skip
+# The eval command's own groups (the tiny model orders the first two as their ranks do; the third has one
+# rank only) and one ranked backwards on purpose, which the model orders the other way round.
+GROUPS = [*EVAL_GROUPS, {"prompt": "What is 1 + 2? Put the answer in \\boxed{}.", "group": [
+    {"response": "\\boxed{7}", "rank": 1}, {"response": "\\boxed{3}", "rank": 2}]}]  # fmt: skip
 
 
 def eval_groups(tmp_path: Path) -> tuple[dict, Path]:
@@ -38,7 +29,7 @@ def eval_groups(tmp_path: Path) -> tuple[dict, Path]:
 
 def test_groups_file_shows_eval_ranked_numbers_and_each_groups_order(serve, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     report, groups = eval_groups(tmp_path)
-    assert report["pairwise_accuracy"] == 4 / 5  # 3 + 1 pairs right, group 3's one pair wrong
+    assert report["pairwise_accuracy"] == 5 / 6  # 3 + 2 pairs right, group 4's one pair wrong
     served = serve(str(groups))
     page.goto(served.url + "/")
     assert page.url.endswith("/ranked")
@@ -50,12 +41,12 @@ def test_groups_file_shows_eval_ranked_numbers_and_each_groups_order(serve, page
     }  # fmt: skip
     rows = page.locator("#groups tbody tr")
     assert rows.locator("td:first-child").all_inner_texts() == ["1", "2", "3", "4"]
-    assert rows.locator("td.pairwise").all_inner_texts() == ["1.000", "1.000", "0.000", "–"]
+    assert rows.locator("td.pairwise").all_inner_texts() == ["1.000", "1.000", "–", "0.000"]
 
     page.click("#sort-pairwise")  # worst first, the group with nothing to order last
-    assert page.locator("#groups tbody tr td:first-child").all_inner_texts() == ["3", "1", "2", "4"]
+    assert page.locator("#groups tbody tr td:first-child").all_inner_texts() == ["4", "1", "2", "3"]
     page.click("#only-misordered")
-    assert page.locator("#groups tbody tr td:first-child").all_inner_texts() == ["3"]
+    assert page.locator("#groups tbody tr td:first-child").all_inner_texts() == ["4"]
     page.click("#groups a.group-link")
     assert page.inner_text("#group-pairwise") == "0.000" and page.inner_text("#group-tau") == "-1.000"
     members = page.locator("#members tbody tr")
@@ -67,7 +58,7 @@ def test_groups_file_shows_eval_ranked_numbers_and_each_groups_order(serve, page
 
     page.goto(served.url + "/ranked/1")  # a chat prompt, and an empty response scored null
     assert "user: What is 4 + 4?" in page.inner_text("#prompt")
-    assert page.locator("#members td.score").all_inner_texts()[1] == "–"
+    assert page.locator("#members td.score").all_inner_texts()[2] == "–"
     with httpx.Client(base_url=served.url) as client:
         missing = client.get("/ranked/9")
         assert missing.status_code == 404 and "gid: no group 9" in missing.text

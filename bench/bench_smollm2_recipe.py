@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=["lora", "full"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 2])
     parser.add_argument("--quick", action="store_true", help="LoRA, seed 42, 4 steps, validation on 40 problems")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each run's train.log, metrics and checkpoints under KEEP/<recipe>-seed<k>/")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
     recipes, seeds, extra = args.recipes, args.seeds, list(args.overrides)
@@ -87,8 +89,10 @@ def main() -> None:
     for name in recipes:
         for seed in seeds:
             with tempfile.TemporaryDirectory() as tmp:
-                print(f"[{name}] seed {seed} ...", flush=True)
-                run = run_recipe(RECIPES[name], seed, Path(tmp), extra)
+                out = Path(tmp) if args.keep is None else args.keep / f"{name}-seed{seed}"
+                out.mkdir(parents=True, exist_ok=True)
+                print(f"[{name}] seed {seed} ... ({out})", flush=True)
+                run = run_recipe(RECIPES[name], seed, out, extra)
             print(f"[{name}] seed {seed}: {run['base']:.3f} -> {run['final']:.3f} (best {run['best']:.3f}), "
                   f"{run['wall_s'] / 60:.1f} min, peak {run['peak_rss_gib']:.2f} GiB", flush=True)
             runs.setdefault(name, []).append(run)

@@ -114,6 +114,21 @@ def collect(
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            is_flag=False,
+            flag_value="local",
+            metavar="[ADDRESS]",
+            help="Run the rollouts on a Ray cluster: one shard per node, each with its own built-in envs "
+            "(--env math); this process alone writes -o, so --resume works as without Ray. ADDRESS (or "
+            "RAY_ADDRESS) joins a running cluster (e.g. 10.0.0.1:6379 after 'ray start --head'); bare --ray "
+            "starts a private Ray on 127.0.0.1. Put it after TASKS or write --ray=ADDRESS. Needs "
+            "--model-url reachable from every node, and the [ray] extra.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
     from rich.console import Console
@@ -155,7 +170,12 @@ def collect(
     )
     bar = _ProgressBar(console, enabled=progress)
     with resumable_exit(console, output, "finished rollouts"), bar:
-        result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+        if ray is None:
+            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+        else:
+            from gym_bridge.collect.ray_shards import collect_on_ray
+
+            result = collect_on_ray(config, ray, report=bar.log, on_progress=bar.advance, on_start=bar.start)
     _print_summary(console, result)
 
 

@@ -81,7 +81,15 @@ class RayShards:
     """The driver's side: one :class:`CollectShard` per alive node, and the per-shard counts
     (a :class:`~gym_bridge.collect.run.RolloutExecutor`)."""
 
-    def __init__(self, ray: Any, routes: list[EnvRoute], concurrency: int, *, start_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        ray: Any,
+        routes: list[EnvRoute],
+        concurrency: int,
+        *,
+        report: Callable[[str], None] = print,
+        start_timeout_s: float = 300.0,
+    ) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.ray = ray
@@ -89,7 +97,7 @@ class RayShards:
         if not nodes:
             raise CollectError("--ray: the Ray cluster has no alive node")
         targets = {route.key or route.target: route.target for route in routes}
-        slots = max(1, -(-concurrency // len(nodes)))
+        slots = concurrency  # the most a shard can hold (all of the run's rollouts in flight, if others are lost)
         actor = ray.remote(CollectShard)
         self.actors = [
             actor.options(
@@ -99,15 +107,26 @@ class RayShards:
             ).remote(targets, slots)
             for node in nodes
         ]
-        try:
-            places = ray.get([a.where.remote() for a in self.actors], timeout=start_timeout_s)
-        except Exception as e:  # an env that did not start on a node, or a node that went away
-            self.close()
-            raise CollectError(f"--ray: a collection shard did not start: {_first_line(e)}") from None
+        refs = [a.where.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=start_timeout_s)
+        places, problems = [], []
+        for node, a, ref in zip(nodes, self.actors, refs, strict=True):
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"not up after {start_timeout_s:.0f} s")
+                places.append((a, ray.get(ref)))
+            except Exception as e:  # an env that did not start there, or a node just lost
+                problems.append(f"node {node['NodeID']} ({node.get('NodeManagerAddress')}): {_first_line(e)}")
+                ray.kill(a)
+        if not places:
+            raise CollectError(f"--ray: no collection shard started; {problems[0]}")
+        for problem in problems:
+            report(f"--ray: no shard on {problem}; collecting on the other nodes")
+        self.actors = [a for a, _ in places]
         self.shards = [
             {"shard": i, "node_id": p["node_id"], "node_ip": p["node_ip"], "env_urls": p["env_urls"],
              "rollouts": 0, "failed": 0}  # fmt: skip
-            for i, p in enumerate(places)
+            for i, (_, p) in enumerate(places)
         ]
 
     async def run(
@@ -196,7 +215,7 @@ def collect_on_ray(
     routes = parse_env_args(config.envs)
     ray, owned = join_ray(address)
     try:
-        shards = RayShards(ray, routes, config.concurrency)
+        shards = RayShards(ray, routes, config.concurrency, report=report)
         try:
             # The files were prepared above; collect() checks them again, with nothing left to clear.
             return collect(config, report=report, on_progress=on_progress, on_start=on_start, executor=shards)

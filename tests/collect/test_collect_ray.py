@@ -147,3 +147,35 @@ def test_policy_with_ray_is_refused_naming_both_options(tmp_path):
     config = CollectConfig(tasks, tmp_path / "r.jsonl", ["math"], policy="tiny", progress=False)
     with pytest.raises(CollectError, match="--policy cannot be used with --ray.*--model-url"):
         collect_on_ray(config)
+
+
+def test_a_node_lost_mid_run_stops_it_naming_the_node_and_resume_finishes_on_the_other(tmp_path, two_nodes):
+    """Last in the module: it takes the second node away for good (the fixture's teardown ends the rest)."""
+    import ray
+
+    from gym_bridge.collect.ray_shards import collect_on_ray
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(i, 3) for i in range(40)])
+    out = tmp_path / "rollouts.jsonl"
+    (worker,) = two_nodes.worker_nodes
+    lost = worker.node_id
+
+    def lose_a_node(stats: Any, n: int) -> None:
+        if stats.done == 10:
+            two_nodes.remove_node(worker, allow_graceful=False)
+
+    with FakeModel(latency=0.05, record_requests=False) as model:
+        config = CollectConfig(tasks, out, ["math"], model_url=model.url, num_repeats=2, concurrency=4, progress=False)
+        with pytest.raises(CollectError, match=f"shard \\d on node {lost} .* was lost.*--resume") as caught:
+            collect_on_ray(config, two_nodes.address, on_progress=lose_a_node)
+        assert not ray.is_initialized()
+        done_before = pairs(out)
+        assert 10 <= len(done_before) < 80, caught.value
+        resumed = collect_on_ray(
+            CollectConfig(tasks, out, ["math"], model_url=model.url, num_repeats=2, concurrency=4, progress=False,
+                          resume=True), two_nodes.address)  # fmt: skip
+    everything = pairs(out)
+    assert Counter(everything).most_common(1)[0][1] == 1
+    assert sorted(everything) == [(t, r) for t in range(40) for r in range(2)]
+    assert resumed.written == 80 - len(done_before)
+    assert [s["node_id"] for s in resumed.metrics["run"]["ray"]["shards"]] == [two_nodes.head_node.node_id]

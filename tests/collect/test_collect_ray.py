@@ -149,8 +149,21 @@ def test_policy_with_ray_is_refused_naming_both_options(tmp_path):
         collect_on_ray(config)
 
 
+@pytest.mark.parametrize("flag", [["--ray"], ["--ray", "127.0.0.1:1"], ["--ray=127.0.0.1:1"]])
+def test_cli_ray_with_policy_is_refused_before_any_ray_starts(tmp_path, flag):
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(1, 1)])
+    args = ["collect", str(tasks), "-o", str(tmp_path / "r.jsonl"), "--env", "math", "--policy", "tiny", *flag]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--policy cannot be used with --ray" in " ".join(result.output.split())
+
+
 def test_a_node_lost_mid_run_stops_it_naming_the_node_and_resume_finishes_on_the_other(tmp_path, two_nodes):
-    """Last in the module: it takes the second node away for good (the fixture's teardown ends the rest)."""
+    """Last of the cluster tests: it takes the second node away for good (the teardown ends the rest)."""
     import ray
 
     from gym_bridge.collect.ray_shards import collect_on_ray
@@ -179,3 +192,25 @@ def test_a_node_lost_mid_run_stops_it_naming_the_node_and_resume_finishes_on_the
     assert sorted(everything) == [(t, r) for t in range(40) for r in range(2)]
     assert resumed.written == 80 - len(done_before)
     assert [s["node_id"] for s in resumed.metrics["run"]["ray"]["shards"]] == [two_nodes.head_node.node_id]
+
+
+def test_bare_ray_flag_starts_a_private_ray_on_loopback_and_ends_it(tmp_path, monkeypatch):
+    """After the cluster tests: this process cannot join another Ray after a private one (Ray's
+    process-wide state), which a CLI run, one Ray per process, never asks of it."""
+    import ray
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(i, 1) for i in range(4)])
+    out = tmp_path / "r.jsonl"
+    with FakeModel(record_requests=False) as model:
+        result = CliRunner().invoke(app, ["collect", str(tasks), "-o", str(out), "--env", "math", "--model-url",
+                                          model.url, "--no-progress", "--ray"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sorted(pairs(out)) == [(t, 0) for t in range(4)]
+    (shard,) = json.loads(metrics_path_for(out).read_text())["run"]["ray"]["shards"]
+    assert shard["node_ip"] == "127.0.0.1" and shard["rollouts"] == 4
+    assert not ray.is_initialized()  # the Ray it started is shut down again
+

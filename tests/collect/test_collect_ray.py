@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from collect_helpers import read_jsonl, write_rows
-from fake_model import FakeModel, arithmetic_row
+from fake_model import FakeModel, Fault, arithmetic_row
 
-from gym_bridge.collect import CollectConfig, CollectError, metrics_path_for
+from gym_bridge.collect import CollectConfig, CollectError, failures_path_for, metrics_path_for
 from tests.ray_sockets import listeners, off_loopback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,9 @@ def two_nodes() -> Iterator[Any]:
     import_ray()  # the loopback settings, before any Ray process starts
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
+    # A lost node is declared dead after ~3 s of missed health checks (Ray's default waits ~10 s).
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False, "_system_config": health})
     try:
         cluster.add_node(**NODE)
         cluster.wait_for_nodes()
@@ -62,25 +64,29 @@ def test_two_nodes_write_every_rollout_once_with_node_local_envs_on_loopback(tmp
     seen: list[list[tuple[str, str, int, int]]] = []
 
     def snapshot(stats: Any, n: int) -> None:  # while the shards and their envs are up
-        if stats.done == 6:
+        if stats.done == 6 and not seen:
             seen.append(listeners())
 
-    with FakeModel(latency=0.02, record_requests=False) as model:
-        config = CollectConfig(tasks, out, ["math"], model_url=model.url, num_repeats=2, concurrency=4, progress=False)
+    with FakeModel({"What is 3 + 2": Fault.http(500)}, latency=0.02, record_requests=False) as model:
+        config = CollectConfig(tasks, out, ["math"], model_url=model.url, num_repeats=2, concurrency=4, progress=False,
+                               max_retries=0)  # fmt: skip
         result = collect_on_ray(config, two_nodes.address, on_progress=snapshot)
     assert not ray.is_initialized()  # the driver left the cluster it joined ...
     assert all(node.remaining_processes_alive() for node in two_nodes.list_all_nodes())  # ... which stays up
 
     everything = pairs(out)
-    assert sorted(everything) == [(t, r) for t in range(12) for r in range(2)]
-    assert result.written == 24 and result.failed == 0
+    assert sorted(everything) == [(t, r) for t in range(12) if t != 3 for r in range(2)]
+    assert result.written == 22 and result.failed == 2  # task 3's model calls fail: failures merged here
+    failed = [(f["_ng_task_index"], f["_ng_rollout_index"], f["_ng_failure_class"]) for f in read_jsonl(failures_path_for(out))]
+    assert sorted(failed) == [(3, 0, "model_http_error"), (3, 1, "model_http_error")]
     assert all(r["reward"] == 1.0 and r["_ng_environment_server"] == "math" for r in read_jsonl(out))
     metrics = json.loads(metrics_path_for(out).read_text())
-    assert metrics["num_rollouts"] == 24 and metrics["mean_reward"] == 1.0
+    assert metrics["num_rollouts"] == 22 and metrics["mean_reward"] == 1.0
+    assert metrics["run"]["rollouts_failed"] == 2 and metrics["run"]["failures_by_class"] == {"model_http_error": 2}
     shards = metrics["run"]["ray"]["shards"]
     assert {s["node_id"] for s in shards} == node_ids(two_nodes)  # one shard per node, both ran
-    assert all(s["rollouts"] > 0 and s["failed"] == 0 for s in shards), shards
-    assert sum(s["rollouts"] for s in shards) == 24
+    assert all(s["rollouts"] > 0 for s in shards), shards
+    assert sum(s["rollouts"] for s in shards) == 22 and sum(s["failed"] for s in shards) == 2
     env_urls = [s["env_urls"]["math"] for s in shards]
     assert len(set(env_urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in env_urls)
 

@@ -5,7 +5,9 @@ process as the driver (:func:`gym_bridge.collect.ray_shards.collect_on_ray`), th
 started by name on every node, and the fake model (tests/fake_model.py, arithmetic solver) in a child
 process of its own. The same task file, concurrency and repeats in every arm; the figure is the run's own
 ``rollouts_per_s`` (from the first rollout loop to the last, shard start-up excluded). A third arm, plain
-``collect`` in this process (no Ray), shows what the Ray hop costs on one node.
+``collect`` in this process (no Ray), shows what the Ray hop costs on one node. The three arms run
+interleaved, ``--rounds`` times (3), and each figure is the arm's median: this machine is shared and its
+load moves between arms.
 
 Why 2 cores bound the gain: a second node adds a second shard process (agent loop + math verifier),
 but not a core. The driver (writing the file, Ray calls), the fake model, Ray's GCS and raylets and the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,6 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1,000 tasks x 2 repeats (about a minute)")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three arms, interleaved; medians")
     args = parser.parse_args()
     n_tasks, repeats = (1000, 2) if args.quick else (4000, 2)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -100,17 +104,19 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-collect-ray-") as tmp:
             tasks = Path(tmp) / "tasks.jsonl"
             tasks.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows(n_tasks)))
-            for nodes in (0, 1, 2):
-                arm = run_arm(nodes, tasks, Path(tmp) / f"out{nodes}.jsonl", url, args.concurrency, repeats)
-                if arm["written"] != n_tasks * repeats:
-                    raise RuntimeError(f"{nodes} node(s): wrote {arm['written']} of {n_tasks * repeats} rollouts")
-                print(json.dumps(arm), flush=True)
-                arms.append(arm)
+            for round_ in range(args.rounds):
+                for nodes in (0, 1, 2):
+                    arm = run_arm(nodes, tasks, Path(tmp) / f"out{nodes}.jsonl", url, args.concurrency, repeats)
+                    if arm["written"] != n_tasks * repeats:
+                        raise RuntimeError(f"{nodes} node(s): wrote {arm['written']} of {n_tasks * repeats} rollouts")
+                    arm["round"] = round_
+                    print(json.dumps(arm), flush=True)
+                    arms.append(arm)
     finally:
         fake.terminate()
         fake.wait(30)
-    local, one, two = (arm["rollouts_per_s"] for arm in arms)
-    shape = f"math env, fake model, c={args.concurrency}, {n_tasks * repeats} rollouts"
+    local, one, two = (statistics.median(a["rollouts_per_s"] for a in arms if a["nodes"] == n) for n in (0, 1, 2))
+    shape = f"math env, fake model, c={args.concurrency}, {n_tasks * repeats} rollouts, median of {args.rounds}"
     rows = [
         figure(f"collect --ray rollouts/s, 2 simulated nodes ({shape})", two, "rollouts/s", baseline=one,
                note="baseline: the same run over 1 simulated node; higher is better. Both nodes share this "

@@ -11,9 +11,12 @@ ends a dead driver's job) and ``--resume`` makes exactly the missing (task, repe
 
 Work is spread by slot: the loop's worker ``i`` always uses shard ``i mod shards``, so each node holds
 ``concurrency / shards`` rollouts in flight and pulls the next row when one ends (a slow node takes fewer
-rows). The metrics file's ``run.ray.shards`` says which node each shard ran on and how many rollouts it
-made. A shard lost mid-run (a node gone) stops the run with its node named; the rollouts already written
-stay, and ``--resume`` finishes the rest.
+rows; with ``--concurrency`` below the node count some nodes stay idle). The metrics file's
+``run.ray.shards`` says which node each shard ran on, its envs' URLs and how many rollouts it made. A
+shard lost mid-run (a node gone) stops the run with its node named; the rollouts already written stay,
+and ``--resume`` finishes the rest on the nodes still alive (a shard that does not start is reported and
+left out). An ``--env`` given as a URL is used as is by every shard, so it must be reachable from every
+node, as must ``--model-url``.
 
 Without an address Ray is started on 127.0.0.1 (:func:`~gym_bridge.generation.ray_local.start_local_ray`);
 with one (or ``RAY_ADDRESS``) the driver joins that cluster. The driver also starts the named envs
@@ -123,6 +126,8 @@ class RayShards:
         for problem in problems:
             report(f"--ray: no shard on {problem}; collecting on the other nodes")
         self.actors = [a for a, _ in places]
+        if concurrency < len(self.actors):
+            report(f"--ray: --concurrency {concurrency} keeps only {concurrency} of {len(self.actors)} nodes busy")
         self.shards = [
             {"shard": i, "node_id": p["node_id"], "node_ip": p["node_ip"], "env_urls": p["env_urls"],
              "rollouts": 0, "failed": 0}  # fmt: skip

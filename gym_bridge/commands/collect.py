@@ -286,6 +286,9 @@ def _print_summary(console: Any, result: Any) -> None:
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))
+    for shard in (run.get("ray") or {}).get("shards", []):  # --ray: rollouts (failed) per node
+        node = f"node {str(shard.get('node_id'))[:12]} ({shard.get('node_ip')})"
+        rows.append((f"ray shard {shard.get('shard')}: {node}", f"{shard.get('rollouts')} ({shard.get('failed')} failed)"))
     for name, value in rows:
         table.add_row(name, _fmt(value))
     console.print(table)

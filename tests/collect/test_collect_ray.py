@@ -218,5 +218,6 @@ def test_bare_ray_flag_starts_a_private_ray_on_loopback_and_ends_it(tmp_path, mo
     assert sorted(pairs(out)) == [(t, 0) for t in range(4)]
     (shard,) = json.loads(metrics_path_for(out).read_text())["run"]["ray"]["shards"]
     assert shard["node_ip"] == "127.0.0.1" and shard["rollouts"] == 4
+    assert f"ray shard 0: node {shard['node_id'][:12]} (127.0.0.1)" in result.output  # in the summary table
     assert not ray.is_initialized()  # the Ray it started is shut down again
 

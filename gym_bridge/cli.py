@@ -18,7 +18,7 @@ app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> 
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.add_typer(eval_command.app, name="eval")
-app.command("collect")(collect.collect)
+app.command("collect", cls=collect.CollectCommand)(collect.collect)
 app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)
 app.command("view")(view.view)

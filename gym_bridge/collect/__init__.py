@@ -9,6 +9,7 @@ This package owns ``gym-bridge collect``'s engine (the CLI is ``gym_bridge.comma
 * ``run``: the loop: a bounded queue, ``concurrency`` workers, a rollout written as soon as it ends.
 * ``output``: the rollouts file and its side files, flushed line by line and read back by ``--resume``.
 * ``summary``: the run's counters, the metrics file's ``run`` block and the envs' aggregate metrics.
+* ``ray_shards``: ``--ray``: the rollouts run on one shard per Ray node, this process still the one writer.
 
 What a run promises:
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
@@ -46,7 +46,22 @@ from gym_bridge.jsonl import JsonlError, JsonlWriter
 from gym_bridge.metrics import aggregate_rewards
 from gym_bridge.seeding import rollout_seed
 
-__all__ = ["collect", "collect_async", "run_all"]
+__all__ = ["RolloutExecutor", "collect", "collect_async", "run_all"]
+
+
+class RolloutExecutor(Protocol):
+    """Where a rollout runs when not in this process (``--ray``: a shard on some node); the run loop, the
+    files and ``--resume`` stay here, so the exactly-once guarantee is the single-process one."""
+
+    async def run(
+        self, worker: int, task: dict[str, Any], env_name: str, agent_config: AgentConfig, extra: dict[str, Any] | None
+    ) -> Rollout:
+        """Run one rollout of ``task`` against the env named ``env_name``; ``worker`` is the loop's slot."""
+        ...
+
+    def run_metrics(self) -> dict[str, Any]:
+        """Merged into the metrics file's ``run`` block at the end."""
+        ...
 
 
 @dataclass
@@ -72,8 +87,10 @@ async def collect_async(
     report: Callable[[str], None] = print,
     on_progress: Callable[[RunStats, int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    executor: RolloutExecutor | None = None,
 ) -> CollectResult:
-    """Run the collection against running envs (``router``) and a running model (``model_url``)."""
+    """Run the collection against running envs (``router``) and a running model (``model_url``); with
+    ``executor``, each rollout runs there instead (the envs of ``router`` then serve ``/aggregate_metrics``)."""
     stats = RunStats()
     output, failures_path = config.output_path, failures_path_for(config.output_path)
     done, slim = read_finished(output, report) if config.resume else (set(), [])
@@ -161,7 +178,10 @@ async def collect_async(
         while (job := await queue.get()) is not None:
             task = {**job.row, TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
             extra = _rollout_params(job, config)
-            rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
+            if executor is not None:
+                rollout = await executor.run(i, task, job.env_name, agent_config, extra)
+            else:
+                rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
             finish(job, rollout)
 
     aggregate: list[dict[str, Any]] = []
@@ -184,6 +204,8 @@ async def collect_async(
         already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
     )
     metrics["run"].update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
+    if executor is not None:
+        metrics["run"].update(executor.run_metrics())
     metrics_path = metrics_path_for(output)
     write_json(metrics_path, metrics)
     if aggregate:
@@ -251,6 +273,7 @@ def collect(
     report: Callable[[str], None] = print,
     on_progress: Callable[[RunStats, int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    executor: RolloutExecutor | None = None,
 ) -> CollectResult:
     """Run a whole collection: check inputs, start named envs / the policy, collect, write metrics.
 
@@ -281,7 +304,7 @@ def collect(
             running_policy(config.policy or "", seed=config.seed or 0)
         )
         main = collect_async(
-            config, router, model_url, report=report, on_progress=on_progress, on_start=on_start
+            config, router, model_url, report=report, on_progress=on_progress, on_start=on_start, executor=executor
         )
         if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
             return asyncio.run(main)

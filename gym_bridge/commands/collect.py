@@ -12,12 +12,39 @@ from typing import Annotated, Any
 
 import typer
 
+from gym_bridge.commands.typer_app import ReadableCommand
+
 ENV_HELP = (
     "Environment: a built-in name (math, code, tool_use; started in-process for the run), a URL, or "
     "KEY=NAME_OR_URL. Repeat for several; rows then go to the env keyed by their 'env' field or "
     "agent_ref.name (a '_simple_agent'/'_agent' suffix may be left off), else to the one keyed 'default' "
     "or given as a bare URL."
 )
+
+RAY_HELP = (
+    "Run the rollouts on a Ray cluster: one shard per node, each with its own built-in envs (--env math); "
+    "this process alone writes -o, so --resume works as without Ray. ADDRESS (or RAY_ADDRESS) joins a running "
+    "cluster (e.g. 10.0.0.1:6379 after 'ray start --head'); bare --ray starts a private Ray on 127.0.0.1 "
+    "(give it after TASKS, or it takes TASKS for the address). Needs --model-url reachable from every node, "
+    "and the [ray] extra."
+)
+
+
+class CollectCommand(ReadableCommand):
+    """``collect`` with ``--ray [ADDRESS]``: an option whose value may be left off, which Typer has not
+    (and its vendored click is not ours to reach into): a bare ``--ray`` is given the value ``local``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        from gym_bridge.collect.ray_shards import LOCAL
+
+        args = list(args)
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            if arg == "--ray" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+                args.insert(i + 1, LOCAL)
+                break
+        return super().parse_args(ctx, args)
 
 
 def parse_params(values: list[str]) -> dict[str, Any]:
@@ -114,6 +141,9 @@ def collect(
         ),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    ray: Annotated[
+        str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP, show_default=False)
+    ] = None,
 ) -> None:
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
     from rich.console import Console
@@ -155,7 +185,12 @@ def collect(
     )
     bar = _ProgressBar(console, enabled=progress)
     with resumable_exit(console, output, "finished rollouts"), bar:
-        result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+        if ray is None:
+            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+        else:
+            from gym_bridge.collect.ray_shards import collect_on_ray
+
+            result = collect_on_ray(config, ray, report=bar.log, on_progress=bar.advance, on_start=bar.start)
     _print_summary(console, result)
 
 
@@ -251,6 +286,9 @@ def _print_summary(console: Any, result: Any) -> None:
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))
+    for shard in (run.get("ray") or {}).get("shards", []):  # --ray: rollouts (failed) per node
+        node = f"node {str(shard.get('node_id'))[:12]} ({shard.get('node_ip')})"
+        rows.append((f"ray shard {shard.get('shard')}: {node}", f"{shard.get('rollouts')} ({shard.get('failed')} failed)"))
     for name, value in rows:
         table.add_row(name, _fmt(value))
     console.print(table)

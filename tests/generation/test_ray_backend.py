@@ -227,27 +227,14 @@ def test_too_many_replicas_for_the_running_ray_is_a_clear_error(
 
 
 def test_every_ray_socket_is_on_loopback(ray_backend: Any) -> None:
-    import psutil
-
-    from gym_bridge.generation.ray_local import is_loopback
+    from tests.ray_sockets import listeners, off_loopback
 
     ray_backend.generate(grpo_batch(ray_backend.tokenizer, prompts=2, group=2))  # everything is up
-    me = psutil.Process()
-    processes = [me, *me.children(recursive=True)]  # the driver, GCS, raylet, agents, workers
-    listeners: list[tuple[str, str, int]] = []
-    for process in processes:
-        try:
-            name = process.name()
-            connections = process.net_connections(kind="inet")
-        except psutil.NoSuchProcess:
-            continue
-        for c in connections:
-            if c.status == psutil.CONN_LISTEN or (c.status == psutil.CONN_NONE and not c.raddr):
-                listeners.append((name, c.laddr.ip, c.laddr.port))
-    names = {name for name, _, _ in listeners}
-    assert {"gcs_server", "raylet"} <= names, listeners  # the check does see Ray's servers
-    assert sum(1 for name, _, _ in listeners if name.startswith("ray::Generation")) >= 2, listeners
-    exposed = [entry for entry in listeners if not is_loopback(entry[1])]
+    found = listeners()  # the driver, GCS, raylet, agents, workers
+    names = {entry[0] for entry in found}
+    assert {"gcs_server", "raylet"} <= names, found  # the check does see Ray's servers
+    assert sum(1 for entry in found if entry[0].startswith("ray::Generation")) >= 2, found
+    exposed = off_loopback(found)
     assert exposed == [], f"Ray sockets bound off loopback: {exposed}"
     assert ray.util.get_node_ip_address() == "127.0.0.1"
 

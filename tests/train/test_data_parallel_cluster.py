@@ -171,3 +171,22 @@ def test_an_unreachable_ray_address_is_an_error_naming_the_key(tmp_path: Path) -
     with pytest.raises(RuntimeError, match=rf"cluster.ray_address \(or RAY_ADDRESS\) is '127.0.0.1:{port}'"):
         connect_ray(f"127.0.0.1:{port}")
     assert not ray.is_initialized()
+
+
+def test_the_address_comes_from_the_key_then_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_bridge.generation.ray_cluster import _is_loopback_address, resolve_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert resolve_address(None) is None  # a private Ray on 127.0.0.1
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert resolve_address(None) == "10.0.0.5:6379"
+    assert resolve_address("127.0.0.1:6379") == "127.0.0.1:6379"  # the key wins
+    assert _is_loopback_address("127.0.0.1:6379") and _is_loopback_address("[::1]:6379")
+    assert not _is_loopback_address("10.0.0.5:6379") and not _is_loopback_address("auto")
+
+
+def test_collectives_bind_the_interface_of_the_ray_node_address() -> None:
+    from gym_bridge.train.data_parallel import _interface_of
+
+    assert _interface_of("127.0.0.1") == "lo"
+    assert _interface_of("192.0.2.77") is None  # TEST-NET: on no interface here

@@ -42,23 +42,35 @@ def two_nodes() -> Iterator[Any]:
     saved = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = temp_dir
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     started: set[int] = set()
+    cluster = None
     try:
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
         cluster.add_node(**node)
         cluster.started = started  # tests add the pids they saw
         yield cluster
     finally:
         started |= {p.pid for p in ray_processes()[1:]}
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=15)
-        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in alive if _running(p)]
         if saved is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = saved
         shutil.rmtree(temp_dir, ignore_errors=True)
+        assert len(started) >= 3, started  # the check did see the nodes' processes (GCS, 2 raylets, ...)
         assert not alive, f"left running after the cluster shut down: {[(p.pid, p.name()) for p in alive]}"
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture
@@ -190,3 +202,30 @@ def test_collectives_bind_the_interface_of_the_ray_node_address() -> None:
 
     assert _interface_of("127.0.0.1") == "lo"
     assert _interface_of("192.0.2.77") is None  # TEST-NET: on no interface here
+
+
+@pytest.mark.timeout(180)
+def test_generation_replicas_join_the_cluster_through_its_address(two_nodes: Any, one_thread: None) -> None:
+    from gym_bridge.generation.backend import GenerationRequest, SamplingParams
+    from gym_bridge.generation.ray_backend import RayBackend
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+    from gym_bridge.models.tokenizer import build_tokenizer
+    from tests.generation.test_ray_backend import make_llama
+
+    tokenizer = build_tokenizer()
+    model = make_llama(tokenizer, seed=0)
+    requests = [
+        GenerationRequest(tokenizer.encode(f"What is {i} + 1?"), SamplingParams(max_new_tokens=4, seed=i))
+        for i in range(4)
+    ]
+    backend = RayBackend(model, tokenizer, seed=7, num_workers=2, ray_address=two_nodes.address)
+    try:  # 1 CPU per node: the PACK group had to put one replica on each node
+        nodes = ray.get([r.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                         for r in backend.replicas])  # fmt: skip
+        assert len(set(nodes)) == 2, nodes
+        results = backend.generate(requests)
+    finally:
+        backend.close()
+    assert not ray.is_initialized()  # it joined, so it disconnected; the cluster stays up
+    expected = TransformersBackend(model, tokenizer, seed=7).generate(requests)
+    assert [r.token_ids for r in results] == [r.token_ids for r in expected]

@@ -136,3 +136,7 @@ def test_cluster_keys_it_cannot_honour_are_refused_naming_them() -> None:
     offline = ["grpo.mode=offline", "data.train.data_path=scored.jsonl"]
     cfg = load_config(None, ["cluster.num_nodes=2", "cluster.train_workers_per_node=1", *offline])
     assert cfg.cluster.num_nodes * cfg.cluster.train_workers_per_node == 2
+    with pytest.raises(ConfigError, match=r"cluster.ray_address is '10.0.0.5:6379' but nothing runs on Ray"):
+        load_config(None, ["cluster.ray_address=10.0.0.5:6379", *offline])
+    cfg = load_config(None, ["cluster.ray_address=10.0.0.5:6379", "cluster.train_workers_per_node=1", *offline])
+    assert cfg.cluster.ray_address == "10.0.0.5:6379"

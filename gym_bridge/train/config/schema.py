@@ -419,6 +419,11 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
             f"cluster.num_nodes is {cluster.num_nodes}: only data-parallel training workers span nodes; "
             "set cluster.train_workers_per_node >= 1 (or cluster.num_nodes: 1)"
         )
+    if cluster.ray_address and cluster.train_workers_per_node < 1 and policy.generation.backend != "ray":
+        problems.append(
+            f"cluster.ray_address is {cluster.ray_address!r} but nothing runs on Ray: set "
+            "cluster.train_workers_per_node >= 1 or policy.generation.backend: ray (or unset cluster.ray_address)"
+        )
     if cluster.gpus_per_node and cluster.train_workers_per_node > cluster.gpus_per_node:
         problems.append(
             f"cluster.train_workers_per_node ({cluster.train_workers_per_node}) must not exceed "

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.generation.ray_cluster import connect_ray, in_bundle, remove_placement, reserve
 from gym_bridge.generation.ray_local import RayUnavailableError, import_ray, start_local_ray
 from gym_bridge.models.registry import load_model_and_tokenizer
 
@@ -124,6 +125,8 @@ class RayBackend(GenerationBackend):
         object_store_memory_mb: int = 200,
         start_timeout_s: float = 300.0,
         stop_token_ids: Sequence[int] = (),
+        ray_address: str | None = None,
+        placement_timeout_s: float = 60.0,
     ) -> None:
         ray = import_ray()
         import torch
@@ -142,8 +145,12 @@ class RayBackend(GenerationBackend):
         self.num_workers = num_workers
         self.threads_per_worker = threads_per_worker
         self._seed_source = torch.Generator().manual_seed(seed)  # as TransformersBackend draws them
-        self._owns_ray = start_local_ray(num_workers * threads_per_worker, object_store_memory_mb)
+        if ray_address is not None:  # an existing cluster (cluster.ray_address / RAY_ADDRESS)
+            self._owns_ray = connect_ray(ray_address)
+        else:
+            self._owns_ray = start_local_ray(num_workers * threads_per_worker, object_store_memory_mb)
         self.replicas: list[Any] = []
+        self.placement: Any = None
         try:
             total = ray.cluster_resources().get("CPU", 0)
             if total < num_workers * threads_per_worker:  # the actors could never be scheduled
@@ -151,11 +158,19 @@ class RayBackend(GenerationBackend):
                     f"{num_workers} replicas x {threads_per_worker} threads need "
                     f"{num_workers * threads_per_worker} Ray CPUs; the running Ray has {total:g}"
                 )
+            # One group, PACK: the replicas on as few nodes as fit, all placed or a clear error.
+            self.placement = reserve(
+                [{"CPU": threads_per_worker}] * num_workers,
+                "PACK",
+                placement_timeout_s,
+                f"policy.generation.ray.num_workers={num_workers} x threads_per_worker={threads_per_worker} "
+                "generation replicas do not fit the Ray cluster",
+            )
             actor = ray.remote(num_cpus=threads_per_worker)(GenerationReplica)
             weights = ray.put(_pack(model))
             dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
             self.replicas = [
-                actor.remote(
+                actor.options(scheduling_strategy=in_bundle(self.placement, index)).remote(
                     model.config,
                     weights,
                     tokenizer,
@@ -168,7 +183,7 @@ class RayBackend(GenerationBackend):
                         "stop_token_ids": sorted(self.stop_token_ids),
                     },
                 )
-                for _ in range(num_workers)
+                for index in range(num_workers)
             ]
             # Constructed, or raise now (a replica that fails to build raises its error here).
             ray.get([replica.pid.remote() for replica in self.replicas], timeout=start_timeout_s)
@@ -212,6 +227,9 @@ class RayBackend(GenerationBackend):
         for replica in self.replicas:
             self._ray.kill(replica)
         self.replicas = []
+        if self.placement is not None:
+            remove_placement(self.placement)
+            self.placement = None
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
         self._owns_ray = False

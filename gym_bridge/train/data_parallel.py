@@ -12,11 +12,17 @@ optimizer and schedule take rank 0's, so log-probs, generation refits and checkp
 The trainer still computes the step's ``prev`` and reference log-probs, and generation and the
 environments stay where they were; only the update is spread.
 
-Rendezvous: on one node (a private Ray on 127.0.0.1, :func:`~gym_bridge.generation.ray_local.start_local_ray`)
-through a file store, gloo bound to the loopback interface: no socket leaves 127.0.0.1. Across nodes
-(``cluster.num_nodes > 1``): the existing Ray cluster at ``RAY_ADDRESS`` (``ray start --head`` and
-``ray start --address=...``), ``train_workers_per_node`` workers pinned to each of ``num_nodes`` nodes,
-a TCP store on rank 0's node.
+Placement: one Ray placement group, a bundle of ``train_workers_per_node`` CPUs (GPUs) per node,
+STRICT_SPREAD over ``num_nodes`` nodes (STRICT_PACK for one): Ray places all of it or none, every
+node's workers share its bundle, and no two bundles share a node (per-node PACK groups, NeMo RL's
+default, can land on one node when it has room). Waited for with ``cluster.placement_timeout_s``;
+too small a cluster is an error naming the keys. Ray: a private one on 127.0.0.1
+(:func:`~gym_bridge.generation.ray_local.start_local_ray`), or the cluster at ``cluster.ray_address``
+/ ``RAY_ADDRESS`` (:mod:`~gym_bridge.generation.ray_cluster`).
+
+Rendezvous: a TCP store that rank 0 serves on its node's IP as Ray reports it (127.0.0.1 on a
+private or simulated cluster), from a socket bound to that address alone (torch's own store listens on
+every interface); gloo (NCCL) bound to the interface holding each worker's node IP.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -40,12 +45,12 @@ _FROM_RANK_0 = ("grad_norm", "amp_skipped_steps")
 """Per-step metrics every worker computes identically after the all-reduce (not summed over workers)."""
 
 
-def _loopback_interface() -> str | None:
-    """The name of the interface holding 127.0.0.1 (``lo`` on Linux), for gloo to bind."""
+def _interface_of(ip: str) -> str | None:
+    """The name of the interface holding ``ip`` (``lo`` for 127.0.0.1 on Linux), for gloo/NCCL to bind."""
     import psutil
 
     for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+        if any(a.address == ip for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)):
             return name
     return None
 
@@ -62,27 +67,44 @@ class TrainingWorker:
         torch.set_num_threads(threads)
         self.learner = learner
 
-    def node_address(self) -> tuple[str, int]:
-        """This node's IP and a free port on it (rank 0's, for a TCP rendezvous across nodes)."""
+    def where(self) -> tuple[str, str, int]:
+        """Ray's node id and node IP for this worker, and its process id."""
         import ray
 
-        ip = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((ip, 0))
-            return ip, probe.getsockname()[1]
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid()
 
-    def join(self, init_method: str, backend: str, loopback: bool, timeout_s: float) -> int:
-        """Join the process group; returns this process's id (the caller ends only what it started)."""
+    def serve_store(self, timeout_s: float) -> tuple[str, int]:
+        """Rank 0: serve the rendezvous store on this node's IP (as Ray reports it), nowhere else."""
         import torch.distributed as dist
 
-        if loopback and backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
-            interface = _loopback_interface()
-            if interface is not None:
-                os.environ["GLOO_SOCKET_IFNAME"] = interface
-        dist.init_process_group(
-            backend, init_method=init_method, rank=self.rank, world_size=self.world_size,
-            timeout=timedelta(seconds=timeout_s),
+        ip = ray_node_ip()
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind((ip, 0))
+        self._listener.listen(128)
+        port = self._listener.getsockname()[1]
+        self._store = dist.TCPStore(
+            ip, port, self.world_size, True, timedelta(seconds=timeout_s),
+            wait_for_workers=False, master_listen_fd=self._listener.fileno(),
         )  # fmt: skip
+        return ip, port
+
+    def join(self, master: tuple[str, int], backend: str, timeout_s: float) -> int:
+        """Join the process group through rank 0's store; returns this process's id (the caller ends
+        only what it started)."""
+        import torch.distributed as dist
+
+        variable = "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+        if variable not in os.environ:  # the interface of this node's Ray address, not a guess
+            interface = _interface_of(ray_node_ip())
+            if interface is not None:
+                os.environ[variable] = interface
+        store = getattr(self, "_store", None)
+        if store is None:
+            store = dist.TCPStore(master[0], master[1], self.world_size, False, timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s)
+        )
         return os.getpid()
 
     def load_state(self, weights: dict[str, torch.Tensor], optimizer: dict[str, Any], scheduler: dict[str, Any]) -> None:
@@ -142,6 +164,17 @@ class TrainingWorker:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.close()
+
+
+def ray_node_ip() -> str:
+    """This process's node IP as Ray has it (the address ``ray start`` registered the node under)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def merge_worker_steps(per_worker: list[list[dict[str, float]]]) -> list[dict[str, float]]:
@@ -163,39 +196,47 @@ class TrainingWorkers:
     """The trainer's handle on the data-parallel workers: :attr:`Learner.workers`."""
 
     def __init__(self, cfg: MasterConfig, learner: Learner, *, start_timeout_s: float = 600.0) -> None:
+        from gym_bridge.generation.ray_cluster import connect_ray, in_bundle, reserve, resolve_address
         from gym_bridge.generation.ray_local import import_ray, start_local_ray
 
         ray = import_ray()
         cluster = cfg.cluster
+        per_node = cluster.train_workers_per_node
         self.learner = learner
-        self.world_size = cluster.num_nodes * cluster.train_workers_per_node
+        self.world_size = cluster.num_nodes * per_node
         self.workers: list[Any] = []
+        self.placement: Any = None
+        self.where: list[tuple[str, str, int]] = []
         self._owns_ray = False
-        self._tmp = tempfile.TemporaryDirectory(prefix="gym-bridge-dp-")
         gpus = 1 if cluster.gpus_per_node > 0 else 0
         try:
-            if cluster.num_nodes > 1:  # an existing cluster: RAY_ADDRESS, else the local `ray start` head
-                if not ray.is_initialized():
-                    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=False)
-                strategies = _node_affinity(ray, cluster.num_nodes, cluster.train_workers_per_node, gpus)
+            address = resolve_address(cluster.ray_address)
+            if address is None and cluster.num_nodes > 1 and not ray.is_initialized():
+                address = "auto"  # the `ray start` head on this node
+            if address is not None:
+                self._owns_ray = connect_ray(address)
             else:
-                cpus = self.world_size + _ray_generation_cpus(cfg)
-                self._owns_ray = start_local_ray(cpus, num_gpus=cluster.gpus_per_node)
-                strategies = [None] * self.world_size
+                self._owns_ray = start_local_ray(self.world_size + _ray_generation_cpus(cfg), num_gpus=cluster.gpus_per_node)
+            self.placement = reserve(
+                [{"CPU": per_node, "GPU": gpus * per_node}] * cluster.num_nodes,
+                "STRICT_SPREAD" if cluster.num_nodes > 1 else "STRICT_PACK",
+                cluster.placement_timeout_s,
+                f"cluster.num_nodes={cluster.num_nodes} x cluster.train_workers_per_node={per_node} training "
+                f"workers ({'1 GPU' if gpus else '1 CPU'} each, {per_node} per node on "
+                f"{cluster.num_nodes} distinct node(s)) do not fit the Ray cluster",
+            )
             actor = ray.remote(TrainingWorker)
-            options = [{"num_cpus": 1, "num_gpus": gpus, **({"scheduling_strategy": s} if s else {})} for s in strategies]
             self.workers = [
-                actor.options(**options[rank]).remote(cfg, rank, self.world_size, 1) for rank in range(self.world_size)
+                actor.options(
+                    num_cpus=1, num_gpus=gpus, scheduling_strategy=in_bundle(self.placement, rank // per_node)
+                ).remote(cfg, rank, self.world_size, 1)
+                for rank in range(self.world_size)
             ]
+            self.where = ray.get([w.where.remote() for w in self.workers], timeout=start_timeout_s)
+            master = ray.get(self.workers[0].serve_store.remote(start_timeout_s), timeout=start_timeout_s)
             backend = "nccl" if gpus else "gloo"
-            if cluster.num_nodes > 1:
-                ip, port = ray.get(self.workers[0].node_address.remote(), timeout=start_timeout_s)
-                init_method, loopback = f"tcp://{ip}:{port}", False
-            else:
-                init_method, loopback = f"file://{self._tmp.name}/rendezvous", True
             self.pids = ray.get(
-                [w.join.remote(init_method, backend, loopback, start_timeout_s) for w in self.workers],
-                timeout=start_timeout_s,
+                [w.join.remote(master, backend, start_timeout_s) for w in self.workers], timeout=start_timeout_s
             )
             state = [
                 ray.put(part)
@@ -206,6 +247,11 @@ class TrainingWorkers:
             self.close()
             raise
         self._ray = ray
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Ray's node id of each rank's worker."""
+        return [node for node, _, _ in self.where]
 
     def update(self, batch: StepBatch) -> tuple[list[dict[str, float]], float | None]:
         """Run the step's updates on the workers; then mirror rank 0 here. Returns the merged
@@ -230,8 +276,11 @@ class TrainingWorkers:
         self.learner.scheduler.load_state_dict(scheduler)
 
     def close(self) -> None:
-        """Leave the process group, end the workers (by actor handle) and a Ray this started."""
+        """Leave the process group, end the workers (by actor handle), give the placement back, and
+        shut down (or disconnect from) a Ray this started (joined)."""
         import ray
+
+        from gym_bridge.generation.ray_cluster import remove_placement
 
         if self.workers:
             try:
@@ -241,10 +290,12 @@ class TrainingWorkers:
             for worker in self.workers:
                 ray.kill(worker)
             self.workers = []
+        if self.placement is not None:
+            remove_placement(self.placement)
+            self.placement = None
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
-        self._tmp.cleanup()
 
 
 def _ray_generation_cpus(cfg: MasterConfig) -> int:
@@ -253,27 +304,6 @@ def _ray_generation_cpus(cfg: MasterConfig) -> int:
     if generation.backend != "ray":
         return 0
     return generation.ray.num_workers * generation.ray.threads_per_worker
-
-
-def _node_affinity(ray: Any, num_nodes: int, per_node: int, gpus: int) -> list[Any]:
-    """A scheduling strategy per rank: ``per_node`` ranks pinned to each of ``num_nodes`` alive nodes
-    (this one first), refused when the cluster has fewer nodes that can hold them."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = ray.get_runtime_context().get_node_id()
-    fits = [
-        n for n in ray.nodes()
-        if n.get("Alive") and n["Resources"].get("CPU", 0) >= per_node and n["Resources"].get("GPU", 0) >= gpus * per_node
-    ]  # fmt: skip
-    fits.sort(key=lambda n: n["NodeID"] != here)
-    if len(fits) < num_nodes:
-        raise RuntimeError(
-            f"cluster.num_nodes is {num_nodes} but the Ray cluster has {len(fits)} alive node(s) with "
-            f"{per_node} CPUs{f' and {gpus * per_node} GPUs' if gpus else ''} for cluster.train_workers_per_node"
-        )
-    return [
-        NodeAffinitySchedulingStrategy(node["NodeID"], soft=False) for node in fits[:num_nodes] for _ in range(per_node)
-    ]
 
 
 def start_training_workers(cfg: MasterConfig, stack: Any, learner: Learner) -> TrainingWorkers | None:

@@ -24,6 +24,7 @@ import torch
 
 from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.generation.ray_backend import RayBackend
+from gym_bridge.generation.ray_cluster import resolve_address
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
 from gym_bridge.generation.weights import weights_snapshot as frozen_weights
@@ -282,7 +283,8 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         "stop_token_ids": policy.generation.stop_token_ids or (),
     }
     if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
-        generator = RayBackend(model, tokenizer, **local, **policy.generation.ray.model_dump())
+        where = {"ray_address": resolve_address(cfg.cluster.ray_address), "placement_timeout_s": cfg.cluster.placement_timeout_s}
+        generator = RayBackend(model, tokenizer, **local, **where, **policy.generation.ray.model_dump())
         stack.callback(generator.close)
         return generator
     if policy.generation.backend == "vllm":  # GPU: an engine on the same weights, refit each step

@@ -22,7 +22,7 @@ from collect_helpers import read_jsonl, write_rows
 from fake_model import FakeModel, Fault, arithmetic_row
 
 from gym_bridge.collect import CollectConfig, CollectError, failures_path_for, metrics_path_for
-from tests.ray_sockets import listeners, off_loopback
+from tests.ray_loopback import listeners, off_loopback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024}

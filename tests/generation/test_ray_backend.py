@@ -16,6 +16,7 @@ import ray
 
 from gym_bridge.generation.backend import GenerationRequest, SamplingParams
 from gym_bridge.generation.ray_backend import split_by_prompt
+from tests.ray_loopback import listeners, loopback_ray_fixture, off_loopback
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,13 +32,7 @@ def make_llama(tokenizer: Any, seed: int) -> Any:
     return random_tiny_model(tokenizer, shape, seed=seed)
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Any:
-    from gym_bridge.generation.ray_local import start_local_ray
-
-    assert start_local_ray(num_cpus=4, object_store_memory_mb=100), "Ray was already running in this process"
-    yield ray
-    ray.shutdown()
+local_ray = loopback_ray_fixture(num_cpus=4)
 
 
 @pytest.fixture
@@ -227,15 +222,12 @@ def test_too_many_replicas_for_the_running_ray_is_a_clear_error(
 
 
 def test_every_ray_socket_is_on_loopback(ray_backend: Any) -> None:
-    from tests.ray_sockets import listeners, off_loopback
-
     ray_backend.generate(grpo_batch(ray_backend.tokenizer, prompts=2, group=2))  # everything is up
-    found = listeners()  # the driver, GCS, raylet, agents, workers
-    names = {entry[0] for entry in found}
+    found = listeners()
+    names = {name for name, *_ in found}
     assert {"gcs_server", "raylet"} <= names, found  # the check does see Ray's servers
-    assert sum(1 for entry in found if entry[0].startswith("ray::Generation")) >= 2, found
-    exposed = off_loopback(found)
-    assert exposed == [], f"Ray sockets bound off loopback: {exposed}"
+    assert sum(1 for name, *_ in found if name.startswith("ray::Generation")) >= 2, found
+    assert off_loopback(found) == [], f"Ray sockets bound off loopback: {off_loopback(found)}"
     assert ray.util.get_node_ip_address() == "127.0.0.1"
 
 

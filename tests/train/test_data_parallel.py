@@ -13,6 +13,7 @@ import torch
 
 from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
+from tests.ray_loopback import listeners, loopback_ray_fixture, off_loopback
 from tests.train.helpers import save_random_tiny
 from tests.train.test_trainer_offline import offline_config, write_scored
 
@@ -21,13 +22,7 @@ ray = pytest.importorskip("ray")
 COMPARED = ("loss", "grad_norm", "kl_penalty", "clip_fraction", "reward_mean", "lr", "optimizer_steps")
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Any:
-    from gym_bridge.generation.ray_local import start_local_ray
-
-    assert start_local_ray(num_cpus=2, object_store_memory_mb=100), "Ray was already running in this process"
-    yield ray
-    ray.shutdown()
+local_ray = loopback_ray_fixture(num_cpus=2)
 
 
 @pytest.fixture
@@ -111,22 +106,12 @@ def test_workers_split_micro_batches_and_every_socket_is_on_loopback(tmp_path: P
     workers = TrainingWorkers(cfg, learner)
     try:
         assert len(set(workers.pids)) == 2
-        me = psutil.Process()
-        listeners: list[tuple[str, str, int]] = []
-        for process in [me, *me.children(recursive=True)]:  # driver, GCS, raylet, agents, the workers
-            try:
-                name, connections = process.name(), process.net_connections(kind="inet")
-            except psutil.NoSuchProcess:
-                continue
-            for c in connections:
-                if c.status == psutil.CONN_LISTEN or (c.status == psutil.CONN_NONE and not c.raddr):
-                    listeners.append((name, c.laddr.ip, c.laddr.port))
-        names = {name for name, _, _ in listeners}
-        assert {"gcs_server", "raylet"} <= names, listeners
-        worker_listeners = [entry for entry in listeners if entry[0].startswith("ray::TrainingWorker")]
-        assert len({n for n, _, _ in worker_listeners}) >= 1, listeners  # the check sees the workers
-        exposed = [entry for entry in listeners if not is_loopback(entry[1])]
-        assert exposed == [], f"sockets bound off loopback: {exposed}"
+        found = listeners()
+        names = {name for name, *_ in found}
+        assert {"gcs_server", "raylet"} <= names, found
+        worker_listeners = [entry for entry in found if entry[0].startswith("ray::TrainingWorker")]
+        assert len({n for n, _, _ in worker_listeners}) >= 1, found  # the check sees the workers
+        assert off_loopback(found) == [], f"sockets bound off loopback: {off_loopback(found)}"
         # gloo's pair connections between the two workers are on loopback too
         peers = [
             (c.laddr.ip, c.raddr.ip)
@@ -151,3 +136,7 @@ def test_cluster_keys_it_cannot_honour_are_refused_naming_them() -> None:
     offline = ["grpo.mode=offline", "data.train.data_path=scored.jsonl"]
     cfg = load_config(None, ["cluster.num_nodes=2", "cluster.train_workers_per_node=1", *offline])
     assert cfg.cluster.num_nodes * cfg.cluster.train_workers_per_node == 2
+    with pytest.raises(ConfigError, match=r"cluster.ray_address is '10.0.0.5:6379' but nothing runs on Ray"):
+        load_config(None, ["cluster.ray_address=10.0.0.5:6379", *offline])
+    cfg = load_config(None, ["cluster.ray_address=10.0.0.5:6379", "cluster.train_workers_per_node=1", *offline])
+    assert cfg.cluster.ray_address == "10.0.0.5:6379"

@@ -152,8 +152,9 @@ class VllmConfig(Section):
 class RayConfig(Section):
     """Ray generation replicas, used only when ``policy.generation.backend`` is ray (``[ray]`` extra).
 
-    Replicas are CPU processes on this one node (cluster.num_nodes is 1) in a private Ray on
-    127.0.0.1; they reserve num_workers x threads_per_worker of Ray's logical CPUs and do not use
+    Replicas are CPU processes in a private Ray on 127.0.0.1, or on the Ray cluster at
+    cluster.ray_address (one placement group, PACK: on as few nodes as fit); they reserve
+    num_workers x threads_per_worker of Ray's logical CPUs and do not use
     cluster.gpus_per_node (that is for vllm). Weights are refit into every replica after each update.
     """
 

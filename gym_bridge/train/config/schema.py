@@ -319,10 +319,22 @@ class ClusterConfig(Section):
     Default 0."""
 
     num_nodes: int = Field(1, ge=1)
-    """Nodes the data-parallel training workers span. 1: this node, in a private Ray on 127.0.0.1.
-    More: an existing Ray cluster (``RAY_ADDRESS``, else the local ``ray start`` head), with
-    ``train_workers_per_node`` workers pinned to each of ``num_nodes`` nodes; needs
-    ``train_workers_per_node`` >= 1 (generation and environments stay on the trainer's node). Default 1."""
+    """Nodes the data-parallel training workers span. 1: one node (a private Ray on 127.0.0.1, or one
+    node of the cluster at ``ray_address``). More: the Ray cluster at ``ray_address`` (else
+    ``RAY_ADDRESS``, else the local ``ray start`` head), ``train_workers_per_node`` workers on each of
+    ``num_nodes`` distinct nodes (one placement group, a bundle per node, STRICT_SPREAD); needs
+    ``train_workers_per_node`` >= 1. Default 1."""
+
+    ray_address: str | None = None
+    """An existing Ray cluster to run on (``HEAD_IP:6379`` as ``ray start --head`` prints it, or
+    ``auto``); unset: ``RAY_ADDRESS`` if set, else a private Ray on 127.0.0.1. The training workers
+    and the ray generation replicas are placed there with placement groups; the trainer (this
+    process) must run on a node of that cluster. Default unset."""
+
+    placement_timeout_s: float = Field(60.0, gt=0)
+    """Seconds to wait for Ray to place the training workers (and generation replicas) before the
+    run stops with an error naming the cluster keys: too few nodes, CPUs or GPUs fail fast instead
+    of hanging. Default 60."""
 
     train_workers_per_node: int = Field(0, ge=0)
     """Data-parallel training workers per node (Ray actors, each with a policy replica, one CPU or with
@@ -412,6 +424,11 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
         problems.append(
             f"cluster.num_nodes is {cluster.num_nodes}: only data-parallel training workers span nodes; "
             "set cluster.train_workers_per_node >= 1 (or cluster.num_nodes: 1)"
+        )
+    if cluster.ray_address and cluster.train_workers_per_node < 1 and policy.generation.backend != "ray":
+        problems.append(
+            f"cluster.ray_address is {cluster.ray_address!r} but nothing runs on Ray: set "
+            "cluster.train_workers_per_node >= 1 or policy.generation.backend: ray (or unset cluster.ray_address)"
         )
     if cluster.gpus_per_node and cluster.train_workers_per_node > cluster.gpus_per_node:
         problems.append(

@@ -1,0 +1,118 @@
+"""Join an existing Ray cluster and reserve its resources with placement groups, or fail fast.
+
+Why a module of its own: :mod:`~gym_bridge.generation.ray_local` starts a private single-node Ray on
+127.0.0.1; this one is for a cluster someone else started (``ray start --head`` on one node,
+``ray start --address=HEAD:PORT`` on the others). Both the data-parallel training workers and the
+generation replicas reserve what they need here, as one placement group each (Ray's gang
+scheduling: all bundles or none), and wait for it with a timeout: a cluster too small for the
+request is a start-up error naming the keys, never a hang.
+
+The address: ``cluster.ray_address``, else ``RAY_ADDRESS`` (Ray's own variable). A loopback address
+(a cluster simulated on this machine) keeps the driver on 127.0.0.1; any other turns on Ray's
+multi-host mode, so the driver registers with its routable address as ``ray start`` nodes do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from gym_bridge.generation.ray_local import import_ray, is_loopback
+
+__all__ = ["connect_ray", "describe_nodes", "in_bundle", "remove_placement", "reserve", "resolve_address"]
+
+
+def resolve_address(configured: str | None) -> str | None:
+    """The Ray cluster to join: ``cluster.ray_address``, else ``RAY_ADDRESS``, else None (none)."""
+    return configured or os.environ.get("RAY_ADDRESS") or None
+
+
+def _is_loopback_address(address: str) -> bool:
+    host = address.removeprefix("ray://").rsplit(":", 1)[0]
+    try:
+        return is_loopback(host)
+    except ValueError:  # a host name ("auto", "head-node")
+        return host == "localhost"
+
+
+def connect_ray(address: str, keys: str = "cluster.ray_address (or RAY_ADDRESS)") -> bool:
+    """Connect this process to the Ray cluster at ``address`` unless it is connected already.
+
+    Returns True when this call connected (the caller then owns ``ray.shutdown()``, which disconnects
+    this driver and leaves the cluster running). A cluster that cannot be reached is an error
+    naming ``keys``.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    _reachable(address, keys)  # Ray itself retries an absent head for minutes
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = not _is_loopback_address(address)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RuntimeError(f"{keys} is {address!r}: cannot join that Ray cluster ({exc})") from exc
+    return True
+
+
+def _reachable(address: str, keys: str, timeout_s: float = 10.0) -> None:
+    """Fail fast when nothing answers at a ``HOST:PORT`` address (``auto`` and ``ray://`` are Ray's to resolve)."""
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(
+            f"{keys} is {address!r}: no Ray head answers there ({exc}); start one with "
+            "`ray start --head --port=PORT` and pass its HEAD_IP:PORT"
+        ) from exc
+
+
+def describe_nodes(ray: Any) -> str:
+    """The alive nodes and their CPUs/GPUs, for error messages."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    parts = [
+        f"{n.get('NodeManagerAddress')} ({n['Resources'].get('CPU', 0):g} CPU, {n['Resources'].get('GPU', 0):g} GPU)"
+        for n in alive
+    ]
+    return f"{len(alive)} alive node(s): {', '.join(parts) or 'none'}"
+
+
+def reserve(bundles: list[dict[str, float]], strategy: str, timeout_s: float, what: str) -> Any:
+    """A ready placement group of ``bundles`` with ``strategy``; after ``timeout_s`` without one, the
+    group is removed again and ``RuntimeError`` says ``what`` asked for it and what the cluster has."""
+    ray = import_ray()
+    from ray.util.placement_group import placement_group
+
+    bundles = [{k: v for k, v in b.items() if v} for b in bundles]  # Ray refuses zero-valued entries
+    group = placement_group(bundles, strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement(group)
+        raise RuntimeError(
+            f"{what}: Ray could not place {len(bundles)} bundle(s) {bundles} ({strategy}) within "
+            f"{timeout_s:g} s; the cluster has {describe_nodes(ray)}"
+        ) from None
+    return group
+
+
+def in_bundle(group: Any, index: int) -> Any:
+    """The scheduling strategy that puts an actor into bundle ``index`` of ``group``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+
+def remove_placement(group: Any) -> None:
+    """Give the group's resources back (a cluster outlives the run; its reservations must not)."""
+    import ray
+
+    try:
+        ray.util.remove_placement_group(group)
+    except Exception:  # already removed, or Ray already disconnected (its groups went with it)
+        pass

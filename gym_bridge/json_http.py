@@ -104,6 +104,8 @@ class Route:
     open: bool = False
     """Answered without the bearer token and without a context (``/health``)."""
     summary: str | None = None
+    max_body_bytes: int | None = None
+    """This route's body limit; None: the app's. ``/aggregate_metrics`` carries a whole run's rollouts."""
     adapter: TypeAdapter[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -380,14 +382,15 @@ class JsonApp:
                 declared = value
             elif key == b"authorization":
                 auth = value
-        if declared is not None and _over(declared, self.max_bytes):
-            return self._too_big(), []
         method, path = scope["method"], scope["path"]
         if len(path) > 1 and path.endswith("/"):
             path = path.rstrip("/") or "/"
         route = self.routes.get((method, path)) or (
             self.routes.get(("GET", path)) if method == "HEAD" else None
         )
+        limit = (route.max_body_bytes if route is not None else None) or self.max_bytes
+        if declared is not None and _over(declared, limit):
+            return self._too_big(limit), []
         guarded = route is None or not route.open
         if guarded and self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
             return self.errors.error(401, "missing or wrong bearer token"), []
@@ -403,9 +406,9 @@ class JsonApp:
             try:
                 if declared is not None:
                     await claim.reserve(_declared_size(declared), self.body_timeout_s)
-                raw = await read_body(receive, self.max_bytes, self.body_timeout_s, claim)
+                raw = await read_body(receive, limit, self.body_timeout_s, claim)
             except BodyTooLarge:
-                return self._too_big(), []
+                return self._too_big(limit), []
             except BodiesBusy:
                 return self._busy(), []
             except BodyTimeout:
@@ -487,8 +490,8 @@ class JsonApp:
                   "and this one did not fit in time; retry shortly")  # fmt: skip
         return self.errors.error(503, detail, "body", ((b"retry-after", b"1"), (b"connection", b"close")))
 
-    def _too_big(self) -> Answer:
-        return self.errors.error(413, f"request body larger than the limit of {self.max_bytes} bytes", "body")
+    def _too_big(self, limit: int) -> Answer:
+        return self.errors.error(413, f"request body larger than the limit of {limit} bytes", "body")
 
     def _docs(self, path: str) -> Answer:
         if path == "/openapi.json":

@@ -56,6 +56,8 @@ class ServerSettings(BaseModel):
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     max_body_bytes: int = 16 * 1024 * 1024
+    """Largest request body, except ``/aggregate_metrics``: it carries every rollout of a run (NeMo Gym's
+    collector sends them in one request; 20,000 rollouts take ~17 MB) and may be up to ``max_held_body_bytes``."""
     max_held_body_bytes: int = 256 * 1024 * 1024
     """Bytes of request bodies all requests may hold at once; past it, 503 with ``Retry-After``."""
     body_timeout_s: float = 60.0
@@ -253,7 +255,8 @@ class ResourcesServer:
                   default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
             Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
                   summary="Score a rollout"),
-            Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts"),
+            Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts",
+                  max_body_bytes=max(self.settings.max_body_bytes, self.settings.max_held_body_bytes)),
             Route("GET", "/reverify_mode", reverify_mode, open=True, summary="NeMo Gym's ReverifyMode of /verify"),
         ]  # fmt: skip
         for tool_name, fn in self.tools.items():
@@ -348,9 +351,14 @@ class RunningServer:
         self.stop()
 
 
-HEADER_TIMEOUT_S = 10.0
+HEADER_TIMEOUT_S = 60.0
 """A connection must deliver a request's whole header block this long after it opens (or after the
-request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``)."""
+request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``).
+
+60 s, nginx's ``client_header_timeout``: an honest client can be slow too. ``collect --concurrency
+10000`` on a loaded 2-core machine opens thousands of connections faster than its own event loop writes
+their requests; with 10 s the server closed 7,495 of 20,000 rollouts' connections before their headers
+came (all retried, then failed)."""
 
 MAX_HEADER_BYTES = 64 * 1024
 """Most bytes of a request's head (request line and headers); more is a 431 and the connection closes."""

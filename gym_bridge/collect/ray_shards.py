@@ -25,7 +25,6 @@ itself, only to answer ``/aggregate_metrics`` over the finished file at the end.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -195,11 +194,12 @@ def join_ray(address: str | None) -> tuple[Any, bool]:
             return ray, start_local_ray(num_cpus=os.cpu_count() or 1)
         except RuntimeError as e:
             raise CollectError(f"--ray: {e}") from None
+    from gym_bridge.generation.ray_cluster import connect_ray
+
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise CollectError(f"--ray {address}: cannot join the Ray cluster: {_first_line(e)}") from None
-    return ray, True
+        return ray, connect_ray(address, keys="--ray (or RAY_ADDRESS)")
+    except RuntimeError as e:
+        raise CollectError(_first_line(e)) from None
 
 
 def collect_on_ray(

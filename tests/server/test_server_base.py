@@ -216,6 +216,19 @@ def test_oversized_bodies_are_refused(client: httpx.Client) -> None:
     assert client.get("/health").status_code == 200
 
 
+def test_aggregate_metrics_takes_a_whole_run_beyond_the_per_request_limit(client: httpx.Client) -> None:
+    """A run's rollouts come in one /aggregate_metrics request (NeMo Gym's collector sends them so): at
+    20,000 rollouts that passed the 16 MiB per-request limit and collect lost its aggregate metrics."""
+    records = [{**verify_body(), "reward": float(i % 2), "_ng_task_index": i} for i in range(2000)]
+    body = json.dumps({"verify_responses": records}).encode()
+    assert len(body) > MAX_BODY  # over what /verify may take ...
+    answer = client.post("/aggregate_metrics", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text  # ... taken here, up to max_held_body_bytes
+    assert answer.json()["agent_metrics"]["num_rollouts"] == 2000
+    as_verify = client.post("/verify", content=body, headers={"Content-Type": "application/json"})
+    assert as_verify.status_code == 413
+
+
 def test_unknown_tool_lists_the_known_ones(client: httpx.Client) -> None:
     r = client.post("/get_weather", json={"city": "Paris"})
     assert r.status_code == 404

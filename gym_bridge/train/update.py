@@ -189,7 +189,7 @@ def optimizer_steps(
         for mb in (mb.to(place.device) for mb in mine):
             width = mb.token_mask.shape[1]
             with place.autocast():
-                current = micro_batch_logprobs(model, mb, learner.pad_token_id)
+                current = micro_batch_logprobs(model, mb, learner.pad_token_id, cfg.policy.logprob_chunk_size)
             prev = (
                 current.detach()
                 if batch.prev_logprobs is None

@@ -8,12 +8,17 @@ Layout of one checkpoint (close to NeMo RL's)::
                                loadable by peft.PeftModel.from_pretrained as is
         policy/merged/         with LoRA and checkpointing.save_merged: base + adapter merged, a
                                plain transformers model (vLLM loads it too)
-        policy/tokenizer/      tokenizer.save_pretrained
+        policy/tokenizer       a relative symlink to the run directory's tokenizer/ (below)
         policy/optimizer.pt    optimizer and LR-scheduler state (with LoRA: the adapter's only)
         rng_state.pt           python, numpy and torch RNG states
         train_dataloader.json  where the prompt loaders are
         config.yaml            the resolved run config
         training_info.json     step, metrics (written last)
+
+The tokenizer (3.4 MB for SmolLM2, more than a rank-8 adapter's weights) is the same at every step, so
+it is written once per run directory, ``<checkpoint_dir>/tokenizer/`` (atomically, at a process's
+first save), and each step links to it: readers of ``policy/tokenizer`` work unchanged, and a
+checkpoint costs its adapter or weights plus the optimizer state.
 
 Why it survives SIGKILL: everything is written into a hidden temporary directory beside the final
 one, every file and the directory are fsynced, and only then is it renamed to ``step_<n>`` (one
@@ -49,6 +54,7 @@ STEP_DIR = re.compile(r"step_(\d+)")
 INFO_FILE = "training_info.json"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+TOKENIZER_DIR = "tokenizer"
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -163,6 +169,7 @@ class CheckpointManager:
         self.keep_top_k = keep_top_k
         self.metric_name = metric_name
         self.higher_is_better = higher_is_better
+        self._tokenizer_saved = False
 
     # ------------------------------------------------------------------ finding
 
@@ -234,7 +241,8 @@ class CheckpointManager:
                     from gym_bridge.train.lora import merged_model
 
                     merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
-            tokenizer.save_pretrained(policy / "tokenizer")
+            self._save_tokenizer(tokenizer)
+            os.symlink(Path("..", "..", TOKENIZER_DIR), policy / "tokenizer", target_is_directory=True)
             torch.save(
                 {
                     "optimizer": optimizer.state_dict(),
@@ -257,6 +265,25 @@ class CheckpointManager:
             raise
         self.prune()
         return Checkpoint(step, final)
+
+    def _save_tokenizer(self, tokenizer: Any) -> None:
+        """``<checkpoint_dir>/tokenizer/``, written at this manager's first save (replacing a previous
+        run's, atomically: a killed write leaves only a ``.tmp-*`` directory)."""
+        if self._tokenizer_saved and (self.root / TOKENIZER_DIR).is_dir():
+            return
+        tmp = self.root / f"{TMP_PREFIX}{TOKENIZER_DIR}-{uuid.uuid4().hex[:8]}"
+        try:
+            tokenizer.save_pretrained(tmp)
+            _fsync_tree(tmp)
+            final = self.root / TOKENIZER_DIR
+            if final.exists():
+                self._discard(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._tokenizer_saved = True
 
     def _discard(self, path: Path) -> None:
         """Remove a checkpoint so that a kill midway never leaves a half-deleted ``step_<n>``."""

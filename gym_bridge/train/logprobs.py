@@ -4,6 +4,12 @@
 ``log_softmax``, so memory stays at one copy of the logits. The trainer's passes project only the
 positions it trains on through the output layer (on RL batches most positions are prompt or
 padding, and the vocabulary projection is the costliest part of small models).
+
+With ``policy.logprob_chunk_size`` those positions go through the output layer ``chunk_size`` at a
+time, so at most one chunk's (chunk, vocabulary) logits exist at once instead of (positions,
+vocabulary): in a pass with gradients each chunk is checkpointed (its logits are recomputed in the
+backward pass, one chunk at a time, rather than kept for it), which costs one more output-layer
+matmul per position. Same values and gradients, up to float rounding.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["gather_logprobs", "hidden_logprobs", "projects_hidden_states_plainly", "token_logprobs"]
 
@@ -20,9 +27,27 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def hidden_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Float32 log-probs of ``targets`` (n,) from last hidden states (n, H) through the output layer."""
-    return gather_logprobs(model.get_output_embeddings()(hidden).float(), targets)
+def _projected_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return gather_logprobs(head(hidden).float(), targets)
+
+
+def hidden_logprobs(
+    model: Any, hidden: torch.Tensor, targets: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """Float32 log-probs of ``targets`` (n,) from last hidden states (n, H) through the output layer,
+    ``chunk_size`` positions at a time when given (see the module docstring), else all at once."""
+    head = model.get_output_embeddings()
+    if chunk_size is None or hidden.shape[0] <= chunk_size:
+        return _projected_logprobs(head, hidden, targets)
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if recompute:  # keep only the chunk's inputs for backward, not its (chunk, V) logits
+            parts.append(checkpoint(_projected_logprobs, head, h, t, use_reentrant=False))
+        else:
+            parts.append(_projected_logprobs(head, h, t))
+    return torch.cat(parts)
 
 
 def projects_hidden_states_plainly(model: Any) -> bool:
@@ -41,10 +66,13 @@ def token_logprobs(
     attention_mask: torch.Tensor | None,
     token_mask: torch.Tensor,
     position_ids: torch.Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere.
 
     Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
+    ``chunk_size``: :func:`hidden_logprobs`' (a model whose logits are not plainly ``lm_head(hidden)``
+    gets its full logits from its own forward pass, unchunked).
     """
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if position_ids is not None:
@@ -54,7 +82,7 @@ def token_logprobs(
         return gather_logprobs(logits, input_ids[:, 1:]) * token_mask
     hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
     where = token_mask.bool()
-    picked = hidden_logprobs(model, hidden[where], input_ids[:, 1:][where])
+    picked = hidden_logprobs(model, hidden[where], input_ids[:, 1:][where], chunk_size)
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=picked.device)
     out[where] = picked
     return out

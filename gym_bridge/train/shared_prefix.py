@@ -195,11 +195,13 @@ def shared_prefix_logprobs(
     token_mask: torch.Tensor,
     plan: PrefixPlan,
     pad_token_id: int,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` is set (0 elsewhere), like a plain pass.
 
     ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
+    ``chunk_size``: see :func:`gym_bridge.train.logprobs.hidden_logprobs`.
     """
     device = token_mask.device
     rows = len(token_ids)
@@ -236,7 +238,7 @@ def shared_prefix_logprobs(
     wanted = torch.zeros((rows, suffix_width), dtype=torch.bool, device=device)
     wanted[in_range] = token_mask.gather(1, columns.clamp(max=token_mask.shape[1] - 1))[in_range].bool()
     wanted &= suffix_attention.bool()
-    picked = hidden_logprobs(model, hidden[wanted], suffix_ids[wanted])
+    picked = hidden_logprobs(model, hidden[wanted], suffix_ids[wanted], chunk_size)
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=device)
     row_index = torch.arange(rows, device=device).unsqueeze(-1).expand(rows, suffix_width)
     out[row_index[wanted], columns[wanted]] = picked

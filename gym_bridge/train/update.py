@@ -21,6 +21,7 @@ import torch
 from gym_bridge.train.advantages import grpo_advantages
 from gym_bridge.train.config import GRPOConfig, MasterConfig
 from gym_bridge.train.device import Placement
+from gym_bridge.train.host_memory import release_freed_memory
 from gym_bridge.train.loss import reduce_microbatch_metrics
 from gym_bridge.train.reward_components import gdpo_components, training_rewards
 from gym_bridge.train.reward_shaping import shape_rewards
@@ -165,8 +166,14 @@ def optimizer_steps(
     process runs micro-batches ``rank``, ``rank + world_size``, ... of each optimizer step, then the
     gradients are summed over the processes before the (identical) clip and optimizer step; the
     metrics returned are this process's share.
+
+    On CPU the allocator's free pages go back to the OS before the pass (what generation freed) and
+    after it (its activations): :mod:`gym_bridge.train.host_memory`.
     """
     model, samples, place = learner.model, batch.samples, learner.placement
+    on_host = place.device.type == "cpu"
+    if on_host:
+        release_freed_memory()
     model.train()
     share, packing = shares_prompts(cfg, model), packing_layout(cfg)
     max_norm = cfg.policy.max_grad_norm if cfg.policy.max_grad_norm is not None else math.inf
@@ -189,7 +196,7 @@ def optimizer_steps(
         for mb in (mb.to(place.device) for mb in mine):
             width = mb.token_mask.shape[1]
             with place.autocast():
-                current = micro_batch_logprobs(model, mb, learner.pad_token_id)
+                current = micro_batch_logprobs(model, mb, learner.pad_token_id, cfg.policy.logprob_chunk_size)
             prev = (
                 current.detach()
                 if batch.prev_logprobs is None
@@ -220,7 +227,10 @@ def optimizer_steps(
         reduced.update(_optimizer_step(learner, max_norm))
         _step_scheduler(learner.scheduler)  # also after a float16 step the scaler skipped
         step_metrics.append(reduced)
-    return _to_host(step_metrics)
+    out = _to_host(step_metrics)
+    if on_host:
+        release_freed_memory()
+    return out
 
 
 def summarize_update(host: list[dict[str, float]], loss_scale: float | None = None) -> dict[str, float]:

@@ -113,7 +113,7 @@ def test_incomplete_directories_are_ignored_and_cleaned(tmp_path: Path) -> None:
     assert manager.latest().step == 2
     removed = {p.name for p in manager.clean_leftovers()}
     assert removed == {".tmp-step_3-deadbeef", ".trash-step_1-cafebabe"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2", "step_9"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_2", "step_9", "tokenizer"]  # the run's tokenizer
 
 
 def test_keep_top_k_by_metric_always_keeps_the_latest(tmp_path: Path) -> None:
@@ -202,7 +202,8 @@ def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_pat
             child.wait()
 
     names = sorted(p.name for p in (run / "ckpt").iterdir())
-    assert len(names) == 3 and names[0].startswith(".tmp-step_3") and names[1:] == ["step_1", "step_2"]
+    assert len(names) == 4 and names[0].startswith(".tmp-step_3")
+    assert names[1:] == ["step_1", "step_2", "tokenizer"]  # the run's tokenizer, written at the first save
     manager = CheckpointManager(run / "ckpt")
     assert manager.latest().step == 2  # the fully written but unpublished step 3 does not count
 

@@ -310,6 +310,13 @@ class PolicyConfig(Section):
     logprob_batch_size: int = Field(4, ge=1)
     """Samples per forward pass when computing previous / reference log-probs. Default 4."""
 
+    logprob_chunk_size: int | None = Field(None, ge=1)
+    """Token positions projected through the output layer at a time when taking log-probs (NeMo RL's
+    key): at most (chunk, vocabulary) logits exist at once instead of (trained tokens of the
+    micro-batch, vocabulary); in training passes each chunk's logits are recomputed in the backward
+    pass rather than kept (one more output-layer matmul). Same log-probs and gradients up to float
+    rounding. Models with soft-capped or scaled logits are not chunked. Default null (one chunk)."""
+
     max_total_sequence_length: int = Field(512, ge=2)
     """Most tokens of prompt plus completion. Default 512."""
 

@@ -35,6 +35,8 @@ import random
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,9 +231,7 @@ class CheckpointManager:
         ``save_merged`` the merged model besides it."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step}"
-        tmp = self.root / f"{TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
+        with self._atomic_dir(final) as tmp:
             policy = tmp / "policy"
             if peft_model is None:
                 model.save_pretrained(policy / "weights", safe_serialization=True)
@@ -255,14 +255,6 @@ class CheckpointManager:
             (tmp / "config.yaml").write_text(config_yaml)
             info = {"step": step, "metrics": metrics or {}, **(extra_info or {})}
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=float))
-            _fsync_tree(tmp)
-            if final.exists():  # re-saving a step (e.g. after resuming from an older one)
-                self._discard(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.prune()
         return Checkpoint(step, final)
 
@@ -271,11 +263,20 @@ class CheckpointManager:
         run's, atomically: a killed write leaves only a ``.tmp-*`` directory)."""
         if self._tokenizer_saved and (self.root / TOKENIZER_DIR).is_dir():
             return
-        tmp = self.root / f"{TMP_PREFIX}{TOKENIZER_DIR}-{uuid.uuid4().hex[:8]}"
-        try:
+        with self._atomic_dir(self.root / TOKENIZER_DIR) as tmp:
             tokenizer.save_pretrained(tmp)
+        self._tokenizer_saved = True
+
+    @contextmanager
+    def _atomic_dir(self, final: Path) -> Iterator[Path]:
+        """Yield a fresh ``.tmp-*`` directory to fill; then fsync it and rename it over ``final`` (a
+        previous ``final`` is discarded first: re-saving a step, a new run's tokenizer). A kill midway
+        leaves only the ``.tmp-*`` directory; an error removes it."""
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
             _fsync_tree(tmp)
-            final = self.root / TOKENIZER_DIR
             if final.exists():
                 self._discard(final)
             os.rename(tmp, final)
@@ -283,7 +284,6 @@ class CheckpointManager:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._tokenizer_saved = True
 
     def _discard(self, path: Path) -> None:
         """Remove a checkpoint so that a kill midway never leaves a half-deleted ``step_<n>``."""

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -85,3 +89,25 @@ def write_rows(path: Path, rows: list[Any]) -> Path:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rollout_pairs(path: Any) -> list[tuple[int, int]]:
+    """``(task index, repeat index)`` of every rollout in an output file, in file order."""
+    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(path)]
+
+
+def sigkill_after_lines(command: list[str], out: Path, lines: int, cwd: str, timeout: float = 60) -> None:
+    """Run ``gym-bridge collect`` as a child and SIGKILL it once ``out`` has ``lines`` lines (a crash mid-run)."""
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while (
+            not out.exists() or len(out.read_bytes().splitlines()) < lines
+        ) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL

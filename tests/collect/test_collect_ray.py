@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from collect_helpers import read_jsonl, write_rows
+from collect_helpers import read_jsonl, sigkill_after_lines, write_rows
+from collect_helpers import rollout_pairs as pairs
 from fake_model import FakeModel, Fault, arithmetic_row
 
 from gym_bridge.collect import CollectConfig, CollectError, failures_path_for, metrics_path_for
@@ -48,10 +48,6 @@ def two_nodes() -> Iterator[Any]:
 
 def node_ids(cluster: Any) -> set[str]:
     return {node.node_id for node in [cluster.head_node, *cluster.worker_nodes]}
-
-
-def pairs(path: Any) -> list[tuple[int, int]]:
-    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(path)]
 
 
 def test_two_nodes_write_every_rollout_once_with_node_local_envs_on_loopback(tmp_path, two_nodes):
@@ -106,17 +102,7 @@ def test_sigkill_of_the_driver_then_resume_gives_every_rollout_exactly_once(tmp_
             "--model-url", model.url, "--num-repeats", "3", "--concurrency", "4", "--no-progress",
             "--ray", two_nodes.address,
         ]  # fmt: skip
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while (not out.exists() or len(out.read_bytes().splitlines()) < 8) and time.monotonic() < deadline:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.02)
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL
+        sigkill_after_lines(command, out, 8, cwd=REPO)
         done_before = pairs(out)
         assert 8 <= len(done_before) < 60
 

@@ -10,16 +10,13 @@ import sys
 import time
 from collections import Counter
 
-from collect_helpers import read_jsonl, write_rows
+from collect_helpers import read_jsonl, sigkill_after_lines, write_rows
+from collect_helpers import rollout_pairs as pairs
 from fake_model import FakeModel, Fault, arithmetic_row
 
 from gym_bridge.collect import CollectConfig, collect, failures_path_for, metrics_path_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def pairs(path) -> list[tuple[int, int]]:
-    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(path)]
 
 
 def test_resume_fills_gaps_repairs_torn_tail_and_retries_failures(tmp_path, boxed_env):
@@ -79,19 +76,7 @@ def test_sigkill_then_resume_gives_every_rollout_exactly_once(tmp_path, boxed_en
             "--env", boxed_env[0], "--model-url", model.url, "--num-repeats", "3",
             "--concurrency", "4", "--no-progress",
         ]  # fmt: skip
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while (
-                not out.exists() or len(out.read_bytes().splitlines()) < 10
-            ) and time.monotonic() < deadline:
-                assert proc.poll() is None, proc.communicate()
-                time.sleep(0.02)
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL
+        sigkill_after_lines(command, out, 10, cwd=REPO)
         done_before = pairs(out)
         assert 10 <= len(done_before) < 90
         with open(out, "a") as f:

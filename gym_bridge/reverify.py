@@ -15,7 +15,6 @@ env. A stored line that is not a rollout with ``_ng_task_index``/``_ng_rollout_i
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -34,10 +33,10 @@ from gym_bridge.collect import (
     aggregate_metrics_path_for,
     env_aggregate_metrics,
     failures_path_for,
-    new_event_loop,
     prepare_output,
     run_all,
 )
+from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl
 from gym_bridge.retry import RequestFailed, RetryPolicy, post_json
 
@@ -246,11 +245,7 @@ def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> R
         except ValueError as e:
             raise CollectError(str(e)) from None
         main = reverify_async(config, env_url, report)
-        if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
-            result = asyncio.run(main)
-        else:
-            with asyncio.Runner(loop_factory=new_event_loop) as runner:
-                result = runner.run(main)
+        result = run_interruptible(main)
     if result.aggregate_metrics:
         _write_json(aggregate_metrics_path_for(config.output_path), result.aggregate_metrics)
     return result

@@ -9,7 +9,7 @@ not grow with the file and no more than ``concurrency`` rollouts run. Repeats co
 from __future__ import annotations
 
 import asyncio
-import sys
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ from gym_bridge.collect.output import (
 from gym_bridge.collect.routing import Router, parse_env_args
 from gym_bridge.collect.summary import RunStats, env_aggregate_metrics, reward_component_means
 from gym_bridge.collect.tasks import count_rows, iter_tasks
-from gym_bridge.event_loop import new_event_loop
+from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter
 from gym_bridge.metrics import aggregate_rewards
 from gym_bridge.seeding import rollout_seed
@@ -88,9 +88,11 @@ async def collect_async(
     on_progress: Callable[[RunStats, int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     executor: RolloutExecutor | None = None,
+    stop: threading.Event | None = None,
 ) -> CollectResult:
     """Run the collection against running envs (``router``) and a running model (``model_url``); with
-    ``executor``, each rollout runs there instead (the envs of ``router`` then serve ``/aggregate_metrics``)."""
+    ``executor``, each rollout runs there instead (the envs of ``router`` then serve ``/aggregate_metrics``).
+    Once ``stop`` is set, workers take no more rollouts."""
     stats = RunStats()
     output, failures_path = config.output_path, failures_path_for(config.output_path)
     done, slim = read_finished(output, report) if config.resume else (set(), [])
@@ -175,7 +177,7 @@ async def collect_async(
 
     async def work(i: int) -> None:
         client = pool.for_worker(i)
-        while (job := await queue.get()) is not None:
+        while not (stop is not None and stop.is_set()) and (job := await queue.get()) is not None:
             task = {**job.row, TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
             extra = _rollout_params(job, config)
             if executor is not None:
@@ -303,10 +305,7 @@ def collect(
         model_url = config.model_url or stack.enter_context(
             running_policy(config.policy or "", seed=config.seed or 0)
         )
-        main = collect_async(
-            config, router, model_url, report=report, on_progress=on_progress, on_start=on_start, executor=executor
-        )
-        if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
-            return asyncio.run(main)
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            return runner.run(main)
+        stop = threading.Event()  # Ctrl-C: workers take no more rollouts
+        main = collect_async(config, router, model_url, report=report, on_progress=on_progress,
+                             on_start=on_start, executor=executor, stop=stop)  # fmt: skip
+        return run_interruptible(main, stop)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from multidict import CIMultiDict
 
 __all__ = ["InProcessClient", "InProcessResponse"]
 
@@ -30,7 +31,8 @@ class InProcessResponse:
     """An app's answer, as an ``httpx.Response`` exposes it to :func:`~gym_bridge.retry.post_json`."""
 
     status_code: int
-    headers: httpx.Headers
+    headers: CIMultiDict[str]
+    """Case-insensitive, repeatable (``set-cookie``): what aiohttp answers with (cheaper than httpx's)."""
     content: bytes
 
 
@@ -76,6 +78,8 @@ class InProcessClient:
     def __init__(self) -> None:
         self._apps: dict[tuple[str, int], Any] = {}
         self._lifespans: list[_Lifespan] = []
+        self._targets: dict[Any, tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]] = {}
+        """URL -> (app, host, path, raw path, query, server): a run posts to a few URLs many times."""
 
     async def mount(self, name: str, app: Any) -> str:
         """Start ``app`` and return its base URL (``http://<name>.in-process``)."""
@@ -88,12 +92,11 @@ class InProcessClient:
 
     async def post(self, url: httpx.URL | str, *, content: bytes, headers: dict[str, str]) -> InProcessResponse:
         """POST ``content`` to the mounted app that ``url`` names, as one ASGI request."""
-        url = url if isinstance(url, httpx.URL) else httpx.URL(url)
-        port = url.port or 80
-        app = self._apps.get((url.host, port))
-        if app is None:
-            raise httpx.ConnectError(f"no in-process app serves {url.scheme}://{url.host}:{port}")
-        raw_headers = [(b"host", url.host.encode("ascii")), (b"content-length", str(len(content)).encode())]
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = self._target(url)
+        app, host, path, raw_path, query, server = target
+        raw_headers = [(b"host", host), (b"content-length", str(len(content)).encode())]
         raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         scope = {
             "type": "http",
@@ -101,13 +104,13 @@ class InProcessClient:
             "http_version": "1.1",
             "method": "POST",
             "scheme": "http",
-            "path": url.path,
-            "raw_path": url.raw_path.split(b"?", 1)[0],
-            "query_string": url.query,
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
             "root_path": "",
             "headers": raw_headers,
             "client": ("127.0.0.1", 0),
-            "server": (url.host, port),
+            "server": server,
         }
         delivered = False
         answered = asyncio.Event()
@@ -139,16 +142,26 @@ class InProcessClient:
             if started:  # the answer was under way: over HTTP, a connection cut mid-answer
                 raise httpx.RemoteProtocolError(f"the app failed mid-answer: {exc!r}") from exc
             # What uvicorn answers for an app that raised before answering.
-            return InProcessResponse(500, httpx.Headers({"content-type": "text/plain; charset=utf-8"}),
+            return InProcessResponse(500, CIMultiDict({"content-type": "text/plain; charset=utf-8"}),
                                      b"Internal Server Error")  # fmt: skip
         finally:
             answered.set()
         if not started:
             raise httpx.RemoteProtocolError("the app ended without an answer")
-        return InProcessResponse(status, httpx.Headers(answer_headers), bytes(body))
+        return InProcessResponse(status, CIMultiDict(answer_headers), bytes(body))
+
+    def _target(self, url: httpx.URL | str) -> tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        port = parsed.port or 80
+        app = self._apps.get((parsed.host, port))
+        if app is None:
+            raise httpx.ConnectError(f"no in-process app serves {parsed.scheme}://{parsed.host}:{port}")
+        raw_path = parsed.raw_path.split(b"?", 1)[0]
+        return app, parsed.host.encode("ascii"), parsed.path, raw_path, parsed.query, (parsed.host, port)
 
     async def aclose(self) -> None:
         """Shut the mounted apps down (their lifespans' shut-down), last mounted first."""
         while self._lifespans:
             await self._lifespans.pop().stop()
         self._apps.clear()
+        self._targets.clear()

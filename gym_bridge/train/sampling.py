@@ -208,9 +208,9 @@ class OnlineSampler:
         self, prompts: Sequence[Prompt], seeds: list[list[int]], group_offset: int = 0
     ) -> tuple[list[Sample], dict[str, float]]:
         self.timer.reset()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         results = self._on_loop(self._rollouts(prompts, seeds))
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         samples: list[Sample] = []
         failures = FailureTally()
         for (i, prompt), result in results:
@@ -235,6 +235,9 @@ class OnlineSampler:
             "time_rollouts_s": wall,
             "time_generation_s": self.timer.seconds,
             "time_reward_and_http_s": max(0.0, wall - self.timer.seconds),
+            # CPU of every thread of the sampling process (the rollout process's, in async GRPO):
+            # what the rollouts cost, whatever else the machine runs.
+            "time_rollouts_cpu_s": cpu,
             "rollouts_requested": len(results),
             "rollout_failures": failures.count,
             "generate_calls": self.timer.calls,

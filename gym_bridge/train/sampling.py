@@ -2,8 +2,9 @@
 
 - :class:`OnlineSampler`: completions from the current policy through the same agent loop as
   ``collect`` (:func:`gym_bridge.agent.run_rollout`), served by the embedded OpenAI-compatible policy
-  server over the generation backend and scored by the resources servers over HTTP. Token ids and
-  log-probs come back on the output items, so nothing is re-tokenized.
+  server over the generation backend and scored by the resources servers over HTTP (the embedded
+  servers' apps called in-process when no env is given by URL: :mod:`gym_bridge.train.in_process`).
+  Token ids and log-probs come back on the output items, so nothing is re-tokenized.
 - :class:`OfflineSampler`: the scored completions of offline groups (tokenized once, cached).
 - :class:`~gym_bridge.train.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
   process, so that async GRPO's sampling and training run on separate cores.

@@ -3,7 +3,9 @@
 Not a benchmark row (``run_all.py`` runs ``bench_*.py`` only; ``bench_train.py`` is the comparison with
 TRL): it runs ``recipes/grpo_math_tiny.yaml`` for a few steps with validation and checkpoints off, plus
 any dotted overrides, and prints the median of each ``time_*`` metric over the steps after the first
-two, and the mean reward of the last five. Compare two settings in the same sitting, alternating:
+two, and the mean reward of the last five. ``time_rollouts_cpu_s`` is the CPU the sampling process
+spent per step (all its threads), which a loaded machine does not inflate as it does wall times.
+Compare two settings in the same sitting, alternating:
 
     .venv/bin/python bench/train_phases.py --steps 24 policy.share_prompt_prefix=false
     .venv/bin/python bench/train_phases.py --steps 24 grpo.async_grpo.enabled=false
@@ -26,6 +28,7 @@ PHASES = (
     "time_training_s",
     "time_waiting_for_rollouts_s",
     "time_producer_batch_s",
+    "time_rollouts_cpu_s",
     "trajectory_age_steps",
 )
 

@@ -58,25 +58,33 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
             raise ValueError(f"cannot size the worker pool of the server at {name_or_url}: it runs on its own")
         yield name_or_url.rstrip("/")
         return
-    from gym_bridge.server import ServerSettings, start_in_thread
+    from gym_bridge.server import start_in_thread
 
-    server_class = load_server_class(name_or_url)
-    network = {k: v for k, v in settings.items() if k in ServerSettings.model_fields}
-    own = {k: v for k, v in settings.items() if k not in network}
-    server = server_class(ServerSettings(**network))
-    if workers is not None:
-        field = workers_setting(name_or_url)
-        if field is None:
-            raise ValueError(f"environment '{name_or_url}' has no worker pool to size")
-        own[field] = workers
-    if own:
-        config = getattr(server, "config", None)
-        if config is None:
-            raise ValueError(f"environment '{name_or_url}' has no setting {', '.join(map(repr, own))}")
-        config = config.model_validate({**config.model_dump(), **own})
-        server = server_class(ServerSettings(**network), config=config)
-    running = start_in_thread(server.build_app())
+    running = start_in_thread(env_app(name_or_url, workers=workers, **settings))
     try:
         yield running.url
     finally:
         running.stop()
+
+
+def env_app(name: str, *, workers: int | None = None, **settings: Any) -> Any:
+    """The ASGI app of the built-in server ``name``, configured as :func:`running_env` describes, not
+    yet started (its lifespan starts it): for callers that serve it themselves (in-process training)."""
+    from gym_bridge.server import ServerSettings
+
+    server_class = load_server_class(name)
+    network = {k: v for k, v in settings.items() if k in ServerSettings.model_fields}
+    own = {k: v for k, v in settings.items() if k not in network}
+    server = server_class(ServerSettings(**network))
+    if workers is not None:
+        field = workers_setting(name)
+        if field is None:
+            raise ValueError(f"environment '{name}' has no worker pool to size")
+        own[field] = workers
+    if own:
+        config = getattr(server, "config", None)
+        if config is None:
+            raise ValueError(f"environment '{name}' has no setting {', '.join(map(repr, own))}")
+        config = config.model_validate({**config.model_dump(), **own})
+        server = server_class(ServerSettings(**network), config=config)
+    return server.build_app()

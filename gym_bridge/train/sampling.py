@@ -2,8 +2,9 @@
 
 - :class:`OnlineSampler`: completions from the current policy through the same agent loop as
   ``collect`` (:func:`gym_bridge.agent.run_rollout`), served by the embedded OpenAI-compatible policy
-  server over the generation backend and scored by the resources servers over HTTP. Token ids and
-  log-probs come back on the output items, so nothing is re-tokenized.
+  server over the generation backend and scored by the resources servers over HTTP (the embedded
+  servers' apps called in-process when no env is given by URL: :mod:`gym_bridge.train.in_process`).
+  Token ids and log-probs come back on the output items, so nothing is re-tokenized.
 - :class:`OfflineSampler`: the scored completions of offline groups (tokenized once, cached).
 - :class:`~gym_bridge.train.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
   process, so that async GRPO's sampling and training run on separate cores.
@@ -26,7 +27,7 @@ import torch
 
 from gym_bridge.agent import AgentConfig, make_session, run_rollout
 from gym_bridge.chat import items_to_messages
-from gym_bridge.envs import running_env
+from gym_bridge.envs import env_app, running_env
 from gym_bridge.event_loop import new_event_loop
 from gym_bridge.policy.server import build_policy_app
 from gym_bridge.retry import RetryPolicy
@@ -34,6 +35,7 @@ from gym_bridge.seeding import rollout_seed
 from gym_bridge.server import start_in_thread
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
+from gym_bridge.train.in_process import InProcessClient
 from gym_bridge.train.reward_components import informative_samples
 from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
 from gym_bridge.train.rollouts import (
@@ -113,10 +115,17 @@ class OnlineSampler:
 
     Starts (or connects to) the resources servers of ``cfg.env`` and serves ``backend`` on loopback;
     the rollouts run concurrently on a private event loop whose HTTP session (keep-alive) lasts the run.
+    ``in_process`` (when every env is built in, none given by URL): the policy and env apps run on that
+    loop and are called without a socket (:mod:`gym_bridge.train.in_process`: same requests and answers,
+    a fraction of the CPU); False serves them over loopback HTTP.
     """
 
-    def __init__(self, cfg: MasterConfig, backend: Any, tokenizer: Any, *, threads: int | None = None) -> None:
+    def __init__(
+        self, cfg: MasterConfig, backend: Any, tokenizer: Any, *, threads: int | None = None, in_process: bool = True
+    ) -> None:
         self.cfg = cfg
+        self.in_process = in_process and all(env.url is None for env in cfg.env.values())
+        self._client: InProcessClient | None = None
         self.tokenizer = tokenizer
         self.timer = GenerationTimer(backend, threads=threads)
         self.max_concurrency = max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt)
@@ -134,13 +143,17 @@ class OnlineSampler:
     def _start_services(self) -> None:
         cfg = self.cfg
         self.env_urls: dict[str, str] = {}
+        apps: dict[str, Any] = {}  # in-process: name -> ASGI app, mounted on the rollout loop below
         for name, env in cfg.env.items():
             if env.url is not None:
                 self.env_urls[name] = env.url.rstrip("/")
             else:
                 try:
-                    started = running_env(env.server or name, workers=env.num_workers, **env.config)
-                    self.env_urls[name] = self._services.enter_context(started)
+                    if self.in_process:
+                        apps[name] = env_app(env.server or name, workers=env.num_workers, **env.config)
+                    else:
+                        started = running_env(env.server or name, workers=env.num_workers, **env.config)
+                        self.env_urls[name] = self._services.enter_context(started)
                 except ValueError as err:
                     if env.num_workers is None or "worker pool" not in str(err):
                         raise
@@ -157,7 +170,13 @@ class OnlineSampler:
             batch_wait_ms=100.0,
             max_output_tokens=generation.max_new_tokens,
         )
-        policy_server = self._services.enter_context(start_in_thread(app))
+        if self.in_process:
+            self._client = InProcessClient()
+            urls = self._on_loop(_mount_all(self._client, {"policy": app, **{f"env-{n}": a for n, a in apps.items()}}))
+            policy_url = urls.pop("policy")
+            self.env_urls.update({n: urls[f"env-{n}"] for n in apps})
+        else:
+            policy_url = self._services.enter_context(start_in_thread(app)).url
         overrides: dict[str, Any] = {
             "model": "policy",
             "temperature": generation.temperature,
@@ -174,7 +193,7 @@ class OnlineSampler:
         model_retry = RetryPolicy(max_attempts=3, request_timeout=600.0, retry_timeouts=False)
         self.agent_configs = {
             name: AgentConfig(
-                model_url=f"{policy_server.url}/v1",
+                model_url=f"{policy_url}/v1",
                 max_steps=env.max_steps or cfg.grpo.max_rollout_turns,
                 overrides=dict(overrides),
                 model_retry=model_retry,
@@ -190,9 +209,9 @@ class OnlineSampler:
         self, prompts: Sequence[Prompt], seeds: list[list[int]], group_offset: int = 0
     ) -> tuple[list[Sample], dict[str, float]]:
         self.timer.reset()
-        started = time.perf_counter()
-        results = asyncio.run_coroutine_threadsafe(self._rollouts(prompts, seeds), self._loop).result()
-        wall = time.perf_counter() - started
+        started, cpu_started = time.perf_counter(), time.process_time()
+        results = self._on_loop(self._rollouts(prompts, seeds))
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         samples: list[Sample] = []
         failures = FailureTally()
         for (i, prompt), result in results:
@@ -217,6 +236,9 @@ class OnlineSampler:
             "time_rollouts_s": wall,
             "time_generation_s": self.timer.seconds,
             "time_reward_and_http_s": max(0.0, wall - self.timer.seconds),
+            # CPU of every thread of the sampling process (the rollout process's, in async GRPO):
+            # what the rollouts cost, whatever else the machine runs.
+            "time_rollouts_cpu_s": cpu,
             "rollouts_requested": len(results),
             "rollout_failures": failures.count,
             "generate_calls": self.timer.calls,
@@ -229,7 +251,9 @@ class OnlineSampler:
     def close(self) -> None:
         if self._loop.is_running():
             if self._session is not None:
-                asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result()
+                self._on_loop(self._session.close())
+            if self._client is not None:
+                self._on_loop(self._client.aclose())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=10)
         self._loop.close()
@@ -237,17 +261,24 @@ class OnlineSampler:
 
     # ------------------------------------------------------------------ internals
 
+    def _on_loop(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the rollout loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
     async def _rollouts(self, prompts: Sequence[Prompt], seeds: list[list[int]]) -> list[tuple[Any, Any]]:
         """Every (prompt, seed) through the agent loop; results in prompt-then-seed order."""
-        if self._session is None:  # created on the loop's thread, kept for later steps
-            self._session = make_session(max_connections=2 * self.max_concurrency)
+        client: Any = self._client
+        if client is None:
+            if self._session is None:  # created on the loop's thread, kept for later steps
+                self._session = make_session(max_connections=2 * self.max_concurrency)
+            client = self._session
         limit = asyncio.Semaphore(self.max_concurrency)
 
         async def one(prompt: Prompt, seed: int) -> Any:
             env = prompt.env_name or ""
             async with limit:
                 return await run_rollout(
-                    self._session,
+                    client,
                     prompt.row,
                     self.env_urls[env],
                     self.agent_configs[env],
@@ -291,6 +322,11 @@ class OnlineSampler:
             and generated[-1] not in stops
             and len(token_ids) >= self.cfg.policy.max_total_sequence_length
         )
+
+
+async def _mount_all(client: InProcessClient, apps: dict[str, Any]) -> dict[str, str]:
+    """Start each app on the running loop; name -> its base URL."""
+    return {name: await client.mount(name, app) for name, app in apps.items()}
 
 
 _Sequence = tuple[list[int], list[int], "list[float] | None", float]

@@ -1,0 +1,167 @@
+"""The embedded servers of a training run, called without a socket: same apps, same bytes, no HTTP.
+
+Online training runs the agent loop against servers it starts itself: the policy server and the
+built-in resources servers. Over loopback HTTP each rollout's three requests (``/seed_session``,
+``/responses``, ``/verify``) cost more CPU in aiohttp, uvicorn and the sockets than the apps' own work,
+and the three event loops (client, policy server, env server) passed the interpreter lock between
+them hundreds of times a step. Here the apps run on the agent loop's own event loop and each request is
+one ASGI call: the request body, headers (cookies, bearer token, content length) and the answer's
+status, headers and body are exactly what HTTP would carry, through the same :class:`JsonApp` code
+(validation, limits, sessions). Environments given by URL still go over HTTP.
+
+:class:`InProcessClient` has the shape :func:`gym_bridge.retry.post_json` expects of an
+``httpx.AsyncClient`` (``await post(url, content=, headers=)`` answering ``status_code``, ``headers``,
+``content``), so the agent loop and its retry policy run unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from multidict import CIMultiDict
+
+__all__ = ["InProcessClient", "InProcessResponse"]
+
+
+@dataclass
+class InProcessResponse:
+    """An app's answer, as an ``httpx.Response`` exposes it to :func:`~gym_bridge.retry.post_json`."""
+
+    status_code: int
+    headers: CIMultiDict[str]
+    """Case-insensitive, repeatable (``set-cookie``): what aiohttp answers with (cheaper than httpx's)."""
+    content: bytes
+
+
+class _Lifespan:
+    """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`."""
+
+    def __init__(self, app: Any) -> None:
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._task = asyncio.ensure_future(
+            app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, self._inbox.get, self._outbox.put)
+        )
+
+    async def _phase(self, name: str) -> None:
+        await self._inbox.put({"type": f"lifespan.{name}"})
+        get = asyncio.ensure_future(self._outbox.get())
+        await asyncio.wait({get, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if not get.done():
+            get.cancel()
+            self._task.result()  # the app's own error, if it raised
+            raise RuntimeError(f"the app ended its lifespan during {name}")
+        message = get.result()
+        if message["type"] != f"lifespan.{name}.complete":
+            raise RuntimeError(f"{name} failed: {message.get('message', '')}")
+
+    async def start(self) -> None:
+        await self._phase("startup")
+
+    async def stop(self) -> None:
+        if not self._task.done():
+            await self._phase("shutdown")
+        await self._task
+
+
+class InProcessClient:
+    """Serves ASGI apps under made-up origins on the current event loop and posts to them directly.
+
+    :meth:`mount` runs an app's start-up on the calling loop; every later call must come from that loop.
+    A URL of an origin that was not mounted is refused with ``httpx.ConnectError`` (a connection error
+    to the retry policy), so a misrouted request fails as loudly as over HTTP.
+    """
+
+    def __init__(self) -> None:
+        self._apps: dict[tuple[str, int], Any] = {}
+        self._lifespans: list[_Lifespan] = []
+        self._targets: dict[Any, tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]] = {}
+        """URL -> (app, host, path, raw path, query, server): a run posts to a few URLs many times."""
+
+    async def mount(self, name: str, app: Any) -> str:
+        """Start ``app`` and return its base URL (``http://<name>.in-process``)."""
+        url = httpx.URL(f"http://{name}.in-process")
+        lifespan = _Lifespan(app)
+        await lifespan.start()
+        self._lifespans.append(lifespan)
+        self._apps[(url.host, 80)] = app
+        return str(url).rstrip("/")
+
+    async def post(self, url: httpx.URL | str, *, content: bytes, headers: dict[str, str]) -> InProcessResponse:
+        """POST ``content`` to the mounted app that ``url`` names, as one ASGI request."""
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = self._target(url)
+        app, host, path, raw_path, query, server = target
+        raw_headers = [(b"host", host), (b"content-length", str(len(content)).encode())]
+        raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": raw_headers,
+            "client": ("127.0.0.1", 0),
+            "server": server,
+        }
+        delivered = False
+        answered = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": content, "more_body": False}
+            await answered.wait()  # as a server does: the client is gone only once the answer is sent
+            return {"type": "http.disconnect"}
+
+        status, answer_headers, body, started = 500, [], bytearray(), False
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, answer_headers, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                answer_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    answered.set()
+
+        try:
+            await app(scope, receive, send)
+        except Exception as exc:
+            if started:  # the answer was under way: over HTTP, a connection cut mid-answer
+                raise httpx.RemoteProtocolError(f"the app failed mid-answer: {exc!r}") from exc
+            # What uvicorn answers for an app that raised before answering.
+            return InProcessResponse(500, CIMultiDict({"content-type": "text/plain; charset=utf-8"}),
+                                     b"Internal Server Error")  # fmt: skip
+        finally:
+            answered.set()
+        if not started:
+            raise httpx.RemoteProtocolError("the app ended without an answer")
+        return InProcessResponse(status, CIMultiDict(answer_headers), bytes(body))
+
+    def _target(self, url: httpx.URL | str) -> tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]:
+        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        port = parsed.port or 80
+        app = self._apps.get((parsed.host, port))
+        if app is None:
+            raise httpx.ConnectError(f"no in-process app serves {parsed.scheme}://{parsed.host}:{port}")
+        raw_path = parsed.raw_path.split(b"?", 1)[0]
+        return app, parsed.host.encode("ascii"), parsed.path, raw_path, parsed.query, (parsed.host, port)
+
+    async def aclose(self) -> None:
+        """Shut the mounted apps down (their lifespans' shut-down), last mounted first."""
+        while self._lifespans:
+            await self._lifespans.pop().stop()
+        self._apps.clear()
+        self._targets.clear()

@@ -52,14 +52,29 @@ def _sdpa_gqa(
     )
     if plain:
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
         )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(attention_mask is None and causal)
     if causal and key.shape[2] > q_length:  # as upstream: a prefill into an empty static cache
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal, enable_gqa=True
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=True,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -81,7 +96,10 @@ def _applies(model: Any) -> bool:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    heads, kv_heads = (
+        getattr(config, "num_attention_heads", None),
+        getattr(config, "num_key_value_heads", None),
+    )
     if not heads or not kv_heads or heads == kv_heads:
         return False
     parameter = next(iter(model.parameters()), None)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gym_bridge.train.host_memory import release_freed_memory
+
 __all__ = [
     "MergedLoraWeights",
     "has_lora",
@@ -235,6 +237,7 @@ def lora_merged(model: Any) -> Iterator[None]:
                     base.weight.data = _with_deltas(original, deltas, 1)
                 layer._disable_adapters = True
                 del deltas
+        release_freed_memory()  # the per-layer temporaries, before generation allocates its caches
         yield
     finally:
         with torch.no_grad():

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from gym_bridge.train.host_memory import release_freed_memory
 
 __all__ = [
     "MergedLoraWeights",
@@ -140,22 +143,84 @@ def weights_snapshot(model: Any) -> Mapping[str, torch.Tensor]:
     return snapshot
 
 
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+MAX_RESTORE_SHARE = 0.25
+"""A layer whose in-place merge would need more than this share of its elements stored to be undone
+exactly is merged into a new tensor instead (as before): the stored values would cost more than the
+copy saves. LoRA deltas are small next to the weights, so few elements round differently: about 2%
+when the delta is 1% of the weight's size, 10% at 10%."""
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(_INT_OF_SIZE[tensor.element_size()])
+
+
+def _checksum(tensor: torch.Tensor) -> int:
+    return int(_bits(tensor).sum(dtype=torch.int64))
+
+
+def _with_deltas(weight: torch.Tensor, deltas: list[torch.Tensor], sign: int) -> torch.Tensor:
+    """``weight + sum(deltas)`` in float32 (sign 1, adapters in order), or its undoing (sign -1)."""
+    out = weight.float()
+    for delta in deltas if sign > 0 else reversed(deltas):
+        out = out + delta.float() if sign > 0 else out - delta.float()
+    return out.to(weight.dtype)
+
+
+@dataclass
+class _InPlace:
+    """What undoes one layer's in-place merge exactly: the elements ``merged - delta`` rounds wrong."""
+
+    index: torch.Tensor
+    values: torch.Tensor
+    checksum: int
+
+
+def _merge_in_place(weight: torch.Tensor, deltas: list[torch.Tensor]) -> _InPlace | None:
+    """Write ``W + delta`` into ``weight`` and return how to undo it bit for bit, or None (nothing
+    written) when too many elements would need storing (:data:`MAX_RESTORE_SHARE`)."""
+    merged = _with_deltas(weight, deltas, 1)
+    wrong = (_bits(_with_deltas(merged, deltas, -1)) != _bits(weight)).view(-1).nonzero().squeeze(1)
+    if wrong.numel() > MAX_RESTORE_SHARE * weight.numel():
+        return None
+    index = wrong.to(torch.int32) if weight.numel() < 2**31 else wrong
+    undo = _InPlace(index, weight.view(-1)[wrong].clone(), _checksum(weight))
+    weight.copy_(merged)
+    return undo
+
+
+def _unmerge_in_place(name: str, weight: torch.Tensor, deltas: list[torch.Tensor], undo: _InPlace) -> None:
+    weight.copy_(_with_deltas(weight, deltas, -1))
+    weight.view(-1)[undo.index.long()] = undo.values
+    if _checksum(weight) != undo.checksum:  # the deltas were not recomputed bit for bit
+        raise RuntimeError(f"{name}: the base weight did not come back exactly after generation's LoRA merge")
+
+
+def _deltas(layer: Any, adapters: list[str]) -> list[torch.Tensor]:
+    return [layer.get_delta_weight(adapter) for adapter in adapters]
+
+
 @contextmanager
 def lora_merged(model: Any) -> Iterator[None]:
-    """Run the block with each active LoRA layer's base weight swapped for ``W + scale * B A`` and its
-    adapter path off; afterwards the original weight tensors are put back as they were.
+    """Run the block with each active LoRA layer's base weight holding ``W + scale * B A`` and its
+    adapter path off; afterwards the base weights are bit for bit what they were.
 
     Why: unmerged, every adapted layer runs two skinny rank-r matmuls and peft's per-layer Python on
     top of the base matmul; SmolLM2-135M with r=16 on every linear layer generated about 1.5x slower
-    that way than merged (bench/generation_real.py). A kept merged copy would cost a second set of
-    weights for the whole run; this costs the merged tensors only while the block runs (generation,
-    when no training activations are alive), and the base never drifts: it is not written, only
-    swapped out and back. Not for use while another thread runs the model.
+    that way than merged (bench/generation_real.py). The merge is written into the base weight in
+    place, one layer at a time, so generation holds no second copy of the linear layers (425 MB for
+    SmolLM2-135M). ``(W + d) - d`` is not always ``W`` in floating point, so the merge first computes
+    the undoing and stores the few elements it gets wrong (their index and original value); the
+    undoing rewrites them and a checksum of the bits proves the base came back (the deltas are
+    recomputed from the untouched adapters, deterministically). A layer for which that would store
+    too much is merged into a new tensor swapped in for the block, as a fallback. Not for use while
+    another thread runs the model.
     """
+    in_place: list[tuple[str, Any, torch.Tensor, list[str], _InPlace, bool]] = []
     swapped: list[tuple[Any, Any, torch.Tensor, bool]] = []
     try:
         with torch.no_grad():
-            for layer in _lora_layers(model).values():
+            for name, layer in _lora_layers(model).items():
                 if getattr(layer, "disable_adapters", False) or getattr(layer, "merged", False):
                     continue
                 adapters = [a for a in layer.active_adapters if a in layer.lora_A]
@@ -163,14 +228,28 @@ def lora_merged(model: Any) -> Iterator[None]:
                     continue
                 base = layer.get_base_layer()
                 original = base.weight.data
-                merged = original.float()
-                for adapter in adapters:
-                    merged = merged + layer.get_delta_weight(adapter).float()
-                swapped.append((layer, base, original, layer._disable_adapters))
-                base.weight.data = merged.to(original.dtype)
+                deltas = _deltas(layer, adapters)
+                undo = _merge_in_place(original, deltas)
+                if undo is not None:
+                    in_place.append((name, layer, original, adapters, undo, layer._disable_adapters))
+                else:
+                    swapped.append((layer, base, original, layer._disable_adapters))
+                    base.weight.data = _with_deltas(original, deltas, 1)
                 layer._disable_adapters = True
+                del deltas
+        release_freed_memory()  # the per-layer temporaries, before generation allocates its caches
         yield
     finally:
-        for layer, base, original, disabled in swapped:
-            base.weight.data = original
-            layer._disable_adapters = disabled
+        with torch.no_grad():
+            for layer, base, original, disabled in swapped:
+                base.weight.data = original
+                layer._disable_adapters = disabled
+            failures = []
+            for name, layer, weight, adapters, undo, disabled in in_place:
+                try:
+                    _unmerge_in_place(name, weight, _deltas(layer, adapters), undo)
+                except RuntimeError as error:  # undo every other layer first
+                    failures.append(error)
+                layer._disable_adapters = disabled
+            if failures:
+                raise failures[0]

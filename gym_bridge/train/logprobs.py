@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from gym_bridge.train.gqa_attention import grouped_query_attention
+
 __all__ = ["gather_logprobs", "hidden_logprobs", "projects_hidden_states_plainly", "token_logprobs"]
 
 
@@ -72,15 +74,18 @@ def token_logprobs(
 
     Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
     ``chunk_size``: :func:`hidden_logprobs`' (a model whose logits are not plainly ``lm_head(hidden)``
-    gets its full logits from its own forward pass, unchunked).
+    gets its full logits from its own forward pass, unchunked). Grouped key/value heads are read in
+    place, not repeated per query head (:mod:`gym_bridge.train.gqa_attention`).
     """
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if position_ids is not None:
         inputs["position_ids"] = position_ids
     if not projects_hidden_states_plainly(model):
-        logits = model(**inputs).logits[:, :-1].float()
+        with grouped_query_attention(model):
+            logits = model(**inputs).logits[:, :-1].float()
         return gather_logprobs(logits, input_ids[:, 1:]) * token_mask
-    hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
+    with grouped_query_attention(model):
+        hidden = model.base_model(**inputs).last_hidden_state[:, :-1]
     where = token_mask.bool()
     picked = hidden_logprobs(model, hidden[where], input_ids[:, 1:][where], chunk_size)
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=picked.device)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from gym_bridge.train.gqa_attention import grouped_query_attention
 from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_plainly
 
 __all__ = [
@@ -203,6 +204,18 @@ def shared_prefix_logprobs(
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
     ``chunk_size``: see :func:`gym_bridge.train.logprobs.hidden_logprobs`.
     """
+    with grouped_query_attention(model):
+        return _shared_prefix_logprobs(model, token_ids, token_mask, plan, pad_token_id, chunk_size)
+
+
+def _shared_prefix_logprobs(
+    model: Any,
+    token_ids: Sequence[Sequence[int]],
+    token_mask: torch.Tensor,
+    plan: PrefixPlan,
+    pad_token_id: int,
+    chunk_size: int | None,
+) -> torch.Tensor:
     device = token_mask.device
     rows = len(token_ids)
     # One left-padded pass over the distinct prompts, keeping their keys and values.

@@ -168,7 +168,7 @@ def optimizer_steps(
     metrics returned are this process's share.
 
     On CPU the allocator's free pages go back to the OS before the pass (what generation freed) and
-    after it (its activations): :mod:`gym_bridge.train.host_memory`.
+    after each micro-batch's backward pass (its activations): :mod:`gym_bridge.train.host_memory`.
     """
     model, samples, place = learner.model, batch.samples, learner.placement
     on_host = place.device.type == "cpu"
@@ -221,6 +221,8 @@ def optimizer_steps(
             )
             (learner.scaler.scale(loss) if learner.scaler is not None else loss).backward()
             metrics.append(mb_metrics)
+            if on_host:  # this micro-batch's activations, before the next one allocates its own
+                release_freed_memory()
         reduced = reduce_microbatch_metrics(metrics)
         if shard is not None:
             shard.all_reduce_gradients(_trainable(learner))

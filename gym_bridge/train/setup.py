@@ -318,7 +318,10 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
     if asynchronous:
         model = merged_model(learner.peft) if learner.peft is not None else copy.deepcopy(model)
         model.eval()
-    return TransformersBackend(model, tokenizer, **local)
+    backend = TransformersBackend(model, tokenizer, **local)
+    if model is learner.model:  # one model: generation and the update never overlap
+        learner.model_lock = backend.lock
+    return backend
 
 
 def start_samplers(

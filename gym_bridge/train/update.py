@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,10 @@ class Learner:
     workers: Any | None = None
     """Data-parallel training workers (:class:`~gym_bridge.train.data_parallel.TrainingWorkers`) that
     run the updates instead of this process, whose model then mirrors theirs; None trains here."""
+    model_lock: Any = field(default_factory=nullcontext)
+    """Held for the whole update: the generation backend's lock when it samples from this very model
+    (synchronous GRPO), so a late request (one whose rollout the agent loop gave up on) cannot merge
+    LoRA adapters into, or run on, weights that are being trained."""
 
     def __post_init__(self) -> None:
         if self.scaler is None:
@@ -151,7 +155,8 @@ def update_policy(cfg: MasterConfig, learner: Learner, batch: StepBatch) -> dict
     """
     if learner.workers is not None:
         return summarize_update(*learner.workers.update(batch))
-    host = optimizer_steps(cfg, learner, batch)
+    with learner.model_lock:
+        host = optimizer_steps(cfg, learner, batch)
     return summarize_update(host, learner.scaler.get_scale() if learner.scaler is not None else None)
 
 

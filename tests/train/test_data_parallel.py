@@ -110,7 +110,7 @@ def test_workers_split_micro_batches_and_every_socket_is_on_loopback(tmp_path: P
         names = {name for name, *_ in found}
         assert {"gcs_server", "raylet"} <= names, found
         worker_listeners = [entry for entry in found if entry[0].startswith("ray::TrainingWorker")]
-        assert len({n for n, _, _ in worker_listeners}) >= 1, found  # the check sees the workers
+        assert len({n for n, *_ in worker_listeners}) >= 1, found  # the check sees the workers
         assert off_loopback(found) == [], f"sockets bound off loopback: {off_loopback(found)}"
         # gloo's pair connections between the two workers are on loopback too
         peers = [

@@ -43,6 +43,7 @@ def two_nodes() -> Iterator[Any]:
     os.environ["RAY_TMPDIR"] = temp_dir
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024}
     started: set[int] = set()
+    earlier = {p.pid for p in ray_processes()[1:]}  # other tests' children (a wandb service, verify pools)
     cluster = None
     try:
         cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
@@ -50,7 +51,7 @@ def two_nodes() -> Iterator[Any]:
         cluster.started = started  # tests add the pids they saw
         yield cluster
     finally:
-        started |= {p.pid for p in ray_processes()[1:]}
+        started |= {p.pid for p in ray_processes()[1:]} - earlier
         if cluster is not None:
             cluster.shutdown()
         _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=15)
@@ -116,7 +117,7 @@ def test_one_worker_per_node_gives_the_losses_and_weights_of_one_process(
     assert {node for node, _, _ in where} == nodes
     assert {ip for _, ip, _ in where} == {"127.0.0.1"} and seen[0]["driver"] == "127.0.0.1"
     found = seen[0]["listeners"]
-    assert len(seen[0]["raylets"]) == 2 and {"raylet", "gcs_server"} <= {n for n, _, _ in found}, found
+    assert len(seen[0]["raylets"]) == 2 and {"raylet", "gcs_server"} <= {n for n, *_ in found}, found
     assert any(name.startswith("ray::TrainingWorker") for name, *_ in found), found
     assert off_loopback(found) == [], f"sockets bound off loopback: {off_loopback(found)}"
 

@@ -92,7 +92,7 @@ def test_offline_run_writes_metrics_checkpoints_and_curves(tmp_path: Path, tiny_
         assert record["gen_kl_error"] == pytest.approx(0.0, abs=1e-6)
     assert lines[0]["kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
     assert lines[-1]["kl_penalty"] > 0  # and has moved away from it since
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_2", "step_4"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_2", "step_4", "tokenizer"]  # tokenizer once per run
     weights = tmp_path / "ckpt" / "step_4" / "policy" / "weights"
     assert (weights / "model.safetensors").is_file()
     assert json.loads((tmp_path / "ckpt" / "step_4" / "training_info.json").read_text())["step"] == 4

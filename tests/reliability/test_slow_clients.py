@@ -99,11 +99,16 @@ def recv_all(sock: socket.socket, timeout: float = 10.0) -> bytes:
         data += more
 
 
-def raw_request(url: str, payload: bytes) -> bytes:
+def raw_request(url: str, payload: bytes, half_close: bool = True) -> bytes:
+    """Send ``payload`` on a fresh connection and read until the server closes it. ``half_close``
+    ends the client's side at once; the pipelined-requests check does not (once, under load, the second
+    answer was missing after a half-close: EOF seen while the first was being answered; not reproduced
+    in isolation), and its second request says ``Connection: close`` instead."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         return recv_all(sock)
 
 
@@ -125,7 +130,7 @@ def test_a_head_over_64_kib_is_a_431_and_bodies_do_not_count():
         body = b'{"a": 1, "b": 2}' + b" " * 200_000
         one = b"POST /add HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             len(body), body)  # fmt: skip
-        answers = raw_request(url, one + one.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+        answers = raw_request(url, one + one.replace(b"Host: x", b"Host: x\r\nConnection: close"), half_close=False)
         assert answers.count(b"HTTP/1.1 200") == 2 and answers.count(b'{"sum":3}') == 2, answers[:400]
         with httpx.Client(base_url=url, timeout=10) as client:  # keep-alive: many requests, one connection
             for _ in range(3):

@@ -105,3 +105,31 @@ def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tu
     logprobs = per_sample_logprobs(cfg, learner.model, batch.samples, learner.pad_token_id)
     batch.prev_logprobs = [lp + 0.3 * (-1) ** torch.arange(lp.shape[0]) for lp in logprobs]
     return update_policy(cfg, learner, batch)["loss"], batch.advantages
+
+
+def random_grpo_batch(
+    seed: int, prompts: int, prompt_len: tuple[int, int], pad: int = 0, group: int = 4
+) -> tuple[list[list[int]], list[list[int]], Any, Any, Any]:
+    """``prompts`` random prompts x ``group`` completions of 2-9 tokens: (token ids, loss masks, padded
+    ids, attention mask, next-token loss mask), for log-prob and attention tests."""
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    token_ids, loss_masks = [], []
+    for _ in range(prompts):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(*prompt_len))]
+        for _ in range(group):
+            completion = [rng.randrange(3, 300) for _ in range(rng.randint(2, 9))]
+            token_ids.append(prompt + completion)
+            loss_masks.append([0] * len(prompt) + [1] * len(completion))
+    width = max(len(t) for t in token_ids)
+    ids = torch.full((len(token_ids), width), pad, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((len(token_ids), width))
+    for i, (tokens, m) in enumerate(zip(token_ids, loss_masks, strict=True)):
+        ids[i, : len(tokens)] = torch.tensor(tokens)
+        attention[i, : len(tokens)] = 1
+        mask[i, : len(tokens)] = torch.tensor(m, dtype=torch.float32)
+    return token_ids, loss_masks, ids, attention, mask[:, 1:]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 from gym_bridge.train import gqa_attention  # noqa: E402
 from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
+from tests.train.helpers import random_grpo_batch  # noqa: E402
 
 PAD = 0
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 6, 2, 8, 2
@@ -35,23 +35,7 @@ def tiny_llama(kv_heads: int = KV_HEADS) -> Any:
 
 
 def grpo_batch() -> tuple[list[list[int]], list[list[int]], Any, Any, Any]:
-    rng = random.Random(1)
-    token_ids, loss_masks = [], []
-    for _ in range(2):
-        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(20, 30))]
-        for _ in range(4):
-            completion = [rng.randrange(3, 300) for _ in range(rng.randint(2, 9))]
-            token_ids.append(prompt + completion)
-            loss_masks.append([0] * len(prompt) + [1] * len(completion))
-    width = max(len(t) for t in token_ids)
-    ids = torch.full((len(token_ids), width), PAD, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros((len(token_ids), width))
-    for i, (tokens, m) in enumerate(zip(token_ids, loss_masks, strict=True)):
-        ids[i, : len(tokens)] = torch.tensor(tokens)
-        attention[i, : len(tokens)] = 1
-        mask[i, : len(tokens)] = torch.tensor(m, dtype=torch.float32)
-    return token_ids, loss_masks, ids, attention, mask[:, 1:]
+    return random_grpo_batch(1, prompts=2, prompt_len=(20, 30), pad=PAD)
 
 
 def run(model: Any, shared: bool) -> tuple[Any, list[Any], int]:

@@ -3,7 +3,6 @@ unchunked pass's log-probs and gradients (plain, shared-prompt and through the t
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ torch = pytest.importorskip("torch")
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
 from gym_bridge.train.logprobs import hidden_logprobs, token_logprobs  # noqa: E402
 from gym_bridge.train.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
+from tests.train.helpers import random_grpo_batch  # noqa: E402
 
 PAD = 0
 
@@ -28,23 +28,7 @@ def model() -> Any:
 
 def batch(seed: int) -> tuple[list[list[int]], list[list[int]], Any, Any, Any]:
     """3 prompts x 4 completions of different lengths, padded (ids, attention, next-token mask)."""
-    rng = random.Random(seed)
-    token_ids, loss_masks = [], []
-    for _ in range(3):
-        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(4, 10))]
-        for _ in range(4):
-            completion = [rng.randrange(3, 300) for _ in range(rng.randint(2, 9))]
-            token_ids.append(prompt + completion)
-            loss_masks.append([0] * len(prompt) + [1] * len(completion))
-    width = max(len(t) for t in token_ids)
-    ids = torch.full((len(token_ids), width), PAD, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros((len(token_ids), width))
-    for i, (tokens, m) in enumerate(zip(token_ids, loss_masks, strict=True)):
-        ids[i, : len(tokens)] = torch.tensor(tokens)
-        attention[i, : len(tokens)] = 1
-        mask[i, : len(tokens)] = torch.tensor(m, dtype=torch.float32)
-    return token_ids, loss_masks, ids, attention, mask[:, 1:]
+    return random_grpo_batch(seed, prompts=3, prompt_len=(4, 10), pad=PAD)
 
 
 class HeadWidths:

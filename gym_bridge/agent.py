@@ -4,7 +4,9 @@ It does what NeMo Gym's ``simple_agent`` does, over HTTP to any resources server
 Responses endpoint:
 
 1. ``POST {env}/seed_session`` with the task row; the env's cookies are kept in a jar of this rollout
-   alone and sent on every later env call (that is how an env keeps per-rollout state).
+   alone and sent on every later env call (that is how an env keeps per-rollout state). An env with
+   several replicas is a :class:`~gym_bridge.env_router.SessionRouter`: the session opens on the
+   replica it picks (another one if that one does not answer) and every later env call goes there.
 2. ``POST {model}/responses`` with the row's ``responses_create_params`` (plus overrides) and
    ``input`` = the original input + every output item so far.
 3. Each ``function_call`` item becomes ``POST {env}/{name}`` with the parsed arguments as the JSON body;
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gym_bridge.env_router import Replica, SessionRouter
 from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 from gym_bridge.schema import input_items, reward_components_problem
 
@@ -287,38 +290,71 @@ def task_as_run(row: dict[str, Any], config: AgentConfig, extra_params: dict[str
     return {**row, "responses_create_params": params}
 
 
+async def _seed(client: Client, env_url: str, task: dict[str, Any], config: AgentConfig) -> HttpResult:
+    return await post_json(
+        client,
+        f"{env_url}/seed_session",
+        task,
+        target="env",
+        policy=config.env_retry,
+        headers=config.env_headers,
+        expect_json=False,
+    )
+
+
+_UNREACHABLE = frozenset({"env_connection_error", "env_timeout"})
+"""How a replica that is gone shows at session set-up (then the session opens on another one)."""
+
+
+async def _seed_on_a_replica(
+    client: Client, router: SessionRouter, task: dict[str, Any], config: AgentConfig, metrics: RolloutMetrics
+) -> tuple[Replica, HttpResult]:
+    """Open the session on the replica the router picks; one that does not answer is marked lost and
+    the next is tried (nothing of the session exists yet), until none is left."""
+    while True:
+        replica = router.open_session()
+        try:
+            return replica, await _seed(client, replica.url, task, config)
+        except RequestFailed as e:
+            router.end_session(replica)
+            if e.failure_class not in _UNREACHABLE:
+                raise
+            metrics.retries += e.attempts
+            router.mark_lost(replica, e.message)
+
+
 async def run_rollout(
     client: Client,
     row: dict[str, Any],
-    env_url: str,
+    env_url: str | SessionRouter,
     config: AgentConfig,
     *,
     extra_params: dict[str, Any] | None = None,
 ) -> Rollout:
     """Run one task row to a verified rollout; never raises for HTTP trouble (see :class:`Rollout`).
 
-    ``extra_params`` are merged over ``config.overrides`` for this rollout only (e.g. its ``seed``).
-    The returned record is the env's verify answer: the row (with the merged ``responses_create_params``)
-    plus ``response`` and ``reward`` and whatever the env adds. Cancellation propagates.
+    ``env_url``: the env's base URL, or the router of its replicas (the session's replica is chosen
+    when it opens, and every env request of the rollout goes there). ``extra_params`` are merged over
+    ``config.overrides`` for this rollout only (e.g. its ``seed``). The returned record is the env's
+    verify answer: the row (with the merged ``responses_create_params``) plus ``response`` and
+    ``reward`` and whatever the env adds. Cancellation propagates.
     """
     metrics = RolloutMetrics()
     started = time.perf_counter()
-    env_url = env_url.rstrip("/")
+    router = env_url if isinstance(env_url, SessionRouter) else None
+    replica: Replica | None = None
     model_url = config.model_url.rstrip("/")
     task = task_as_run(row, config, extra_params)
     params = task["responses_create_params"]
     jar = _CookieJar()
     stage = "seed_session"
     try:
-        seeded = await post_json(
-            client,
-            f"{env_url}/seed_session",
-            task,
-            target="env",
-            policy=config.env_retry,
-            headers=config.env_headers,
-            expect_json=False,
-        )
+        if router is None:
+            base = str(env_url).rstrip("/")
+            seeded = await _seed(client, base, task, config)
+        else:
+            replica, seeded = await _seed_on_a_replica(client, router, task, config, metrics)
+            base = replica.url
         metrics.retries += seeded.attempts - 1
         jar.update(seeded)
 
@@ -353,7 +389,7 @@ async def run_rollout(
             stage = "tool"
             for call in calls:
                 metrics.tool_calls += 1
-                text = await _call_tool(client, env_url, call, jar, config, metrics)
+                text = await _call_tool(client, base, call, jar, config, metrics)
                 outputs.append(_function_call_output(call.get("call_id"), text))
             if config.max_steps and metrics.model_calls >= config.max_steps:
                 break
@@ -362,7 +398,7 @@ async def run_rollout(
         final = {**last, "output": outputs}
         verified = await post_json(
             client,
-            f"{env_url}/verify",
+            f"{base}/verify",
             {**task, "response": final},
             target="env",
             policy=config.env_retry,
@@ -375,7 +411,12 @@ async def run_rollout(
     except RequestFailed as e:
         metrics.retries += max(e.attempts - 1, 0)
         failure = RolloutFailure(e.failure_class, e.message, e.attempts, stage)
+        if router is not None and replica is not None and e.failure_class == "env_connection_error":
+            router.mark_lost(replica, e.message)  # the replica went away mid-session
     except Exception as e:  # a bug or an unforeseen answer must not end a run of thousands of rollouts
         failure = RolloutFailure("agent_error", f"{type(e).__name__}: {e}", 1, stage)
+    finally:
+        if router is not None and replica is not None:
+            router.end_session(replica)
     metrics.total_s = time.perf_counter() - started
     return Rollout(None, failure, metrics)

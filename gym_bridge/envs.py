@@ -60,7 +60,8 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
         return
     from gym_bridge.server import start_in_thread
 
-    running = start_in_thread(env_app(name_or_url, workers=workers, **settings))
+    where = {"host": settings.get("host", "127.0.0.1"), "port": settings.get("port", 0)}  # the settings' own
+    running = start_in_thread(env_app(name_or_url, workers=workers, **settings), **where)
     try:
         yield running.url
     finally:

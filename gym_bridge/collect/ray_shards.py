@@ -57,10 +57,9 @@ class CollectShard:
 
     def where(self) -> dict[str, Any]:
         """The node this shard runs on (for the metrics file) and its process id."""
-        import ray
+        from gym_bridge.generation.ray_cluster import node_here
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "env_urls": dict(self.url_of)}  # fmt: skip
+        return {**node_here(), "env_urls": dict(self.url_of)}
 
     async def run(
         self, task: dict[str, Any], env_name: str, agent_config: AgentConfig, extra: dict[str, Any] | None

@@ -21,7 +21,15 @@ from typing import Any
 
 from gym_bridge.generation.ray_local import import_ray, is_loopback
 
-__all__ = ["connect_ray", "describe_nodes", "in_bundle", "remove_placement", "reserve", "resolve_address"]
+__all__ = [
+    "connect_ray",
+    "describe_nodes",
+    "in_bundle",
+    "node_here",
+    "remove_placement",
+    "reserve",
+    "resolve_address",
+]
 
 
 def resolve_address(configured: str | None) -> str | None:
@@ -116,3 +124,12 @@ def remove_placement(group: Any) -> None:
         ray.util.remove_placement_group(group)
     except Exception:  # already removed, or Ray already disconnected (its groups went with it)
         pass
+
+
+def node_here() -> dict[str, Any]:
+    """Where the calling Ray actor runs: its node's id and address as Ray has them, and its process id
+    (what a caller reports, binds servers to, and may end by PID)."""
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid()}  # fmt: skip

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.env_replicas import private_ray_cpus
 from gym_bridge.train.loss import reduce_microbatch_metrics
 from gym_bridge.train.update import Learner, StepBatch, _step_scheduler, optimizer_batches, optimizer_steps
 
@@ -216,7 +217,7 @@ class TrainingWorkers:
             if address is not None:
                 self._owns_ray = connect_ray(address)
             else:
-                self._owns_ray = start_local_ray(self.world_size + _ray_generation_cpus(cfg), num_gpus=cluster.gpus_per_node)
+                self._owns_ray = start_local_ray(private_ray_cpus(cfg), num_gpus=cluster.gpus_per_node)
             self.placement = reserve(
                 [{"CPU": per_node, "GPU": gpus * per_node}] * cluster.num_nodes,
                 "STRICT_SPREAD" if cluster.num_nodes > 1 else "STRICT_PACK",
@@ -296,14 +297,6 @@ class TrainingWorkers:
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False
-
-
-def _ray_generation_cpus(cfg: MasterConfig) -> int:
-    """Logical CPUs the ray generation backend will ask the same private Ray for."""
-    generation = cfg.policy.generation
-    if generation.backend != "ray":
-        return 0
-    return generation.ray.num_workers * generation.ray.threads_per_worker
 
 
 def start_training_workers(cfg: MasterConfig, stack: Any, learner: Learner) -> TrainingWorkers | None:

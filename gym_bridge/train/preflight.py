@@ -44,6 +44,11 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
                 "transformers, which generates on the policy's own device (the same GPU)"
             )
     problems.extend(device_problems(cfg))  # CUDA asked for and absent, bf16 on a GPU without it
+    replicated = [name for name, env in cfg.env.items() if env.replicas]
+    if replicated and importlib.util.find_spec("ray") is None:
+        from gym_bridge.generation.ray_local import RAY_EXTRA_HINT
+
+        problems.extend(f"env.{name}.replicas runs the env's replicas on Ray: {RAY_EXTRA_HINT}" for name in replicated)
     for name, env in cfg.env.items():
         if env.num_workers is None or env.url is not None:
             continue

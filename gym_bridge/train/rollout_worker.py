@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.multiprocessing
 from transformers.utils import logging as hf_logging
 
+from gym_bridge.env_router import ReplicaEndpoints
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.weights import MergedLoraWeights, tensor_identity
 from gym_bridge.models.registry import load_model_and_tokenizer
@@ -38,7 +39,14 @@ class ProcessSampler:
     """Parent-side handle of the rollout process: a :class:`~gym_bridge.train.sampling.Sampler` whose
     :class:`~gym_bridge.train.sampling.OnlineSampler` runs in the child."""
 
-    def __init__(self, cfg: MasterConfig, tokenizer: Any, weights: dict[str, Any], threads: int = 1) -> None:
+    def __init__(
+        self,
+        cfg: MasterConfig,
+        tokenizer: Any,
+        weights: dict[str, Any],
+        threads: int = 1,
+        replicas: Mapping[str, ReplicaEndpoints] | None = None,
+    ) -> None:
         # spawn: the trainer has threads, never fork it. Not a daemon: environments start their own
         # worker processes; the child exits when the pipe closes, even if the trainer dies.
         context = torch.multiprocessing.get_context("spawn")
@@ -49,7 +57,7 @@ class ProcessSampler:
         self._shared = _shared_copy(weights)
         self._conn, child = context.Pipe()
         self._process = context.Process(
-            target=_serve, args=(child, cfg, self._shared, threads), name="gym-bridge-rollouts"
+            target=_serve, args=(child, cfg, self._shared, threads, dict(replicas or {})), name="gym-bridge-rollouts"
         )
         self._process.start()
         child.close()
@@ -113,8 +121,11 @@ def _shared_copy(weights: Any) -> dict[str, torch.Tensor]:
     return shared
 
 
-def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -> None:
-    """The child: build the policy copy and the services, then answer the parent's calls."""
+def _serve(
+    conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int, replicas: dict[str, ReplicaEndpoints]
+) -> None:
+    """The child: build the policy copy and the services (env replicas: the trainer's), then answer
+    the parent's calls."""
     sampler = None
     try:
         hf_logging.disable_progress_bar()  # no loading bars between the trainer's lines
@@ -135,7 +146,7 @@ def _serve(conn: Any, cfg: MasterConfig, shared: dict[str, Any], threads: int) -
             max_context=policy.max_total_sequence_length,
             stop_token_ids=policy.generation.stop_token_ids or (),
         )
-        sampler = OnlineSampler(cfg, backend, tokenizer, threads=threads)
+        sampler = OnlineSampler(cfg, backend, tokenizer, threads=threads, replicas=replicas)
         _answer_calls(conn, sampler, shared)
     except BaseException:  # start-up failed: tell the parent why, if it still listens
         try:

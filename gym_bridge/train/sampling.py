@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ import torch
 
 from gym_bridge.agent import AgentConfig, make_session, run_rollout
 from gym_bridge.chat import items_to_messages
+from gym_bridge.env_router import ReplicaEndpoints, SessionRouter
 from gym_bridge.envs import env_app, running_env
 from gym_bridge.event_loop import new_event_loop
 from gym_bridge.policy.server import build_policy_app
@@ -115,16 +117,28 @@ class OnlineSampler:
 
     Starts (or connects to) the resources servers of ``cfg.env`` and serves ``backend`` on loopback;
     the rollouts run concurrently on a private event loop whose HTTP session (keep-alive) lasts the run.
-    ``in_process`` (when every env is built in, none given by URL): the policy and env apps run on that
-    loop and are called without a socket (:mod:`gym_bridge.train.in_process`: same requests and answers,
-    a fraction of the CPU); False serves them over loopback HTTP.
+    ``in_process`` (when every env is built in, none given by URL or replicated): the policy and env
+    apps run on that loop and are called without a socket (:mod:`gym_bridge.train.in_process`: same
+    requests and answers, a fraction of the CPU); False serves them over loopback HTTP. ``replicas``:
+    where the ``env.<name>.replicas`` envs' replicas listen (started by the trainer,
+    :mod:`gym_bridge.train.env_replicas`); their sessions are spread by a
+    :class:`~gym_bridge.env_router.SessionRouter` each.
     """
 
     def __init__(
-        self, cfg: MasterConfig, backend: Any, tokenizer: Any, *, threads: int | None = None, in_process: bool = True
+        self,
+        cfg: MasterConfig,
+        backend: Any,
+        tokenizer: Any,
+        *,
+        threads: int | None = None,
+        in_process: bool = True,
+        replicas: Mapping[str, ReplicaEndpoints] | None = None,
     ) -> None:
         self.cfg = cfg
-        self.in_process = in_process and all(env.url is None for env in cfg.env.values())
+        self.replicas = dict(replicas or {})
+        self.routers: dict[str, SessionRouter] = {}
+        self.in_process = in_process and all(env.url is None and not env.replicas for env in cfg.env.values())
         self._client: InProcessClient | None = None
         self.tokenizer = tokenizer
         self.timer = GenerationTimer(backend, threads=threads)
@@ -142,11 +156,15 @@ class OnlineSampler:
 
     def _start_services(self) -> None:
         cfg = self.cfg
-        self.env_urls: dict[str, str] = {}
+        self.env_urls: dict[str, str | SessionRouter] = {}
         apps: dict[str, Any] = {}  # in-process: name -> ASGI app, mounted on the rollout loop below
         for name, env in cfg.env.items():
             if env.url is not None:
                 self.env_urls[name] = env.url.rstrip("/")
+            elif env.replicas:
+                if name not in self.replicas:
+                    raise ValueError(f"env.{name}.replicas: no replica endpoints were given for it")
+                self.env_urls[name] = self.routers[name] = SessionRouter(name, self.replicas[name])
             else:
                 try:
                     if self.in_process:
@@ -198,10 +216,15 @@ class OnlineSampler:
                 overrides=dict(overrides),
                 model_retry=model_retry,
                 env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
-                env_headers={"authorization": f"Bearer {env.api_key}"} if env.api_key else {},
+                env_headers={"authorization": f"Bearer {token}"} if (token := self._env_token(name)) else {},
             )
             for name, env in cfg.env.items()
         }
+
+    def _env_token(self, name: str) -> str | None:
+        """The bearer token env ``name`` wants: its ``api_key``, or its replicas' run token."""
+        endpoints = self.replicas.get(name) if self.cfg.env[name].replicas else None
+        return endpoints.token if endpoints is not None else self.cfg.env[name].api_key
 
     # ------------------------------------------------------------------ the Sampler protocol
 
@@ -231,6 +254,7 @@ class OnlineSampler:
                 failures.add("sequence/no_token_ids", "the rollout's output items carry no token ids")
                 continue
             samples.append(sample)
+        self._report_lost_replicas()
         failures.check(len(results), self.cfg.grpo.max_failed_rollouts_fraction, any_kept=bool(samples))
         stats = {
             "time_rollouts_s": wall,
@@ -243,7 +267,21 @@ class OnlineSampler:
             "rollout_failures": failures.count,
             "generate_calls": self.timer.calls,
         }
+        if self.routers:  # how many env replicas stopped answering so far (they get no new sessions)
+            stats["env_replicas_lost"] = sum(len(r.replicas) - r.alive for r in self.routers.values())
         return samples, stats
+
+    def _report_lost_replicas(self) -> None:
+        """Say once, on stderr, which env replica stopped answering and how many are left."""
+        for router in self.routers.values():
+            for replica in router.newly_lost:
+                print(
+                    f"warning: {replica.label} stopped answering ({replica.lost}); new sessions go to the "
+                    f"{router.alive} replica(s) left",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            router.newly_lost.clear()
 
     def load_weights(self, weights: Any) -> None:
         self.timer.backend.update_weights(weights)

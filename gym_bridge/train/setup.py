@@ -3,7 +3,7 @@
 Seeds and torch threads, the checkpoint to resume from (or the news that the run is complete), the
 model with its optimizer and reference (:class:`~gym_bridge.train.update.Learner`), the prompts, and
 the samplers with the services behind them: in-process (the transformers backend on the training
-model, Ray replicas, or vLLM) or the rollout process of async GRPO.
+model, Ray replicas, or vLLM) or the rollout process of async GRPO, and the env replicas on Ray.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
 from gym_bridge.train.device import placement_for, resolve_device
+from gym_bridge.train.env_replicas import start_env_replicas
 from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
 from gym_bridge.train.loss import ClippedPGLossFn
 from gym_bridge.train.packing import require_packing_support
@@ -332,13 +333,17 @@ def start_samplers(
     online = cfg.grpo.mode == "online"
     policy_sampler: Sampler | None = None
     if online or needs_validation:
+        # Env replicas first: a private Ray they start is sized for the generation replicas too.
+        replicas = {name: r.endpoints() for name, r in start_env_replicas(cfg, stack).items()}
         if uses_rollout_process(cfg):
             policy_sampler = ProcessSampler(
-                cfg, learner.tokenizer, weights_snapshot(learner.model), threads=generation_threads
+                cfg, learner.tokenizer, weights_snapshot(learner.model), threads=generation_threads, replicas=replicas
             )
         else:
             backend = _generation_backend(cfg, stack, learner)
-            policy_sampler = OnlineSampler(cfg, backend, learner.tokenizer, threads=generation_threads)
+            policy_sampler = OnlineSampler(
+                cfg, backend, learner.tokenizer, threads=generation_threads, replicas=replicas
+            )
         stack.callback(policy_sampler.close)
     train_sampler = policy_sampler if online else OfflineSampler(cfg, learner.tokenizer)
     return train_sampler, policy_sampler

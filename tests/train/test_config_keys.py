@@ -134,6 +134,29 @@ def test_num_workers_is_refused_where_there_is_no_pool() -> None:
         )
 
 
+# ---------------------------------------------------------------------------------------- env.replicas
+
+
+def test_env_replicas_keys_are_refused_where_they_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_bridge.train.env_replicas import private_ray_cpus
+
+    base = ["data.train.data_path=a.jsonl", "data.default.env_name=m"]
+    with pytest.raises(ConfigError, match=r"env\.m: replicas start copies of a built-in server: unset url"):
+        load_config(None, [*base, "env.m.url=http://127.0.0.1:9", "env.m.replicas=2"])
+    with pytest.raises(ConfigError, match=r"env\.m: placement_strategy places the env's Ray replicas: set replicas"):
+        load_config(None, [*base, "env.m.server=math", "env.m.placement_strategy=PACK"])
+    with pytest.raises(ConfigError, match=r"env\.m\.placement_strategy"):
+        load_config(None, [*base, "env.m.replicas=2", "env.m.placement_strategy=EVERYWHERE"])
+    replicated = [*base, "env.m.server=math", "env.m.replicas=3", "env.m.num_workers=2"]
+    cfg = load_config(None, [*replicated, "cluster.ray_address=127.0.0.1:6379"])  # replicas alone use Ray
+    assert private_ray_cpus(cfg) == 3 * 2 and machine_problems(cfg) == []
+    generating = load_config(None, [*replicated, "policy.generation.backend=ray", "policy.generation.ray.num_workers=2"])
+    assert private_ray_cpus(generating) == 3 * 2 + 2  # a private Ray is sized for replicas and generation
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "ray" else object())  # no Ray
+    assert machine_problems(cfg) == ["env.m.replicas runs the env's replicas on Ray: pip install 'gym-bridge[ray]' "
+                                     "(or pip install ray)"]  # fmt: skip
+
+
 def test_the_tiny_recipes_num_workers_reaches_the_math_server() -> None:
     cfg = load_config(ROOT / "recipes/grpo_math_tiny.yaml")
     assert cfg.env["math"].num_workers == 4

@@ -8,9 +8,6 @@ in this process, and the trainer here must connect (and disconnect) itself.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.ray_loopback import listeners, off_loopback, ray_processes
+from tests.ray_loopback import listeners, off_loopback, ray_processes, two_node_cluster_fixture
 from tests.train.helpers import save_random_tiny
 from tests.train.test_data_parallel import COMPARED, _run, _weights
 from tests.train.test_trainer_offline import write_scored
@@ -26,52 +23,7 @@ from tests.train.test_trainer_offline import write_scored
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def two_nodes() -> Iterator[Any]:
-    """Two Ray nodes on 127.0.0.1 (1 CPU each); after the module every process they started is gone."""
-    import psutil
-    from ray.cluster_utils import Cluster
-
-    from gym_bridge.generation.ray_local import import_ray
-
-    import_ray()  # loopback settings in place before any node starts
-    assert not ray.is_initialized()
-    # Its own Ray temp dir: the address file Cluster writes (and deletes) is not the machine's
-    # /tmp/ray/ray_current_cluster, which another Ray on this machine may be using.
-    temp_dir = tempfile.mkdtemp(prefix="gbr-", dir="/tmp")  # short: Ray's unix socket paths live in it
-    saved = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp_dir
-    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024 * 1024}
-    started: set[int] = set()
-    earlier = {p.pid for p in ray_processes()[1:]}  # other tests' children (a wandb service, verify pools)
-    cluster = None
-    try:
-        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-        cluster.add_node(**node)
-        cluster.started = started  # tests add the pids they saw
-        yield cluster
-    finally:
-        started |= {p.pid for p in ray_processes()[1:]} - earlier
-        if cluster is not None:
-            cluster.shutdown()
-        _, alive = psutil.wait_procs([psutil.Process(pid) for pid in started if psutil.pid_exists(pid)], timeout=15)
-        alive = [p for p in alive if _running(p)]
-        if saved is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        assert len(started) >= 3, started  # the check did see the nodes' processes (GCS, 2 raylets, ...)
-        assert not alive, f"left running after the cluster shut down: {[(p.pid, p.name()) for p in alive]}"
-
-
-def _running(process: Any) -> bool:
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+two_nodes = two_node_cluster_fixture()
 
 
 @pytest.fixture

@@ -224,12 +224,31 @@ class EnvConfig(Section):
     """Bearer token sent to a running server at ``url`` that was started with ``--token`` (every request:
     session set-up, tools, /verify); refused without a url (built-in servers need none). Default null."""
 
+    replicas: int = Field(0, ge=0)
+    """Copies of the built-in server run as Ray actors (the cluster at ``cluster.ray_address``, else a
+    private Ray on 127.0.0.1), each its own process listening on its node's address with a token made
+    for the run, each reserving ``num_workers`` CPUs (1 when unset). The agent loop opens each
+    rollout's session on the replica with the fewest open sessions and sends every request of that
+    session (seed_session, tool calls, /verify) there. A replica that stops answering gets no new
+    sessions (those in flight on it fail and count against ``grpo.max_failed_rollouts_fraction``);
+    with none left every rollout fails and the run stops naming it. 0 serves the env in the trainer's
+    process. Refused with a url. Default 0."""
+
+    placement_strategy: Literal["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"] = "SPREAD"
+    """Ray placement-group strategy of the replicas: SPREAD over the nodes where it can, PACK onto as
+    few as fit, STRICT_* or an error after ``cluster.placement_timeout_s``. Refused without
+    ``replicas``. Default SPREAD."""
+
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
         if self.server is not None and self.url is not None:
             raise ValueError("set either server or url, not both")
         if self.api_key is not None and self.url is None:
             raise ValueError("api_key is sent to a running server: set url (built-in servers need no token)")
+        if self.replicas and self.url is not None:
+            raise ValueError("replicas start copies of a built-in server: unset url (or replicas)")
+        if self.placement_strategy != "SPREAD" and not self.replicas:  # (the saved config holds the default)
+            raise ValueError("placement_strategy places the env's Ray replicas: set replicas >= 1")
         return self
 
 
@@ -327,12 +346,12 @@ class ClusterConfig(Section):
 
     ray_address: str | None = None
     """An existing Ray cluster to run on (``HEAD_IP:6379`` as ``ray start --head`` prints it, or
-    ``auto``); unset: ``RAY_ADDRESS`` if set, else a private Ray on 127.0.0.1. The training workers
-    and the ray generation replicas are placed there with placement groups; the trainer (this
-    process) must run on a node of that cluster. Default unset."""
+    ``auto``); unset: ``RAY_ADDRESS`` if set, else a private Ray on 127.0.0.1. The training workers,
+    the ray generation replicas and the ``env.<name>.replicas`` are placed there with placement
+    groups; the trainer (this process) must run on a node of that cluster. Default unset."""
 
     placement_timeout_s: float = Field(60.0, gt=0)
-    """Seconds to wait for Ray to place the training workers (and generation replicas) before the
+    """Seconds to wait for Ray to place the training workers (generation and env replicas) before the
     run stops with an error naming the cluster keys: too few nodes, CPUs or GPUs fail fast instead
     of hanging. Default 60."""
 
@@ -425,10 +444,12 @@ def _cross_section_problems(cfg: MasterConfig) -> list[str]:
             f"cluster.num_nodes is {cluster.num_nodes}: only data-parallel training workers span nodes; "
             "set cluster.train_workers_per_node >= 1 (or cluster.num_nodes: 1)"
         )
-    if cluster.ray_address and cluster.train_workers_per_node < 1 and policy.generation.backend != "ray":
+    on_ray = cluster.train_workers_per_node > 0 or policy.generation.backend == "ray"
+    if cluster.ray_address and not on_ray and not any(env.replicas for env in cfg.env.values()):
         problems.append(
             f"cluster.ray_address is {cluster.ray_address!r} but nothing runs on Ray: set "
-            "cluster.train_workers_per_node >= 1 or policy.generation.backend: ray (or unset cluster.ray_address)"
+            "cluster.train_workers_per_node >= 1, policy.generation.backend: ray or env.<name>.replicas >= 1 "
+            "(or unset cluster.ray_address)"
         )
     if cluster.gpus_per_node and cluster.train_workers_per_node > cluster.gpus_per_node:
         problems.append(

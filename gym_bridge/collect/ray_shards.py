@@ -154,12 +154,9 @@ class RayShards:
 
     def close(self) -> None:
         """Stop every shard's envs, then the actors themselves."""
-        try:
-            self.ray.get([a.close.remote() for a in self.actors], timeout=30)
-        except Exception:  # a shard already gone has nothing left to close
-            pass
-        for a in self.actors:
-            self.ray.kill(a)
+        from gym_bridge.generation.ray_cluster import close_actors
+
+        close_actors(self.ray, self.actors)
 
 
 def _first_line(e: BaseException) -> str:

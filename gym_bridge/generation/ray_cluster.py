@@ -22,6 +22,7 @@ from typing import Any
 from gym_bridge.generation.ray_local import import_ray, is_loopback
 
 __all__ = [
+    "close_actors",
     "connect_ray",
     "describe_nodes",
     "in_bundle",
@@ -124,6 +125,17 @@ def remove_placement(group: Any) -> None:
         ray.util.remove_placement_group(group)
     except Exception:  # already removed, or Ray already disconnected (its groups went with it)
         pass
+
+
+def close_actors(ray: Any, actors: list[Any], timeout_s: float = 30.0) -> None:
+    """Ask each actor to stop what it serves (its ``close`` method), then kill it by handle: an actor
+    already gone has nothing left to stop, and the kill ends the rest whatever ``close`` did."""
+    try:
+        ray.get([a.close.remote() for a in actors], timeout=timeout_s)
+    except Exception:  # a dead actor's close raises; the kills below still run
+        pass
+    for actor in actors:
+        ray.kill(actor)
 
 
 def node_here() -> dict[str, Any]:

@@ -108,15 +108,10 @@ class EnvReplicas:
 
     def close(self) -> None:
         """Stop each server, kill the actors by handle, give the placement back."""
-        from gym_bridge.generation.ray_cluster import remove_placement
+        from gym_bridge.generation.ray_cluster import close_actors, remove_placement
 
         if self.actors:
-            try:
-                self._ray.get([a.close.remote() for a in self.actors], timeout=30)
-            except Exception:  # a replica already gone has nothing left to stop
-                pass
-            for actor in self.actors:
-                self._ray.kill(actor)
+            close_actors(self._ray, self.actors)
             self.actors = []
         if self.placement is not None:
             remove_placement(self.placement)

@@ -56,12 +56,13 @@ class BodyClaim:
         """Hold ``size`` bytes, waiting up to ``timeout`` seconds for them to be free (else :class:`BodiesBusy`)."""
         if self.budget is None:
             return
-        try:
-            async with asyncio.timeout(timeout):
-                while not self.fits(size):
-                    await self.budget.freed().wait()
-        except TimeoutError:
-            raise BodiesBusy from None
+        if not self.fits(size):  # the usual case, room now, sets no timer
+            try:
+                async with asyncio.timeout(timeout):
+                    while not self.fits(size):
+                        await self.budget.freed().wait()
+            except TimeoutError:
+                raise BodiesBusy from None
         self._grow(size)
 
     def take(self, size: int) -> None:

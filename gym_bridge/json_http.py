@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
+from gym_bridge.deadlines import Deadlines
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -282,17 +283,40 @@ class BodyTimeout(Exception):
 
 
 async def read_body(
-    receive: Any, limit: int | None = None, timeout: float | None = None, claim: BodyClaim | None = None
+    receive: Any, limit: int | None = None, claim: BodyClaim | None = None, deadlines: Deadlines | None = None
 ) -> bytes | None:
     """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
-    bytes, :class:`BodyTimeout` when it is not all there ``timeout`` seconds after the headers,
-    :class:`BodiesBusy` when ``claim`` cannot take it from its budget)."""
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    bytes, :class:`BodyTimeout` when it is not all there ``deadlines.seconds`` after this call,
+    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the app's, whose
+    one timer serves every request's body deadline; None, no deadline."""
+    claim = claim or BodyClaim(None)
+    if deadlines is None or (task := asyncio.current_task()) is None:
+        return await _read_chunks(receive, limit, claim)
+    watch = _BodyWatch(task)
+    deadlines.set(watch)
     try:
-        async with asyncio.timeout_at(deadline):  # one timer for the whole body, not one per chunk
-            return await _read_chunks(receive, limit, claim or BodyClaim(None))
-    except TimeoutError:
-        raise BodyTimeout from None
+        return await _read_chunks(receive, limit, claim)
+    except asyncio.CancelledError:
+        # As ``asyncio.timeout`` decides: our deadline's cancellation, and no other one pending.
+        if watch.expired and task.uncancel() <= watch.cancelling:
+            raise BodyTimeout from None
+        raise
+    finally:
+        deadlines.clear(watch)
+
+
+class _BodyWatch:
+    """One body read's key in the app's :class:`Deadlines`: when it expires, the reading task is cancelled."""
+
+    __slots__ = ("cancelling", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task, self.cancelling, self.expired = task, task.cancelling(), False
+
+
+def _expire_body(watch: _BodyWatch) -> None:
+    watch.expired = True
+    watch.task.cancel()
 
 
 async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
@@ -356,6 +380,17 @@ class JsonApp:
         self.not_found = not_found
         self.startup, self.shutdown = startup, shutdown
         self._openapi: bytes | None = None
+        self._body_deadlines: Deadlines | None = None
+
+    def _deadlines(self) -> Deadlines | None:
+        """The body deadlines of the loop serving this request (one timer for all its requests)."""
+        if self.body_timeout_s is None:
+            return None
+        loop = asyncio.get_running_loop()
+        deadlines = self._body_deadlines
+        if deadlines is None or deadlines.loop is not loop or deadlines.seconds != self.body_timeout_s:
+            deadlines = self._body_deadlines = Deadlines(loop, self.body_timeout_s, _expire_body)
+        return deadlines
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -406,7 +441,7 @@ class JsonApp:
             try:
                 if declared is not None:
                     await claim.reserve(_declared_size(declared), self.body_timeout_s)
-                raw = await read_body(receive, limit, self.body_timeout_s, claim)
+                raw = await read_body(receive, limit, claim, self._deadlines())
             except BodyTooLarge:
                 return self._too_big(limit), []
             except BodiesBusy:

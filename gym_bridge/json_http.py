@@ -218,23 +218,23 @@ def _has_lone_surrogate(value: Any, body: bytes) -> bool:
 
 
 def _too_deep(value: Any, raw: bytes) -> bool:
-    """True when ``value`` nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
+    """True when ``value`` (parsed from ``raw``) nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
 
     Only bodies with that many brackets at all are walked (a C-speed count first), and the walk is
-    iterative, so it never recurses itself.
+    iterative, a level at a time (no recursion, no per-node bookkeeping: ``/aggregate_metrics`` bodies
+    of a whole run have tens of thousands of containers).
     """
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return False
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return True
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
-    return False
+    level = [value] if type(value) is dict or type(value) is list else []  # json.loads makes no subclasses
+    for _ in range(MAX_JSON_DEPTH):
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if type(node) is dict else node) if type(c) is dict or type(c) is list]
+        if not below:
+            return False
+        level = below
+    return True
 
 
 def _non_finite(value: Any) -> tuple[Any, ...] | None:

@@ -424,7 +424,8 @@ class JsonApp:
             self.routes.get(("GET", path)) if method == "HEAD" else None
         )
         limit = (route.max_body_bytes if route is not None else None) or self.max_bytes
-        if declared is not None and _over(declared, limit):
+        size = _declared_size(declared) if declared is not None else None
+        if size is not None and size > limit:
             return self._too_big(limit), []
         guarded = route is None or not route.open
         if guarded and self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
@@ -439,8 +440,8 @@ class JsonApp:
         value: Any = _NO_BODY
         if method in ("POST", "PUT", "PATCH"):
             try:
-                if declared is not None:
-                    await claim.reserve(_declared_size(declared), self.body_timeout_s)
+                if size is not None and not claim.reserve_now(size):
+                    await claim.reserve(size, self.body_timeout_s)
                 raw = await read_body(receive, limit, claim, self._deadlines())
             except BodyTooLarge:
                 return self._too_big(limit), []
@@ -557,10 +558,6 @@ class JsonApp:
                 return
 
 
-def _over(declared: bytes, limit: int) -> bool:
-    return _declared_size(declared) > limit
-
-
 def _declared_size(declared: bytes) -> int:
     try:
         return int(declared)
@@ -571,7 +568,7 @@ def _declared_size(declared: bytes) -> int:
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     """An answer with its content length and type (JSON unless its own headers say otherwise), then ``extra``."""
     headers = [(b"content-length", str(len(answer.body)).encode())]
-    if not any(k == b"content-type" for k, _ in answer.headers):
+    if not answer.headers or not any(k == b"content-type" for k, _ in answer.headers):
         headers.append(_JSON_CONTENT_TYPE)
     headers += answer.headers
     if extra:

@@ -52,16 +52,26 @@ class BodyClaim:
             return True
         return self.budget.held == self.reserved or self.budget.held + size <= self.budget.limit
 
+    def reserve_now(self, size: int) -> bool:
+        """Hold ``size`` bytes if they fit now (True); else hold nothing (False: :meth:`reserve` waits)."""
+        if self.budget is None:
+            return True
+        if not self.fits(size):
+            return False
+        self._grow(size)
+        return True
+
     async def reserve(self, size: int, timeout: float | None) -> None:
         """Hold ``size`` bytes, waiting up to ``timeout`` seconds for them to be free (else :class:`BodiesBusy`)."""
         if self.budget is None:
             return
-        try:
-            async with asyncio.timeout(timeout):
-                while not self.fits(size):
-                    await self.budget.freed().wait()
-        except TimeoutError:
-            raise BodiesBusy from None
+        if not self.fits(size):  # no room now: wait for it (room now, the usual case, sets no timer)
+            try:
+                async with asyncio.timeout(timeout):
+                    while not self.fits(size):
+                        await self.budget.freed().wait()
+            except TimeoutError:
+                raise BodiesBusy from None
         self._grow(size)
 
     def take(self, size: int) -> None:

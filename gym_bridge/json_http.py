@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
+from gym_bridge.deadlines import Deadlines
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -217,23 +218,23 @@ def _has_lone_surrogate(value: Any, body: bytes) -> bool:
 
 
 def _too_deep(value: Any, raw: bytes) -> bool:
-    """True when ``value`` nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
+    """True when ``value`` (parsed from ``raw``) nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
 
     Only bodies with that many brackets at all are walked (a C-speed count first), and the walk is
-    iterative, so it never recurses itself.
+    iterative, a level at a time (no recursion, no per-node bookkeeping: ``/aggregate_metrics`` bodies
+    of a whole run have tens of thousands of containers).
     """
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return False
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return True
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
-    return False
+    level = [value] if type(value) is dict or type(value) is list else []  # json.loads makes no subclasses
+    for _ in range(MAX_JSON_DEPTH):
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if type(node) is dict else node) if type(c) is dict or type(c) is list]
+        if not below:
+            return False
+        level = below
+    return True
 
 
 def _non_finite(value: Any) -> tuple[Any, ...] | None:
@@ -282,17 +283,40 @@ class BodyTimeout(Exception):
 
 
 async def read_body(
-    receive: Any, limit: int | None = None, timeout: float | None = None, claim: BodyClaim | None = None
+    receive: Any, limit: int | None = None, claim: BodyClaim | None = None, deadlines: Deadlines | None = None
 ) -> bytes | None:
     """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
-    bytes, :class:`BodyTimeout` when it is not all there ``timeout`` seconds after the headers,
-    :class:`BodiesBusy` when ``claim`` cannot take it from its budget)."""
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    bytes, :class:`BodyTimeout` when it is not all there ``deadlines.seconds`` after this call,
+    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the app's, whose
+    one timer serves every request's body deadline; None, no deadline."""
+    claim = claim or BodyClaim(None)
+    if deadlines is None or (task := asyncio.current_task()) is None:
+        return await _read_chunks(receive, limit, claim)
+    watch = _BodyWatch(task)
+    deadlines.set(watch)
     try:
-        async with asyncio.timeout_at(deadline):  # one timer for the whole body, not one per chunk
-            return await _read_chunks(receive, limit, claim or BodyClaim(None))
-    except TimeoutError:
-        raise BodyTimeout from None
+        return await _read_chunks(receive, limit, claim)
+    except asyncio.CancelledError:
+        # As ``asyncio.timeout`` decides: our deadline's cancellation, and no other one pending.
+        if watch.expired and task.uncancel() <= watch.cancelling:
+            raise BodyTimeout from None
+        raise
+    finally:
+        deadlines.clear(watch)
+
+
+class _BodyWatch:
+    """One body read's key in the app's :class:`Deadlines`: when it expires, the reading task is cancelled."""
+
+    __slots__ = ("cancelling", "expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task, self.cancelling, self.expired = task, task.cancelling(), False
+
+
+def _expire_body(watch: _BodyWatch) -> None:
+    watch.expired = True
+    watch.task.cancel()
 
 
 async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
@@ -356,6 +380,17 @@ class JsonApp:
         self.not_found = not_found
         self.startup, self.shutdown = startup, shutdown
         self._openapi: bytes | None = None
+        self._body_deadlines: Deadlines | None = None
+
+    def _deadlines(self) -> Deadlines | None:
+        """The body deadlines of the loop serving this request (one timer for all its requests)."""
+        if self.body_timeout_s is None:
+            return None
+        loop = asyncio.get_running_loop()
+        deadlines = self._body_deadlines
+        if deadlines is None or deadlines.loop is not loop or deadlines.seconds != self.body_timeout_s:
+            deadlines = self._body_deadlines = Deadlines(loop, self.body_timeout_s, _expire_body)
+        return deadlines
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -389,7 +424,8 @@ class JsonApp:
             self.routes.get(("GET", path)) if method == "HEAD" else None
         )
         limit = (route.max_body_bytes if route is not None else None) or self.max_bytes
-        if declared is not None and _over(declared, limit):
+        size = _declared_size(declared) if declared is not None else None
+        if size is not None and size > limit:
             return self._too_big(limit), []
         guarded = route is None or not route.open
         if guarded and self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
@@ -404,9 +440,9 @@ class JsonApp:
         value: Any = _NO_BODY
         if method in ("POST", "PUT", "PATCH"):
             try:
-                if declared is not None:
-                    await claim.reserve(_declared_size(declared), self.body_timeout_s)
-                raw = await read_body(receive, limit, self.body_timeout_s, claim)
+                if size is not None and not claim.reserve_now(size):
+                    await claim.reserve(size, self.body_timeout_s)
+                raw = await read_body(receive, limit, claim, self._deadlines())
             except BodyTooLarge:
                 return self._too_big(limit), []
             except BodiesBusy:
@@ -522,10 +558,6 @@ class JsonApp:
                 return
 
 
-def _over(declared: bytes, limit: int) -> bool:
-    return _declared_size(declared) > limit
-
-
 def _declared_size(declared: bytes) -> int:
     try:
         return int(declared)
@@ -536,7 +568,7 @@ def _declared_size(declared: bytes) -> int:
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     """An answer with its content length and type (JSON unless its own headers say otherwise), then ``extra``."""
     headers = [(b"content-length", str(len(answer.body)).encode())]
-    if not any(k == b"content-type" for k, _ in answer.headers):
+    if not answer.headers or not any(k == b"content-type" for k, _ in answer.headers):
         headers.append(_JSON_CONTENT_TYPE)
     headers += answer.headers
     if extra:

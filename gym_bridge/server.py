@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
 from gym_bridge.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
+from gym_bridge.deadlines import Deadlines
 from gym_bridge.json_http import Answer, JsonApp, Route, json_answer
 from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
 
@@ -380,61 +381,60 @@ def _protocol_with_header_limits(header_timeout_s: float, max_header_bytes: int 
         b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(refusal), refusal)
     )
 
+    feed = HttpToolsProtocol.data_received
+    heads: list[Deadlines] = []  # this server's header deadlines: one timer for all its connections
+
+    def too_slow(protocol: HeaderLimits) -> None:
+        protocol.transport.close()
+
     class HeaderLimits(HttpToolsProtocol):  # type: ignore[misc]
-        _deadline: Any = None
         _in_head = True  # between a request's first byte (or the connection's start) and its end of headers
         _head_bytes = 0
 
-        def _arm(self) -> None:
-            if self._deadline is None:
-                self._deadline = self.loop.call_later(header_timeout_s, self._too_slow)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _too_slow(self) -> None:
-            self._deadline = None
-            self.transport.close()
-
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+            HttpToolsProtocol.connection_made(self, transport)
+            if not heads or heads[0].loop is not self.loop:
+                heads[:] = [Deadlines(self.loop, header_timeout_s, too_slow)]
+            self._heads = heads[0]
+            self._heads.set(self)
 
         def data_received(self, data: bytes) -> None:
             if not self._in_head:
-                super().data_received(data)
+                feed(self, data)
                 return
             budget = max_header_bytes - self._head_bytes  # feed the head at most its budget
-            self._head_bytes += min(len(data), budget)
-            super().data_received(data[:budget])
+            if len(data) <= budget:  # the usual case: no copy
+                self._head_bytes += len(data)
+                feed(self, data)
+                return
+            self._head_bytes = max_header_bytes
+            feed(self, data[:budget])
             rest = data[budget:]
-            if not rest or self.transport.is_closing():
+            if self.transport.is_closing():
                 return
             if self._in_head:
-                self._disarm()
+                self._heads.clear(self)
                 self.transport.write(answer_431)
                 self.transport.close()
             else:  # the headers ended inside the budget: the rest is body (or the next request)
                 self.data_received(rest)
 
         def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._arm()
+            HttpToolsProtocol.on_message_begin(self)
+            self._heads.set(self)
 
         def on_headers_complete(self) -> None:
             self._in_head = False
-            self._disarm()
-            super().on_headers_complete()
+            self._heads.clear(self)
+            HttpToolsProtocol.on_headers_complete(self)
 
         def on_message_complete(self) -> None:
             self._in_head, self._head_bytes = True, 0
-            super().on_message_complete()
+            HttpToolsProtocol.on_message_complete(self)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+            self._heads.clear(self)
+            HttpToolsProtocol.connection_lost(self, exc)
 
     return HeaderLimits
 

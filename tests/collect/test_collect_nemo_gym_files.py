@@ -250,3 +250,22 @@ def test_aggregate_answer_matches_nemo_gyms_own_on_the_same_body(math_url, refer
     assert {k: ours["key_metrics"][k] for k in theirs["key_metrics"]} == pytest.approx(theirs["key_metrics"])
     assert ours["key_metrics"]["pass@2"] == 1.0 and ours["key_metrics"]["pass@1"] == pytest.approx(4 / 6)
     assert ours["key_metrics"]["majority@2"] == 1.0
+
+
+def test_standard_deviations_in_floats_agree_with_exact_ones():
+    """``std/`` is summed in floats (pandas' way, NeMo Gym's figure), not in exact fractions: equal to
+    ``statistics.stdev`` within float rounding; exactly 0 for one value or equal values."""
+    import random
+    import statistics
+
+    from gym_bridge.aggregate import _stdev
+
+    rng = random.Random(0)
+    for n in (2, 3, 8, 64, 1000):
+        for scale in (1.0, 1e-6, 1e9):
+            xs = [rng.gauss(0.5, 1) * scale for _ in range(n)]
+            assert _stdev(xs) == pytest.approx(statistics.stdev(xs), rel=1e-12)
+        ints = [float(rng.randrange(100)) for _ in range(n)]
+        assert _stdev(ints) == pytest.approx(statistics.stdev(ints), rel=1e-12)
+    assert _stdev([]) == _stdev([0.1]) == _stdev([0.1] * 7) == _stdev([1e300, 1e300]) == 0.0
+    assert _stdev([1e300, -1e300]) == pytest.approx(statistics.stdev([1e300, -1e300]))  # squares overflow floats

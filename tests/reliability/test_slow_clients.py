@@ -8,17 +8,20 @@ Short deadlines are configured here (1 s) so the test is quick; the defaults are
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import select
 import shutil
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
-from gym_bridge.server import MAX_HEADER_BYTES, ServerSettings, start_in_thread
+from gym_bridge.server import MAX_HEADER_BYTES, ServerSettings, Session, start_in_thread, tool
 
 from .envs import ArithmeticEnv
 from .procs import cli, start, stop, wait_for_line
@@ -67,6 +70,41 @@ def test_trickled_headers_are_cut_off_and_the_server_keeps_answering():
     assert len(closed) == CONNECTIONS, f"{CONNECTIONS - len(closed)} trickling connections still open"
     assert elapsed < 15, f"closing them took {elapsed:.1f} s"
     assert health_answers >= 3
+
+
+class WaitArgs(BaseModel):
+    seconds: float
+
+
+class SlowEnv(ArithmeticEnv):
+    @tool
+    async def wait(self, args: WaitArgs, session: Session) -> dict[str, Any]:
+        """Answer after ``seconds``."""
+        await asyncio.sleep(args.seconds)
+        return {"waited": args.seconds}
+
+
+def test_the_header_deadline_ends_with_the_headers_and_starts_again_with_the_next_request():
+    """Answers slower than the header deadline still come, on one keep-alive connection; a next request
+    whose headers stall after the first byte is cut off again (one timer serves every connection's deadline)."""
+    with start_in_thread(SlowEnv().build_app(), header_timeout_s=0.5) as running:
+        host, port = running.url.removeprefix("http://").split(":")
+        body = b'{"seconds": 0.8}'
+        request = b"POST /wait HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body), body)  # fmt: skip
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            for _ in range(2):
+                sock.sendall(request)
+                answer = b""
+                while b'{"waited":0.8}' not in answer:
+                    more = sock.recv(4096)
+                    assert more, f"connection closed while answering: {answer[:200]!r}"
+                    answer += more
+                assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            sock.sendall(b"POST /wait HTTP/1.1\r\nHost: x\r\n")  # then nothing more
+            start = time.monotonic()
+            assert recv_all(sock, 5) == b""
+            assert time.monotonic() - start < 3
 
 
 def test_a_stalled_body_gets_a_408():

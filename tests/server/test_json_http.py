@@ -198,3 +198,23 @@ def test_openapi_documents_the_same_routes_with_their_body_types(url: str) -> No
     docs = httpx.get(f"{url}/docs", headers={"authorization": f"Bearer {TOKEN}"})
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     assert httpx.get(f"{url}/openapi.json").status_code == 401  # behind the token like every route but /health
+
+
+def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None:
+    """``MAX_JSON_DEPTH`` levels parse, one more is a 400, wherever the deep branch sits among shallow ones."""
+    from gym_bridge.json_http import MAX_JSON_DEPTH, ErrorStyle, _Refused, parse_body
+
+    def mixed(depth: int) -> str:  # arrays and objects alternating, ``depth`` containers deep
+        return "".join('{"k":' if i % 2 else "[" for i in range(depth)) + "1" + "".join(
+            "}" if i % 2 else "]" for i in reversed(range(depth)))  # fmt: skip
+
+    shallow = ",".join(['{"a":[1,{"b":[]}]}'] * 200)  # 800 brackets, 3 deep
+    for depth in (MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1):
+        for body in (mixed(depth), f"[{shallow},{mixed(depth - 1)},{shallow}]", '{"x":' + mixed(depth - 1) + "}"):
+            if depth <= MAX_JSON_DEPTH:
+                assert parse_body(body.encode(), ErrorStyle()) == json.loads(body)
+            else:
+                with pytest.raises(_Refused) as refused:
+                    parse_body(body.encode(), ErrorStyle())
+                assert refused.value.answer.status == 400
+    assert parse_body(f"[{shallow}]".encode(), ErrorStyle()) == json.loads(f"[{shallow}]")

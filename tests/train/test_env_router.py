@@ -47,6 +47,21 @@ def test_new_sessions_go_to_the_least_busy_live_replica() -> None:
         router.open_session()
 
 
+
+def _agent_config(policy_url: str) -> AgentConfig:
+    """The scripted shopper's agent settings: two model turns, env calls retried once, fast."""
+    return AgentConfig(model_url=f"{policy_url}/v1", max_steps=2, overrides={"model": "policy", "max_output_tokens": 64},
+                       env_retry=RetryPolicy(max_attempts=2, request_timeout=5, backoff_base=0.05))  # fmt: skip
+
+
+async def _run_all(rows: list[dict[str, Any]], router: SessionRouter, config: AgentConfig) -> list[Any]:
+    """Every row's rollout at once through ``router``, on one client session."""
+    session = make_session()
+    try:
+        return await asyncio.gather(*(run_rollout(session, row, router, config) for row in rows))
+    finally:
+        await session.close()
+
 @pytest.mark.timeout(120)
 def test_sessions_spread_stay_put_and_move_off_a_stopped_replica(tmp_path: Path) -> None:
     tokenizer = build_tokenizer()
@@ -54,15 +69,10 @@ def test_sessions_spread_stay_put_and_move_off_a_stopped_replica(tmp_path: Path)
     servers = [start_in_thread(env_app("tool_use")) for _ in range(2)]
     policy = start_in_thread(build_policy_app(Shopper(tokenizer), model_name="policy", return_token_ids=True))
     router = SessionRouter("shop", ReplicaEndpoints([s.url for s in servers]))
-    config = AgentConfig(model_url=f"{policy.url}/v1", max_steps=2, overrides={"model": "policy", "max_output_tokens": 64},
-                         env_retry=RetryPolicy(max_attempts=2, request_timeout=5, backoff_base=0.05))  # fmt: skip
+    config = _agent_config(policy.url)
 
     async def rollouts() -> list[Any]:
-        session = make_session()
-        try:
-            return await asyncio.gather(*(run_rollout(session, row, router, config) for row in rows))
-        finally:
-            await session.close()
+        return await _run_all(rows, router, config)
 
     try:
         first = asyncio.run(rollouts())
@@ -111,15 +121,10 @@ def test_sessions_open_on_a_replica_that_dies_fail_and_the_others_verify(tmp_pat
     model = StopsAReplica(tokenizer, servers[0], urls, sessions_open=8)
     policy = start_in_thread(build_policy_app(model, model_name="policy", return_token_ids=True))
     router = SessionRouter("shop", ReplicaEndpoints(urls))
-    config = AgentConfig(model_url=f"{policy.url}/v1", max_steps=2, overrides={"model": "policy", "max_output_tokens": 64},
-                         env_retry=RetryPolicy(max_attempts=2, request_timeout=5, backoff_base=0.05))  # fmt: skip
+    config = _agent_config(policy.url)
 
     async def rollouts() -> list[Any]:
-        session = make_session()
-        try:
-            return await asyncio.gather(*(run_rollout(session, row, router, config) for row in rows))
-        finally:
-            await session.close()
+        return await _run_all(rows, router, config)
 
     try:
         results = asyncio.run(rollouts())

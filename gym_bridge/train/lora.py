@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,10 @@ def apply_lora(model: Any, cfg: LoRAConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    peft_model = get_peft_model(model, peft_config)
+    # peft reads transformers' deprecated is_gradient_checkpointing: a warning that is not the user's to fix
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model = get_peft_model(model, peft_config)
     for module in model.modules():
         if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
             _init_lora_a(module, "default", cfg.lora_A_init)

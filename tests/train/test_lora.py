@@ -180,6 +180,16 @@ def test_trainable_parameter_count(tmp_path: Path, model_dir: Path) -> None:
     )
 
 
+def test_setting_up_lora_shows_no_library_deprecation_warnings(tmp_path: Path, model_dir: Path) -> None:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing``; a user's first LoRA run must not
+    print that (nor any other FutureWarning) as if it were theirs to fix."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        lora_learner(tmp_path, model_dir, "policy.dtensor_cfg.activation_checkpointing=true")
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

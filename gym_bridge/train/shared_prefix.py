@@ -26,9 +26,11 @@ from gym_bridge.train.gqa_attention import grouped_query_attention
 from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_plainly
 
 __all__ = [
+    "MIN_COMMON_PREFIX",
     "Prefill",
     "PrefixPlan",
     "cache_kwargs",
+    "common_prefix_length",
     "distinct_prompts",
     "output_cache",
     "plan_prefixes",
@@ -130,9 +132,9 @@ class Prefill:
     fan_out: torch.Tensor
     """(rows,) which distinct prompt each row has."""
     attention_mask: torch.Tensor
-    """(distinct, width) of the left-padded prompts."""
+    """(distinct, keys) over the cached keys: a common start, then each prompt's left-padded end."""
     positions: torch.Tensor
-    """(distinct, width) position ids (each prompt starts at 0)."""
+    """(distinct, keys) position ids (each prompt starts at 0; padding does not count)."""
 
 
 def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
@@ -140,6 +142,21 @@ def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[tuple[int, 
     index: dict[tuple[int, ...], int] = {}
     row_prompt = [index.setdefault(tuple(p), len(index)) for p in prompts]
     return list(index), row_prompt
+
+
+MIN_COMMON_PREFIX = 16
+"""Distinct prompts that all start with at least this many equal tokens (a system prompt and few-shot
+examples before each problem) run that start once; a shorter common start is not worth a pass."""
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt starts with, leaving each prompt at least one token of its own."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(max(limit, 0)):
+        token = first[i]
+        if any(p[i] != token for p in prompts):
+            return i
+    return max(limit, 0)
 
 
 def prefill(
@@ -151,21 +168,45 @@ def prefill(
     **kwargs: Any,
 ) -> Prefill:
     """Run each of the distinct ``prompts`` once through ``forward`` (a model or its ``base_model``;
-    ``kwargs`` go to it), then fan the KV cache out to rows: row i gets prompt ``row_prompt[i]``."""
-    width = max(len(p) for p in prompts)
+    ``kwargs`` go to it), then fan the KV cache out to rows: row i gets prompt ``row_prompt[i]``.
+
+    Distinct prompts with a common start of :data:`MIN_COMMON_PREFIX` tokens or more (validation's 200
+    problems behind one system prompt and worked examples) run that start once, batch 1, and only their
+    own ends per prompt: keys are ``[common start][left padding][own end]``, positions count real tokens
+    only, so attention and log-probs are the plain pass's up to float rounding.
+    """
+    common = common_prefix_length(prompts) if len(prompts) > 1 else 0
+    cache = DynamicCache()
+    if common >= MIN_COMMON_PREFIX:
+        shared = torch.tensor([list(prompts[0][:common])], dtype=torch.long, device=device)
+        start = forward(
+            input_ids=shared,
+            attention_mask=torch.ones_like(shared),
+            position_ids=torch.arange(common, device=device).unsqueeze(0),
+            use_cache=True,
+            **cache_kwargs(forward, cache),
+            **kwargs,
+        )
+        cache = output_cache(start)
+        cache.batch_select_indices(torch.zeros(len(prompts), dtype=torch.long, device=device))
+    else:
+        common = 0
+    ends = [p[common:] for p in prompts]
+    width = max(len(e) for e in ends)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for j, prompt in enumerate(prompts):
-        input_ids[j, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[j, width - len(prompt) :] = 1
+    attention_mask = torch.zeros((len(prompts), common + width), dtype=torch.long)
+    attention_mask[:, :common] = 1
+    for j, end in enumerate(ends):
+        input_ids[j, width - len(end) :] = torch.tensor(end, dtype=torch.long)
+        attention_mask[j, common + width - len(end) :] = 1
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     output = forward(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=positions,
+        position_ids=positions[:, common:],
         use_cache=True,
-        **cache_kwargs(forward, DynamicCache()),
+        **cache_kwargs(forward, cache),
         **kwargs,
     )
     fan_out = torch.tensor(list(row_prompt), dtype=torch.long, device=device)

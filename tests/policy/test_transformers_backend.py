@@ -220,3 +220,34 @@ def test_repeated_prompts_share_one_prefill_and_stay_exact(backend, tiny_model, 
         assert result.token_ids == alone.token_ids
         reference = reference_logprobs(tiny_model, request.prompt_token_ids, result.token_ids)
         assert result.logprobs == pytest.approx(reference, abs=1e-4)
+
+
+def test_distinct_prompts_with_a_common_start_run_it_once_and_stay_exact(backend, tiny_model, tokenizer):
+    """Validation-shaped batch: different problems behind one system prompt. The common start runs once
+    (batch 1), each problem's own end after it; every row equals the row run alone and the plain pass."""
+    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
+
+    system = "Solve the problem. End your reply with: The answer is N. Show one short line of work first."
+    prompts = [
+        chat_prompt(tokenizer, q, system=system) for q in ("What is 5 + 4?", "What is 12 - 7?", "7 * 3?")
+    ]
+    common = common_prefix_length(prompts)
+    assert common >= MIN_COMMON_PREFIX
+    requests = [
+        GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=s)) for s, p in enumerate(prompts * 2)
+    ]
+    shapes: list[tuple[int, ...]] = []
+    hook = tiny_model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: shapes.append(args[0].shape)
+    )
+    try:
+        batched = backend.generate(requests)
+    finally:
+        hook.remove()
+    assert shapes[0] == (1, common)  # the common start, once
+    assert shapes[1] == (3, max(len(p) for p in prompts) - common)  # each distinct prompt's own end
+    for request, result in zip(requests, batched, strict=True):
+        alone = backend.generate([request])[0]
+        assert result.token_ids == alone.token_ids
+        reference = reference_logprobs(tiny_model, request.prompt_token_ids, result.token_ids)
+        assert result.logprobs == pytest.approx(reference, abs=1e-4)

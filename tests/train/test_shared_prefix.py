@@ -127,3 +127,38 @@ def test_models_with_capped_logits_use_the_plain_pass(model: Any) -> None:
         assert not shares_prefixes(model)
     finally:
         model.config.final_logit_softcapping = None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prompts_with_a_common_start_match_the_plain_pass(model: Any, seed: int) -> None:
+    """Distinct prompts behind one long common start (a system prompt and worked examples): the start
+    runs once for all of them, and log-probs and gradients are still the plain pass's."""
+    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
+
+    token_ids, loss_masks = grpo_batch(seed)
+    start = [random.Random(seed + 10).randrange(3, 300) for _ in range(MIN_COMMON_PREFIX + 4)]
+    token_ids = [start + t for t in token_ids]
+    loss_masks = [[0] * len(start) + m for m in loss_masks]
+    ids, attention, token_mask = padded(token_ids, loss_masks)
+    plan = plan_prefixes(token_ids, loss_masks)
+    assert common_prefix_length(plan.prompts) >= len(start)
+
+    model.zero_grad()
+    plain = token_logprobs(model, ids, attention, token_mask)
+    (plain * torch.linspace(0.5, 1.5, plain.shape[1])).sum().backward()
+    plain_grads = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    shapes: list[tuple[int, ...]] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: shapes.append(args[0].shape)
+    )
+    try:
+        shared = shared_prefix_logprobs(model, token_ids, token_mask, plan, PAD)
+    finally:
+        hook.remove()
+    (shared * torch.linspace(0.5, 1.5, shared.shape[1])).sum().backward()
+    assert shapes[0][0] == 1 and shapes[0][1] >= len(start)  # the common start, once
+    torch.testing.assert_close(shared, plain, atol=2e-5, rtol=1e-5)
+    for got, want in zip((p.grad for p in model.parameters()), plain_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -65,7 +65,9 @@ def counted(what: str, total: int, unit: str = "steps") -> Iterator[Callable[[in
 
         def line(done: int, loss: float) -> None:
             if done % every == 0 or done == total:
-                console.print(f"  {what}: {done}/{total} {unit}, loss {loss:.3f}, {time.monotonic() - started:.0f} s")
+                console.print(
+                    f"  {what}: {done}/{total} {unit}, loss {loss:.3f}, {time.monotonic() - started:.0f} s"
+                )
 
         yield line
     console.print(f"{what}: done in {time.monotonic() - started:.0f} s")

@@ -105,14 +105,20 @@ def load_model_and_tokenizer(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from gym_bridge.models.gguf_cache import cached_dequantised, save_dequantised
+
     source = resolve_model(name_or_path)
+    gguf_path = Path(source.path) / source.gguf_file if source.gguf_file is not None else None
+    cached = cached_dequantised(gguf_path) if gguf_path is not None else None
+    if cached is not None:  # de-quantised by an earlier load: a plain safetensors directory
+        source = ModelSource(path=str(cached), gguf_file=None, display_name=source.display_name)
     kwargs: dict[str, Any] = {}
     if source.gguf_file is not None:
         kwargs["gguf_file"] = source.gguf_file
     if _hub_offline():
         kwargs["local_files_only"] = True
     loading = (
-        waiting(f"loading and de-quantising {source.gguf_file} (about 1-2 minutes on CPU)")
+        waiting(f"loading and de-quantising {source.gguf_file} (once: about 1-2 minutes on CPU, then cached)")
         if source.gguf_file is not None
         else nullcontext()
     )
@@ -135,6 +141,8 @@ def load_model_and_tokenizer(
         ) from err
     if source.gguf_file is not None:
         _forget_gguf_quantization(model)
+        if gguf_path is not None and tokenizer_name in (None, name_or_path):
+            save_dequantised(model, tokenizer, gguf_path)  # the next load reads this instead
     model.to(device)
     model.eval()
     if chat_template:

@@ -96,3 +96,68 @@ def test_smollm2_loads_from_gguf_generates_and_saves(tmp_path: Path) -> None:
         reloaded.state_dict().items(), model.state_dict().items(), strict=True
     ):
         assert torch.equal(saved, original), name
+
+
+@pytest.mark.timeout(300)
+def test_a_gguf_is_dequantised_once_then_loaded_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """The first load saves the de-quantised model and tokenizer; the second reads them (no GGUF) and
+    gets the same weights, chat rendering and stop ids."""
+    import transformers
+
+    from gym_bridge.models import gguf_cache
+
+    monkeypatch.setenv("GYM_BRIDGE_CACHE", str(tmp_path / "cache"))
+    source = resolve_model("smollm2-135m")
+    gguf_path = Path(source.path) / SMOLLM2_GGUF
+    assert gguf_cache.cached_dequantised(gguf_path) is None
+    first, first_tok = load_model_and_tokenizer("smollm2-135m")
+    cached = gguf_cache.cached_dequantised(gguf_path)
+    assert cached is not None and cached.parent == tmp_path / "cache" / "models" / "gguf"
+
+    calls: list[dict] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    monkeypatch.setattr(gguf_cache, "save_dequantised", lambda *a, **k: pytest.fail("saved twice"))
+    second, second_tok = load_model_and_tokenizer("smollm2-135m")
+    assert len(calls) == 1 and "gguf_file" not in calls[0]
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+    render = {"add_generation_prompt": True, "tokenize": True, "return_dict": False}
+    assert second_tok.apply_chat_template(chat, **render) == first_tok.apply_chat_template(chat, **render)
+    assert (second_tok.pad_token_id, second_tok.eos_token_id) == (
+        first_tok.pad_token_id,
+        first_tok.eos_token_id,
+    )
+    assert second.generation_config.eos_token_id == first.generation_config.eos_token_id
+    # Training writes into the loaded weights (full fine-tuning, LoRA's in-place merge): never into the cache.
+    weight = second.model.layers[0].self_attn.q_proj.weight
+    with torch.no_grad():
+        weight.add_(1.0)
+    third, _ = load_model_and_tokenizer("smollm2-135m")
+    assert torch.equal(
+        third.model.layers[0].self_attn.q_proj.weight, first.model.layers[0].self_attn.q_proj.weight
+    )
+
+
+def test_the_gguf_cache_key_follows_the_file_and_an_unwritable_cache_is_only_a_note(
+    tmp_path: Path, capsys
+) -> None:
+    from gym_bridge.models.gguf_cache import gguf_cache_dir, save_dequantised
+
+    a, b = tmp_path / "m.gguf", tmp_path / "b" / "m.gguf"
+    b.parent.mkdir()
+    a.write_bytes(b"GGUF" + bytes(1000))
+    b.write_bytes(b"GGUF" + bytes(999) + b"\x01")
+    assert gguf_cache_dir(a, tmp_path) != gguf_cache_dir(b, tmp_path)
+    b.write_bytes(a.read_bytes())
+    assert gguf_cache_dir(a, tmp_path) == gguf_cache_dir(b, tmp_path)  # same bytes, same copy
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory would go")
+    assert save_dequantised(object(), object(), a, blocked) is None
+    assert "could not cache the de-quantised model" in capsys.readouterr().out

@@ -10,6 +10,11 @@ mean over seeds; the per-seed curves are in the details.
     .venv/bin/python bench/bench_smollm2_recipe.py                       # both recipes, seeds 42 1 2
     .venv/bin/python bench/bench_smollm2_recipe.py --recipes lora --seeds 42
     .venv/bin/python bench/bench_smollm2_recipe.py --quick               # LoRA, seed 42, 4 steps, 40 problems
+    .venv/bin/python bench/bench_smollm2_recipe.py --plot-only KEEP...   # the curves PNG of kept runs
+
+Every run also draws the validation curves of its seeds, one line per recipe and seed, into
+``<results dir>/smollm2_recipe.png``; ``--plot-only`` draws them from runs kept with ``--keep`` (run
+one seed at a time, or side by side, then plot them together).
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ RECIPES = {
 }
 
 
-
 def run_recipe(recipe: Path, seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
     """One training run in a child process; validation curve, wall time and peak tree RSS."""
     log_dir, ckpt_dir = out / "logs", out / "ckpt"
@@ -55,10 +59,11 @@ def run_recipe(recipe: Path, seed: int, out: Path, extra: list[str]) -> dict[str
     if child.returncode != 0:
         tail = (out / "train.log").read_text()[-2000:]
         raise RuntimeError(f"{recipe.name} seed {seed} exited with {child.returncode}:\n{tail}")
-    rows = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    curve = [(r["step"], r["accuracy"]) for r in rows if r.get("split") == "val" and "accuracy" in r]
+    curve = val_curve(log_dir / "metrics.jsonl")
     checkpoints = sorted(ckpt_dir.glob("step_*"))
-    ckpt_bytes = sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0
+    ckpt_bytes = (
+        sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) if checkpoints else 0
+    )
     return {
         "seed": seed,
         "curve": curve,
@@ -71,15 +76,84 @@ def run_recipe(recipe: Path, seed: int, out: Path, extra: list[str]) -> dict[str
     }
 
 
+def val_curve(metrics: Path) -> list[tuple[int, float]]:
+    """(step, validation accuracy) pairs of a run's ``metrics.jsonl``."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [(r["step"], r["accuracy"]) for r in rows if r.get("split") == "val" and "accuracy" in r]
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
+    """One validation-accuracy line per run (label -> curve), the +0.5 aim over the mean base dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for label, curve in sorted(curves.items()):
+        steps, accuracy = zip(*curve, strict=True)
+        ax.plot(
+            steps,
+            accuracy,
+            marker="o",
+            linewidth=2,
+            label=f"{label} ({accuracy[0]:.2f} -> {accuracy[-1]:.2f})",
+        )
+    base = statistics.fmean(curve[0][1] for curve in curves.values())
+    ax.axhline(
+        base + 0.5, color="grey", linestyle="--", linewidth=1, label=f"aim: base + 0.5 ({base + 0.5:.2f})"
+    )
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("validation accuracy (200 held-out problems)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("SmolLM2-135M-Instruct GRPO on word problems, CPU")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def results_png() -> Path:
+    return Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results") / f"{RESULT_NAME}.png"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=["lora", "full"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="LoRA, seed 42, 4 steps, validation on 40 problems")
-    parser.add_argument("--keep", type=Path, default=None,
-                        help="keep each run's train.log, metrics and checkpoints under KEEP/<recipe>-seed<k>/")
+    parser.add_argument(
+        "--quick", action="store_true", help="LoRA, seed 42, 4 steps, validation on 40 problems"
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep each run's train.log, metrics and checkpoints under KEEP/<recipe>-seed<k>/",
+    )
+    parser.add_argument(
+        "--plot-only",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="KEEP",
+        help="only draw the curves PNG of runs kept under these --keep directories",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
+    if args.plot_only:
+        found = {
+            f"{m.parents[1].name}" + (f" ({k.name})" if len(args.plot_only) > 1 else ""): val_curve(m)
+            for k in args.plot_only
+            for m in sorted(k.glob("*-seed*/logs/metrics.jsonl"))
+        }
+        curves = {label: curve for label, curve in found.items() if curve}
+        if not curves:
+            parser.error(f"no validation curves under {', '.join(map(str, args.plot_only))}")
+        print(plot_curves(curves, results_png()))
+        return
     recipes, seeds, extra = args.recipes, args.seeds, list(args.overrides)
     if args.quick:
         recipes, seeds = ["lora"], [42]
@@ -93,25 +167,47 @@ def main() -> None:
                 out.mkdir(parents=True, exist_ok=True)
                 print(f"[{name}] seed {seed} ... ({out})", flush=True)
                 run = run_recipe(RECIPES[name], seed, out, extra)
-            print(f"[{name}] seed {seed}: {run['base']:.3f} -> {run['final']:.3f} (best {run['best']:.3f}), "
-                  f"{run['wall_s'] / 60:.1f} min, peak {run['peak_rss_gib']:.2f} GiB", flush=True)
+            print(
+                f"[{name}] seed {seed}: {run['base']:.3f} -> {run['final']:.3f} (best {run['best']:.3f}), "
+                f"{run['wall_s'] / 60:.1f} min, peak {run['peak_rss_gib']:.2f} GiB",
+                flush=True,
+            )
             runs.setdefault(name, []).append(run)
         done = runs[name]
         base = statistics.fmean(r["base"] for r in done)
         final = statistics.fmean(r["final"] for r in done)
         label = f"SmolLM2-135M {name} GRPO, word problems"
         rows += [
-            figure(f"{label}: final validation accuracy", final, "accuracy", baseline=base,
-                   note=f"baseline: the same runs' step-0 accuracy; mean of seeds {seeds}; "
-                        f"gain {final - base:+.3f}; aim +0.5"),
-            figure(f"{label}: wall time", statistics.fmean(r["wall_s"] for r in done) / 60, "min",
-                   note="whole run incl. model load and validations; aim <= 20 min on 2 cores"),
-            figure(f"{label}: peak RSS", max(r["peak_rss_gib"] for r in done), "GiB",
-                   note="whole process tree; LoRA aim < 2 GiB"),
-            figure(f"{label}: checkpoint size", max(r["checkpoint_mib"] for r in done), "MiB",
-                   note="last checkpoint on disk; LoRA aim < 50 MiB"),
+            figure(
+                f"{label}: final validation accuracy",
+                final,
+                "accuracy",
+                baseline=base,
+                note=f"baseline: the same runs' step-0 accuracy; mean of seeds {seeds}; "
+                f"gain {final - base:+.3f}; aim +0.5",
+            ),
+            figure(
+                f"{label}: wall time",
+                statistics.fmean(r["wall_s"] for r in done) / 60,
+                "min",
+                note="whole run incl. model load and validations; aim <= 20 min on 2 cores",
+            ),
+            figure(
+                f"{label}: peak RSS",
+                max(r["peak_rss_gib"] for r in done),
+                "GiB",
+                note="whole process tree; LoRA aim < 2 GiB",
+            ),
+            figure(
+                f"{label}: checkpoint size",
+                max(r["checkpoint_mib"] for r in done),
+                "MiB",
+                note="last checkpoint on disk; LoRA aim < 50 MiB",
+            ),
         ]
     write_results(RESULT_NAME, rows, quick=args.quick, details={"runs": runs, "overrides": extra})
+    curves = {f"{name} seed {r['seed']}": r["curve"] for name, done in runs.items() for r in done}
+    print(plot_curves(curves, results_png()))
 
 
 if __name__ == "__main__":

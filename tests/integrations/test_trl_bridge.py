@@ -260,7 +260,7 @@ def test_grpo_trainer_two_steps_with_tiny_and_the_math_server(math_url: str, tmp
 
 @pytest.mark.parametrize(
     ("recipe", "scheduler", "warmup"),
-    [("grpo_math_tiny.yaml", "constant_with_warmup", 3), ("grpo_smollm2_135m_lora.yaml", "constant", 0)],
+    [("grpo_math_tiny.yaml", "constant_with_warmup", 3), ("grpo_smollm2_135m_lora.yaml", "constant_with_warmup", 5)],
 )
 def test_grpo_config_from_a_recipe_is_the_same_job(recipe: str, scheduler: str, warmup: int, tmp_path: Path) -> None:
     from gym_bridge.integrations.trl import grpo_config_from

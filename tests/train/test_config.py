@@ -108,7 +108,10 @@ def test_smollm2_lora_recipe_is_the_full_recipe_with_adapters() -> None:
     lora = load_config(ROOT / "recipes/grpo_smollm2_135m_lora.yaml", [])
     assert lora.policy.dtensor_cfg.lora_cfg.enabled and not full.policy.dtensor_cfg.lora_cfg.enabled
     assert lora.data == full.data and lora.grpo.val_period == full.grpo.val_period  # the same task and validation
-    assert lora.grpo.max_num_steps == 60  # LoRA learns slower per step at its rate
+    # the same completions per step and per update (8 problems x 4 samples against 4 x 8)
+    completions = lora.grpo.num_prompts_per_step * lora.grpo.num_generations_per_prompt
+    assert completions == full.grpo.num_prompts_per_step * full.grpo.num_generations_per_prompt
+    assert completions == lora.policy.train_global_batch_size == full.policy.train_global_batch_size
 
 
 def test_vllm_recipe_refuses_to_run_without_a_gpu() -> None:

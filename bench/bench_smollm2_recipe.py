@@ -144,10 +144,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
     if args.plot_only:
+        kept = [m for k in args.plot_only for m in sorted(k.glob("*-seed*/logs/metrics.jsonl"))]
+        names = [m.parents[1].name for m in kept]  # <recipe>-seed<k>; the --keep folder only if that repeats
         found = {
-            f"{m.parents[1].name}" + (f" ({k.name})" if len(args.plot_only) > 1 else ""): val_curve(m)
-            for k in args.plot_only
-            for m in sorted(k.glob("*-seed*/logs/metrics.jsonl"))
+            name if names.count(name) == 1 else f"{name} ({m.parents[2].name})": val_curve(m)
+            for name, m in zip(names, kept, strict=True)
         }
         curves = {label: curve for label, curve in found.items() if curve}
         if not curves:

@@ -150,6 +150,9 @@ def _load_checkpoint(checkpoint: Path, device: str) -> tuple[PreTrainedModel, Pr
         raise ValueError(f"{checkpoint} has neither policy/weights, policy/merged nor policy/adapter")
     from peft import PeftModel
 
+    from gym_bridge.train.lora import without_peft_deprecation_warnings
+
     model, tokenizer = load_model_and_tokenizer(_base_model_name(checkpoint), device=device, tokenizer_name=tokenizer_name)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    with without_peft_deprecation_warnings():
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     return merged.eval(), tokenizer

@@ -15,6 +15,8 @@ import copy
 import math
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ __all__ = [
     "parameter_counts",
     "resolve_target_modules",
     "trainable_parameters_line",
+    "without_peft_deprecation_warnings",
 ]
 
 LORA_KEY = "policy.dtensor_cfg.lora_cfg"
@@ -90,6 +93,15 @@ def _post_dropout(p: float) -> Any:
     return hook
 
 
+@contextmanager
+def without_peft_deprecation_warnings() -> Iterator[None]:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` whenever it wraps a model: a
+    FutureWarning that is not the user's to fix, so it is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def apply_lora(model: Any, cfg: LoRAConfig) -> Any:
     """Inject LoRA layers into ``model`` (in place) and freeze everything else; return the PeftModel.
 
@@ -109,9 +121,7 @@ def apply_lora(model: Any, cfg: LoRAConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    # peft reads transformers' deprecated is_gradient_checkpointing: a warning that is not the user's to fix
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    with without_peft_deprecation_warnings():
         peft_model = get_peft_model(model, peft_config)
     for module in model.modules():
         if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):

@@ -12,6 +12,7 @@ model; a cache that cannot be written (read-only home) only costs the re-load.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,10 +28,17 @@ MARKER = "gym_bridge_dequantised.json"
 
 
 def _content_key(gguf_path: Path) -> str:
+    stat = gguf_path.stat()
+    return _hashed_key(str(gguf_path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _hashed_key(path: str, size: int, mtime_ns: int) -> str:
+    """The file's bytes hashed once per (path, size, modification time): a load looks the key up twice."""
     import transformers
 
     digest = hashlib.blake2b(digest_size=10)
-    with open(gguf_path, "rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     digest.update(f"transformers {transformers.__version__}".encode())

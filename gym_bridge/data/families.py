@@ -12,8 +12,8 @@ rewarded). Families:
 
 - ``sum_2d1d``: a two-digit plus a one-digit number ("What is 47 + 8?"), 810 problems.
 - ``add_sub``: ``a + b - c`` with ``a, b`` in 10..49 and ``c`` in 1..9, 14,400 problems.
-- ``word``: one-line word problems ("Tom has 12 apples. He buys 7 more. How many apples does Tom have
-  now?") over names, items, verbs and numbers, a few thousand problems.
+- ``word``: one-line word problems ("Tom has 12 apples. Tom buys 7 more. How many apples does Tom have
+  now?") over names, items, verbs and numbers, 7,680 problems, none giving away more than is had.
 
 Regenerate the committed recipe files with ``python -m gym_bridge.data.families --out-dir recipes/data``.
 """
@@ -73,9 +73,11 @@ def _add_sub() -> list[dict[str, Any]]:
 
 
 def _word() -> list[dict[str, Any]]:
+    """Buys when ``a + b`` is odd, gives away when even, except that nobody gives away more than they
+    have (that one buys instead: every answer is a count of things, 0 or more)."""
     problems = []
     for name, item, a, b in itertools.product(_NAMES, _ITEMS, range(5, 20), range(2, 10)):
-        if (a + b) % 2:
+        if (a + b) % 2 or b > a:
             problems.append(
                 {
                     "question": f"{name} has {a} {item}. {name} buys {b} more. How many {item} does {name} have now?",

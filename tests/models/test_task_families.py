@@ -45,3 +45,24 @@ def test_worked_examples_are_outside_the_problem_space_and_shown_before_the_ques
     assert len(messages) == 2 + 2 * len(shots)
     assert [m["content"] for m in messages[1:-1:2]] == [q for q, _ in shots]
     assert messages[-1] == {"role": "user", "content": "Q?"}
+
+
+def test_word_problems_are_possible_and_their_answers_follow_the_story() -> None:
+    for problem in problem_space("word"):
+        has, moved = (int(n) for n in re.findall(r"\d+", problem["question"]))
+        if "gives away" in problem["question"]:
+            assert moved <= has, problem  # nobody gives away more than they have
+            assert problem["answer"] == str(has - moved), problem
+        else:
+            assert " buys " in problem["question"] and problem["answer"] == str(has + moved), problem
+
+
+def test_committed_word_recipe_files_are_what_the_generator_writes(tmp_path) -> None:
+    from pathlib import Path
+
+    from gym_bridge.data.families import write_split
+
+    write_split("word", tmp_path, prompt_format="phrase_one_shot", n_val=200, n_train=2000)
+    recipes_data = Path(__file__).resolve().parents[2] / "recipes" / "data"
+    for name in ("word_train.jsonl", "word_val.jsonl"):
+        assert (tmp_path / name).read_bytes() == (recipes_data / name).read_bytes(), name

@@ -111,6 +111,32 @@ def test_resume_after_a_crash_keeps_one_materialized_row_per_rollout(tmp_path):
     ] == 6
 
 
+def test_the_aggregate_of_records_kept_as_written_is_the_one_read_back_from_the_output(tmp_path):
+    """A fresh run posts the records it kept as it wrote them (``AggregateSpool``); the answer is the one
+    the records read back from ``-o`` get (what a resumed run and ``reverify`` post), and nothing is left
+    beside the output."""
+    import asyncio
+
+    from gym_bridge.agent import make_session
+    from gym_bridge.collect import env_aggregate_metrics
+
+    with FakeModel(one_wrong) as model:
+        result, _ = _collect(tmp_path, model)
+
+    async def read_back(url: str) -> list:
+        session = make_session()
+        try:
+            return await env_aggregate_metrics(session, result.output_path, {"math": url}, print)
+        finally:
+            await session.close()
+
+    with running_env("math") as url:
+        assert asyncio.run(read_back(url)) == result.aggregate_metrics != []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.jsonl", "r_aggregate_metrics.json", "r_materialized_inputs.jsonl", "r_metrics.json", "tasks.jsonl",
+    ]  # fmt: skip
+
+
 class NoAggregation(BoxedAnswerEnv):
     def aggregate_metrics(self, records):
         raise RuntimeError("no aggregation here")

@@ -217,7 +217,7 @@ async def collect_async(
     metrics_path = metrics_path_for(output)
     write_json(metrics_path, metrics)
     if aggregate:
-        write_json(aggregate_metrics_path_for(output), aggregate)
+        write_json(aggregate_metrics_path_for(output), aggregate, flat_below=3)
     return CollectResult(
         output,
         failures_path,

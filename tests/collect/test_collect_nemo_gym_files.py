@@ -295,3 +295,24 @@ def test_standard_deviations_in_floats_agree_with_exact_ones():
         assert _stdev(ints) == pytest.approx(statistics.stdev(ints), rel=1e-12)
     assert _stdev([]) == _stdev([0.1]) == _stdev([0.1] * 7) == _stdev([1e300, 1e300]) == 0.0
     assert _stdev([1e300, -1e300]) == pytest.approx(statistics.stdev([1e300, -1e300]))  # squares overflow floats
+
+
+def test_the_aggregate_file_has_a_line_per_task_and_reads_back_equal(tmp_path):
+    """``write_json(..., flat_below=3)``: indented down to each entry's fields, then one line per value
+    (a task's metrics on one line); any JSON value reads back equal, keys JSON must convert included."""
+    from gym_bridge.collect.output import write_json
+
+    groups = [{"_ng_task_index": i, "mean/reward": i / 3, "std/reward": 0.5} for i in range(4)]
+    aggregate = [{"agent_ref": {"name": "math"}, "agent_metrics": {"mean/reward": 0.5}, "group_level_metrics": groups,
+                  "repeat_level_metrics": []}]  # fmt: skip
+    path = tmp_path / "a.json"
+    write_json(path, aggregate, flat_below=3)
+    text = path.read_text()
+    assert json.loads(text) == aggregate
+    assert [line.strip().rstrip(",") for line in text.splitlines() if "_ng_task_index" in line] == [
+        json.dumps(g) for g in groups
+    ]
+    assert '\n      "mean/reward": 0.5\n' in text
+    for value in ({}, [], {"a": {}, "b": [[], {}], 1: {2: [3]}}, [{"x": None}], "s", 2.5, None):
+        write_json(path, value, flat_below=3)
+        assert json.loads(path.read_text()) == json.loads(json.dumps(value))

@@ -111,6 +111,32 @@ def test_resume_after_a_crash_keeps_one_materialized_row_per_rollout(tmp_path):
     ] == 6
 
 
+def test_the_aggregate_of_records_kept_as_written_is_the_one_read_back_from_the_output(tmp_path):
+    """A fresh run posts the records it kept as it wrote them (``AggregateSpool``); the answer is the one
+    the records read back from ``-o`` get (what a resumed run and ``reverify`` post), and nothing is left
+    beside the output."""
+    import asyncio
+
+    from gym_bridge.agent import make_session
+    from gym_bridge.collect import env_aggregate_metrics
+
+    with FakeModel(one_wrong) as model:
+        result, _ = _collect(tmp_path, model)
+
+    async def read_back(url: str) -> list:
+        session = make_session()
+        try:
+            return await env_aggregate_metrics(session, result.output_path, {"math": url}, print)
+        finally:
+            await session.close()
+
+    with running_env("math") as url:
+        assert asyncio.run(read_back(url)) == result.aggregate_metrics != []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.jsonl", "r_aggregate_metrics.json", "r_materialized_inputs.jsonl", "r_metrics.json", "tasks.jsonl",
+    ]  # fmt: skip
+
+
 class NoAggregation(BoxedAnswerEnv):
     def aggregate_metrics(self, records):
         raise RuntimeError("no aggregation here")
@@ -269,3 +295,24 @@ def test_standard_deviations_in_floats_agree_with_exact_ones():
         assert _stdev(ints) == pytest.approx(statistics.stdev(ints), rel=1e-12)
     assert _stdev([]) == _stdev([0.1]) == _stdev([0.1] * 7) == _stdev([1e300, 1e300]) == 0.0
     assert _stdev([1e300, -1e300]) == pytest.approx(statistics.stdev([1e300, -1e300]))  # squares overflow floats
+
+
+def test_the_aggregate_file_has_a_line_per_task_and_reads_back_equal(tmp_path):
+    """``write_json(..., flat_below=3)``: indented down to each entry's fields, then one line per value
+    (a task's metrics on one line); any JSON value reads back equal, keys JSON must convert included."""
+    from gym_bridge.collect.output import write_json
+
+    groups = [{"_ng_task_index": i, "mean/reward": i / 3, "std/reward": 0.5} for i in range(4)]
+    aggregate = [{"agent_ref": {"name": "math"}, "agent_metrics": {"mean/reward": 0.5}, "group_level_metrics": groups,
+                  "repeat_level_metrics": []}]  # fmt: skip
+    path = tmp_path / "a.json"
+    write_json(path, aggregate, flat_below=3)
+    text = path.read_text()
+    assert json.loads(text) == aggregate
+    assert [line.strip().rstrip(",") for line in text.splitlines() if "_ng_task_index" in line] == [
+        json.dumps(g) for g in groups
+    ]
+    assert '\n      "mean/reward": 0.5\n' in text
+    for value in ({}, [], {"a": {}, "b": [[], {}], 1: {2: [3]}}, [{"x": None}], "s", 2.5, None):
+        write_json(path, value, flat_below=3)
+        assert json.loads(path.read_text()) == json.loads(json.dumps(value))

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
 from gym_bridge.deadlines import Deadlines
+from gym_bridge.jsonl import compact_json
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -64,7 +65,7 @@ class Answer(NamedTuple):
 
 def json_answer(status: int, content: Any, headers: Headers = ()) -> Answer:
     """``content`` as compact UTF-8 JSON (what Starlette's ``JSONResponse`` writes)."""
-    body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    body = compact_json(content, finite=True).encode()
     return Answer(status, body, headers)
 
 
@@ -502,7 +503,7 @@ class JsonApp:
         await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *extra]})
         try:
             async for event in stream.events:
-                data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+                data = compact_json(event)
                 head = f"event: {event.get('type')}\n" if stream.named else ""
                 await send({"type": "http.response.body", "body": f"{head}data: {data}\n\n".encode(), "more_body": True})
         except Exception as exc:

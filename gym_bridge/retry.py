@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 import aiohttp
 from yarl import URL
 
+from gym_bridge.jsonl import compact_json
+
 if TYPE_CHECKING:
     import httpx  # imported when an httpx client is used (collect and training use aiohttp)
 
@@ -216,7 +218,7 @@ async def post_json(
     is retried as ``<target>_bad_response``). ``return_client_errors`` hands non-retryable 4xx answers
     back instead of failing, for callers that pass them on (a tool's error goes back to the model).
     """
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = compact_json(body).encode("utf-8")
     send_headers = {"content-type": "application/json"}
     if headers:
         send_headers.update(headers)

@@ -1,10 +1,14 @@
-"""JSONL reading reports bad lines by number; writing is line-atomic; torn tails are repaired."""
+"""JSONL reading reports bad lines by number; writing is line-atomic; torn tails are repaired; compact JSON
+is json.dumps' text."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 
-from gym_bridge.jsonl import JsonlError, JsonlWriter, ReadStats, iter_jsonl, repair_torn_tail
+from gym_bridge.jsonl import JsonlError, JsonlWriter, ReadStats, compact_json, iter_jsonl, repair_torn_tail
 
 
 def test_reads_objects_with_line_numbers(tmp_path):
@@ -63,3 +67,56 @@ def test_writer_appends_complete_lines(tmp_path):
         w.write({"y": 2})
     assert [o for _, o in iter_jsonl(p)] == [{"x": "ü"}, {"y": 2}]
     assert w.count == 1
+
+
+VALUES = [
+    {"a": 'é \u2028 \U0001f600 "q" \\ \n\t\x00', "b": [1, -2.5, 1e300, 5e-324, -0.0, True, False, None]},
+    {
+        "nested": [[{"x": [{}]}], []],
+        "n": 2**70,
+        1: "int key",
+        2.5: "float key",
+        None: "null key",
+        False: "bool key",
+    },
+    "a string",
+    12,
+    [],
+    float("inf"),
+]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_compact_json_is_json_dumps(value):
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_compact_json_refuses_what_json_dumps_refuses():
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        compact_json({"x": [float("nan")]}, finite=True)
+    assert compact_json({"x": float("nan")}) == '{"x":NaN}'
+    with pytest.raises(TypeError, match="Object of type set is not JSON serializable"):
+        compact_json({"x": {1}})
+    circular: list = []
+    circular.append(circular)
+    with pytest.raises(RecursionError):
+        compact_json(circular)
+    assert compact_json([1, "after the errors"]) == '[1,"after the errors"]'  # no state left behind
+
+
+def test_compact_json_from_threads_at_once():
+    """One encoder serves every thread: each gets its own text."""
+    out: dict[int, list[str]] = {}
+
+    def encode(i: int) -> None:
+        out[i] = [compact_json({"thread": i, "row": j, "text": "x" * (i * 7 % 50)}) for j in range(2000)]
+
+    threads = [threading.Thread(target=encode, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, texts in out.items():
+        assert [json.loads(t) for t in texts] == [
+            {"thread": i, "row": j, "text": "x" * (i * 7 % 50)} for j in range(2000)
+        ]

@@ -18,7 +18,7 @@ import aiohttp
 from gym_bridge.agent import RolloutMetrics
 from gym_bridge.aggregate import strip_for_aggregation
 from gym_bridge.collect.output import ENV_SERVER
-from gym_bridge.jsonl import iter_jsonl
+from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
 
 __all__ = ["COUNTED", "AggregateSpool", "RunStats", "env_aggregate_metrics", "reward_component_means"]
@@ -135,7 +135,7 @@ class AggregateSpool:
             spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")
         else:
             spool.write(b",")
-        spool.write(json.dumps(strip_for_aggregation(record), ensure_ascii=False, separators=(",", ":")).encode())
+        spool.write(compact_json(strip_for_aggregation(record)).encode())
         agent_ref = record.get("agent_ref")
         if env not in self.agent_of and isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
             self.agent_of[env] = agent_ref["name"]

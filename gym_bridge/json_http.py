@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
 from gym_bridge.deadlines import Deadlines
-from gym_bridge.jsonl import compact_json
+from gym_bridge.jsonl import compact_json, parse_json
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -227,7 +227,7 @@ def _too_deep(value: Any, raw: bytes) -> bool:
     """
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return False
-    level = [value] if type(value) is dict or type(value) is list else []  # json.loads makes no subclasses
+    level = [value] if type(value) is dict or type(value) is list else []  # JSON makes no subclasses
     for _ in range(MAX_JSON_DEPTH):
         below: list[Any] = []
         for node in level:
@@ -258,7 +258,7 @@ def parse_body(raw: bytes, style: ErrorStyle) -> Any:
         return _NO_BODY
     too_deep = f"JSON nested deeper than the limit of {MAX_JSON_DEPTH} levels"
     try:
-        value = json.loads(raw)
+        value = parse_json(raw)
     except json.JSONDecodeError as e:
         error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                  "input": {}, "ctx": {"error": e.msg}}  # fmt: skip

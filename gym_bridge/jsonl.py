@@ -1,4 +1,5 @@
-"""Streaming JSONL I/O that never loses data and always says where a bad line is.
+"""Streaming JSONL I/O that never loses data and always says where a bad line is; JSON text in and out
+at the least cost per value (:func:`compact_json`, :func:`parse_json`).
 
 Readers stream (constant memory), report each bad line with its file and line number, and either skip
 it or stop (``strict``). Writers append one complete line at a time and flush it, so a crash leaves at
@@ -8,6 +9,7 @@ most one torn line at the end, which :func:`repair_torn_tail` removes before a r
 from __future__ import annotations
 
 import json
+import json.scanner
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +42,30 @@ def compact_json(obj: Any, *, finite: bool = False) -> str:
     collect encodes several per rollout (each request body, each line it writes).
     """
     return "".join((_COMPACT_FINITE if finite else _COMPACT)(obj, 0))
+
+
+_SCAN = json.scanner.c_make_scanner(json.JSONDecoder())
+_OPENERS = frozenset(b"{[")
+
+
+def parse_json(raw: bytes) -> Any:
+    """``json.loads(raw)``: the same value, and the same error for what is not JSON.
+
+    Why: for a small body, ``json.loads`` spends most of its time around the parse (guessing the
+    encoding, two regular-expression matches for the whitespace around the value): 4 of 5 us for a
+    rollout's request bodies. A body that starts with ``{`` or ``[`` and a byte that is not NUL is
+    UTF-8 by ``json.loads``'s own rule, and one that ends with its value needs neither match; anything
+    else, and every error, goes through ``json.loads`` itself.
+    """
+    if len(raw) > 1 and raw[0] in _OPENERS and raw[1]:
+        try:
+            text = raw.decode("utf-8", "surrogatepass")
+            value, end = _SCAN(text, 0)
+            if end == len(text):
+                return value
+        except (ValueError, StopIteration, RecursionError):
+            pass
+    return json.loads(raw)
 
 
 class JsonlError(ValueError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import json
 import random
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 import aiohttp
 from yarl import URL
 
-from gym_bridge.jsonl import compact_json
+from gym_bridge.jsonl import compact_json, parse_json
 
 if TYPE_CHECKING:
     import httpx  # imported when an httpx client is used (collect and training use aiohttp)
@@ -251,7 +250,7 @@ async def post_json(
                 if not expect_json:
                     return HttpResult(status, response_headers, content, None, attempt)
                 try:
-                    data = json.loads(content)
+                    data = parse_json(content)
                 except ValueError as e:
                     failure_class = f"{target}_bad_response"
                     message = (

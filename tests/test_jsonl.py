@@ -8,7 +8,15 @@ import threading
 
 import pytest
 
-from gym_bridge.jsonl import JsonlError, JsonlWriter, ReadStats, compact_json, iter_jsonl, repair_torn_tail
+from gym_bridge.jsonl import (
+    JsonlError,
+    JsonlWriter,
+    ReadStats,
+    compact_json,
+    iter_jsonl,
+    parse_json,
+    repair_torn_tail,
+)
 
 
 def test_reads_objects_with_line_numbers(tmp_path):
@@ -120,3 +128,42 @@ def test_compact_json_from_threads_at_once():
         assert [json.loads(t) for t in texts] == [
             {"thread": i, "row": j, "text": "x" * (i * 7 % 50)} for j in range(2000)
         ]
+
+
+PARSE_CASES = [
+    b'{"a":[1,2.5,"\\u00e9",null,true],"b":{}}',
+    b"[1,2]",
+    b'{"a":1}  \n',  # trailing whitespace
+    b'  {"a":1}',  # leading whitespace
+    b'{"a":1} x',  # extra data
+    b'{"a":1}{"b":2}',
+    b'{"a":',  # cut short
+    b"{}",
+    b"[]",
+    b"{",
+    b"[nul]",
+    b'"text"',
+    b"12",
+    b"",
+    b'{"a":NaN,"b":-Infinity}',
+    b'{"a":"\\ud800"}',  # a lone surrogate escape: Python's JSON reads it
+    b'{"a":"\xed\xa0\x80"}',  # a surrogate as raw bytes: json.loads takes it (surrogatepass)
+    b'{"a":"\xff"}',  # not UTF-8
+    b'\xef\xbb\xbf{"a":1}',  # UTF-8 byte-order mark
+    '{"a":"é"}'.encode("utf-16-le"),
+    '{"a":"é"}'.encode("utf-16"),
+    '["x"]'.encode("utf-32-be"),
+    b"[" * 100_000 + b"]" * 100_000,  # deeper than the interpreter recurses
+]
+
+
+def _outcome(parse, raw):
+    try:
+        return "value", parse(raw)
+    except Exception as e:  # the same kind of error, with the same message and place
+        return type(e), str(e), getattr(e, "pos", None)
+
+
+@pytest.mark.parametrize("raw", PARSE_CASES, ids=range(len(PARSE_CASES)))
+def test_parse_json_is_json_loads(raw):
+    assert repr(_outcome(parse_json, raw)) == repr(_outcome(json.loads, raw))

@@ -137,8 +137,9 @@ class AggregateSpool:
             spool.write(b",")
         spool.write(compact_json(strip_for_aggregation(record)).encode())
         agent_ref = record.get("agent_ref")
-        if env not in self.agent_of and isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
-            self.agent_of[env] = agent_ref["name"]
+        if env not in self.agent_of and isinstance(agent_ref, dict):
+            if isinstance(name := agent_ref.get("name"), str):
+                self.agent_of[env] = name
 
     def bodies(self) -> dict[str, bytes]:
         """Each env's ``/aggregate_metrics`` request body: NeMo Gym's ``{"verify_responses": [...]}``."""

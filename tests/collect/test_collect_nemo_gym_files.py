@@ -297,6 +297,64 @@ def test_standard_deviations_in_floats_agree_with_exact_ones():
     assert _stdev([1e300, -1e300]) == pytest.approx(statistics.stdev([1e300, -1e300]))  # squares overflow floats
 
 
+def test_every_statistic_is_the_one_its_function_gives_for_every_task_repeat_and_field():
+    """The statistics, computed for all tasks at once, are exactly (bit for bit) what ``statistics.fmean``,
+    ``max``, ``min``, ``statistics.median``, ``_stdev`` and pandas' linear quantiles give for each group,
+    with groups of 1 to 7 records, fields some records lack, signed zeros and huge values."""
+    import math
+    import random
+    import statistics
+
+    from gym_bridge.aggregate import _stdev, nemo_gym_aggregate
+    from gym_bridge.metrics import aggregate_rewards
+
+    def quantile(xs, q):
+        xs = sorted(xs)
+        pos = (len(xs) - 1) * q
+        low = math.floor(pos)
+        return xs[low] + (xs[min(low + 1, len(xs) - 1)] - xs[low]) * (pos - low)
+
+    def described(rows, label, sem_name=None, quantiles=False):
+        out = {}
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        stats = {"mean": statistics.fmean, "max": max, "min": min, "median": statistics.median, "std": _stdev}
+        if sem_name:
+            stats[sem_name] = lambda xs: _stdev(xs) / len(xs) ** 0.5
+        if quantiles:
+            stats.update(p25=lambda xs: quantile(xs, 0.25), p75=lambda xs: quantile(xs, 0.75))
+        for stat, fn in stats.items():
+            for field in fields:
+                out[label.format(stat, field)] = fn([row[field] for row in rows if field in row])
+        return out
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, 0.25, 3.0, -2.5, 1e300, -1e300, 5e-324, 0.1]
+    for _ in range(40):
+        records = []
+        for task in range(rng.randrange(1, 6)):
+            for repeat in range(rng.randrange(1, 8)):
+                record = {"_ng_task_index": task, "_ng_rollout_index": repeat, "reward": rng.choice(values)}
+                record.update({f: rng.choice(values) for f in ("a", "b") if rng.random() < 0.7})
+                records.append(record)
+        answer = nemo_gym_aggregate(records, aggregate_rewards)
+        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in records]
+
+        def where(index: str, value: int, rows=rows, records=records) -> list[dict]:
+            return [row for row, r in zip(rows, records, strict=True) if r[index] == value]
+
+        tasks = sorted({r["_ng_task_index"] for r in records})
+        expected = [described(where("_ng_task_index", t), "{}/{}") for t in tasks]
+        got = [{k: v for k, v in g.items() if "/" in k} for g in answer["group_level_metrics"]]
+        assert json.dumps(got) == json.dumps(expected)  # the same floats (zeros' signs too), same order
+        repeats = sorted({r["_ng_rollout_index"] for r in records})
+        if len(repeats) > 1:
+            expected = [described(where("_ng_rollout_index", i), "{}/{}", "sem", True) for i in repeats]
+            got = [{k: v for k, v in g.items() if "/" in k} for g in answer["repeat_level_metrics"]]
+            assert json.dumps(got) == json.dumps(expected)
+        agent = {k: v for k, v in answer["agent_metrics"].items() if "/" in k and "across" not in k}
+        assert json.dumps(agent) == json.dumps(described(rows, "{}/{}"))
+
+
 def test_the_aggregate_file_has_a_line_per_task_and_reads_back_equal(tmp_path):
     """``write_json(..., flat_below=3)``: indented down to each entry's fields, then one line per value
     (a task's metrics on one line); any JSON value reads back equal, keys JSON must convert included."""

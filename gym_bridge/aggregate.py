@@ -29,7 +29,8 @@ import math
 import operator
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
 from gym_bridge.schema import reward_components_problem
@@ -63,7 +64,7 @@ _REPEAT_STATS = (*_STATS, "sem", "p25", "p75")
 _ACROSS_REPEATS = (*_STATS, "se")
 
 
-def _columns_stats(columns: list[list[float]], quantiles: bool) -> dict[str, list[float]]:
+def _columns_stats(columns: list[Sequence[float]], quantiles: bool) -> dict[str, list[float]]:
     """Each statistic of every column (the values of one field in one group): ``statistics.fmean``,
     ``max``, ``min``, ``statistics.median``, :func:`_stdev`, the standard error (``sem``/``se``) and with
     ``quantiles`` ``p25``/``p75``, the same numbers those functions give.
@@ -73,7 +74,8 @@ def _columns_stats(columns: list[list[float]], quantiles: bool) -> dict[str, lis
     """
     sizes = list(map(len, columns))
     ordered = list(map(sorted, columns))
-    std = list(map(_stdev, columns))
+    # _stdev's value; a column of equal values (most of a task's) is 0 without the call
+    std = [0.0 if xs.count(xs[0]) == n else _stdev(xs) for xs, n in zip(columns, sizes, strict=True)]
     sem = [deviation / n**0.5 for deviation, n in zip(std, sizes, strict=True)]
     stats = {
         "mean": list(map(operator.truediv, map(math.fsum, columns), sizes)),
@@ -105,10 +107,21 @@ class AggregateRequestError(ValueError):
     """A body that is not a list of verify responses; the message names the field."""
 
 
+_HEAVY = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "ng_trajectory",
+)
+"""What NeMo Gym's collector leaves out of the records it sends to ``/aggregate_metrics``."""
+
+
 def strip_for_aggregation(record: dict[str, Any]) -> dict[str, Any]:
     """A record as NeMo Gym sends it to ``/aggregate_metrics``: no request, ``response`` cut to usage/incomplete_details."""
-    heavy = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory")
-    entry = {k: v for k, v in record.items() if k not in heavy}
+    entry = record.copy()  # then a pop per heavy field: cheaper than a comprehension over every field
+    for key in _HEAVY:
+        entry.pop(key, None)
     response = record.get("response")
     if isinstance(response, dict):
         kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k) is not None}
@@ -176,9 +189,15 @@ def _describe(
 ) -> list[dict[str, float]]:
     """For each group of rows, ``label.format(stat, field)`` -> the statistic, for each statistic in ``names``
     (the outer order) and each field the group's rows hold (in the order they first appear)."""
-    columns: list[list[float]] = []
+    columns: list[Sequence[float]] = []
     spans: list[tuple[int, tuple[str, ...]]] = []  # per group: where its columns start, its fields
     for rows in groups:
+        shapes = set(map(tuple, rows))
+        if len(shapes) == 1:  # every row has the same fields in the same order (the usual case)
+            fields = shapes.pop()
+            spans.append((len(columns), fields))
+            columns += zip(*map(dict.values, rows), strict=True)
+            continue
         by_field: dict[str, list[float]] = {}
         for row in rows:
             for field, value in row.items():
@@ -190,13 +209,13 @@ def _describe(
         spans.append((len(columns), tuple(by_field)))
         columns += by_field.values()
     stats = _columns_stats(columns, quantiles="p25" in names)
+    per_column = list(zip(*(stats[stat] for stat in names), strict=True))  # each column: its statistics
     described, labels = [], {}
     for start, fields in spans:
         if fields not in labels:
             labels[fields] = [label.format(stat, field) for stat in names for field in fields]
-        end = start + len(fields)
-        values = [x for stat in names for x in stats[stat][start:end]]
-        described.append(dict(zip(labels[fields], values, strict=True)))
+        by_stat = chain.from_iterable(zip(*per_column[start : start + len(fields)], strict=True))
+        described.append(dict(zip(labels[fields], by_stat, strict=True)))
     return described
 
 

@@ -18,20 +18,28 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-def _compact_encoder(allow_nan: bool) -> Callable[[Any, int], Iterable[str]]:
+def _encoder(
+    *, ascii: bool, separators: tuple[str, str], default: Callable[[Any], Any], allow_nan: bool
+) -> Callable[[Any, int], Iterable[str]]:
+    """The C encoder ``json.dumps`` makes for these options (as a function ``(obj, 0) -> chunks``), made once."""
     make = json.encoder.c_make_encoder
     if make is None:  # pragma: no cover - an interpreter without the C accelerator
-        encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan)
+        encoder = json.JSONEncoder(
+            ensure_ascii=ascii, separators=separators, default=default, allow_nan=allow_nan
+        )
         return lambda obj, _: (encoder.encode(obj),)
     # No ``markers`` (the containers being encoded, kept to refuse a circular value): without them the
     # encoder keeps no state between calls, so one serves every call and thread; a circular value ends
     # in RecursionError instead of ValueError.
-    default, strings = json.JSONEncoder().default, json.encoder.encode_basestring
-    return make(None, default, strings, None, ":", ",", False, False, allow_nan)
+    strings = json.encoder.encode_basestring_ascii if ascii else json.encoder.encode_basestring
+    item, key = separators
+    return make(None, default, strings, None, key, item, False, False, allow_nan)
 
 
-_COMPACT = _compact_encoder(allow_nan=True)
-_COMPACT_FINITE = _compact_encoder(allow_nan=False)
+_refuse = json.JSONEncoder().default  # TypeError naming the type, as json.dumps says it
+_COMPACT = _encoder(ascii=False, separators=(",", ":"), default=_refuse, allow_nan=True)
+_COMPACT_FINITE = _encoder(ascii=False, separators=(",", ":"), default=_refuse, allow_nan=False)
+_PLAIN = _encoder(ascii=True, separators=(", ", ": "), default=str, allow_nan=True)
 
 
 def compact_json(obj: Any, *, finite: bool = False) -> str:
@@ -42,6 +50,12 @@ def compact_json(obj: Any, *, finite: bool = False) -> str:
     collect encodes several per rollout (each request body, each line it writes).
     """
     return "".join((_COMPACT_FINITE if finite else _COMPACT)(obj, 0))
+
+
+def plain_json(obj: Any) -> str:
+    """``json.dumps(obj, default=str)``, from an encoder made once (as :func:`compact_json`): the flat parts
+    of a file written for people (an aggregate file's line per task)."""
+    return "".join(_PLAIN(obj, 0))
 
 
 _SCAN = json.scanner.c_make_scanner(json.JSONDecoder())

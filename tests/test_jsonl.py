@@ -15,6 +15,7 @@ from gym_bridge.jsonl import (
     compact_json,
     iter_jsonl,
     parse_json,
+    plain_json,
     repair_torn_tail,
 )
 
@@ -167,3 +168,8 @@ def _outcome(parse, raw):
 @pytest.mark.parametrize("raw", PARSE_CASES, ids=range(len(PARSE_CASES)))
 def test_parse_json_is_json_loads(raw):
     assert repr(_outcome(parse_json, raw)) == repr(_outcome(json.loads, raw))
+
+
+@pytest.mark.parametrize("value", [*VALUES, {"not JSON": {1, 2}, "é": [float("nan"), None]}])
+def test_plain_json_is_json_dumps_with_str_for_the_rest(value):
+    assert plain_json(value) == json.dumps(value, default=str)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.collect.config import CollectError
-from gym_bridge.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+from gym_bridge.jsonl import JsonlWriter, iter_jsonl, plain_json, repair_torn_tail
 
 __all__ = [
     "AGENT_LOOP_RESULT",
@@ -125,14 +125,15 @@ def write_json(path: Path, obj: Any, flat_below: int | None = None) -> None:
 def _indented(obj: Any, levels: int, indent: str) -> str:
     """``obj`` indented by two spaces a level for ``levels`` levels, compact (C-encoded) below."""
     if levels <= 0 or not obj or not isinstance(obj, dict | list):
-        return json.dumps(obj, default=str)
+        return plain_json(obj)
     if isinstance(obj, dict) and not all(isinstance(k, str) for k in obj):
         return json.dumps(obj, indent=2, default=str).replace("\n", "\n" + indent)  # keys JSON must convert
     inner = indent + "  "
+    below = plain_json if levels == 1 else lambda value: _indented(value, levels - 1, inner)
     if isinstance(obj, dict):
-        items = [f"{inner}{json.dumps(k)}: {_indented(v, levels - 1, inner)}" for k, v in obj.items()]
+        items = [f"{inner}{plain_json(k)}: {below(v)}" for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    items = [inner + _indented(v, levels - 1, inner) for v in obj]
+    items = [inner + below(v) for v in obj]
     return "[\n" + ",\n".join(items) + "\n" + indent + "]"
 
 

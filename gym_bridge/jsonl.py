@@ -201,7 +201,11 @@ class JsonlWriter:
         self.count = 0
 
     def write(self, obj: Any) -> None:
-        line = compact_json(obj) + "\n"
+        self.write_line(compact_json(obj))
+
+    def write_line(self, text: str) -> None:
+        """Append ``text``, one JSON value already encoded (no newline in it), as a line."""
+        line = text + "\n"
         with self._lock:
             self._f.write(line)
             self._f.flush()

@@ -157,9 +157,10 @@ async def collect_async(
         stats.add_requests(rollout.metrics)
         if rollout.record is not None:
             record = _output_record(job, rollout.record)
-            writer.write(record)
-            if spool is not None:
-                spool.add(record, job.env_name)
+            if spool is None:
+                writer.write(record)
+            else:
+                spool.add(record, job.env_name, writer.write_line)  # the line, then the record kept stripped
             slim.append(slim_record(record))
             stats.add_written(record, rollout.metrics.total_s)
         else:

@@ -16,7 +16,7 @@ from typing import IO, Any
 import aiohttp
 
 from gym_bridge.agent import RolloutMetrics
-from gym_bridge.aggregate import strip_for_aggregation
+from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER
 from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
@@ -116,9 +116,10 @@ class AggregateSpool:
     (one unlinked temporary file per env, beside the output), so the run's end posts them as they are.
 
     Why: reading the output back, parsing every rollout whole, stripping it and encoding the request
-    again cost about a seventh of a no-op rollout's instructions (``bench/ab_instructions.py``); this
-    costs a strip and a small ``json.dumps`` per rollout. A resumed run, whose earlier rollouts are only
-    in the output file, reads that file instead (:func:`env_aggregate_metrics` without a spool).
+    again cost about a seventh of a no-op rollout's instructions (``bench/ab_instructions.py``); here the
+    stripped record is spliced from the encoding of the output line. A resumed run, whose earlier
+    rollouts are only in the output file, reads that file instead (:func:`env_aggregate_metrics`
+    without a spool).
     """
 
     def __init__(self, directory: Path, url_of: dict[str, str]) -> None:
@@ -126,16 +127,20 @@ class AggregateSpool:
         self.files: dict[str, IO[bytes]] = {}
         self.agent_of: dict[str, str] = {}
 
-    def add(self, record: dict[str, Any], env: Any) -> None:
-        """Keep ``record`` (written to the output under ``env``) if it is one to aggregate."""
+    def add(self, record: dict[str, Any], env: Any, write_line: Callable[[str], None]) -> None:
+        """Write ``record``'s output line with ``write_line``, then keep it stripped if it is one to
+        aggregate (``env``: the env it ran against). Both are encoded together (:func:`whole_and_stripped_json`)."""
         if env not in self.url_of or not isinstance(record.get("reward"), int | float):
+            write_line(compact_json(record))
             return
+        line, stripped = whole_and_stripped_json(record)
+        write_line(line)
         spool = self.files.get(env)
         if spool is None:
             spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")
         else:
             spool.write(b",")
-        spool.write(compact_json(strip_for_aggregation(record)).encode())
+        spool.write(stripped.encode())
         agent_ref = record.get("agent_ref")
         if env not in self.agent_of and isinstance(agent_ref, dict):
             if isinstance(name := agent_ref.get("name"), str):

@@ -355,6 +355,28 @@ def test_every_statistic_is_the_one_its_function_gives_for_every_task_repeat_and
         assert json.dumps(agent) == json.dumps(described(rows, "{}/{}"))
 
 
+def test_a_record_and_its_stripped_form_encoded_together_are_what_each_encodes_to():
+    """The output line and the ``/aggregate_metrics`` entry spliced from one encoding are exactly the
+    compact JSON of the record and of the record stripped, whatever order and fields it has."""
+    import random
+
+    from gym_bridge.aggregate import _HEAVY, whole_and_stripped_json
+    from gym_bridge.jsonl import compact_json
+
+    rng = random.Random(5)
+    heavy = list(_HEAVY)
+    light = ["reward", "question", "_ng_task_index", "agent_ref", 7]
+    values = [1, 2.5, "é \u2028", None, [], {}, {"usage": {"input_tokens": 3}}, {"incomplete_details": {}}]
+    for _ in range(3000):
+        if rng.random() < 0.5:  # a verify answer's order: the heavy fields first
+            keys = rng.sample(heavy, rng.randrange(3)) + rng.sample(light, rng.randrange(len(light)))
+        else:
+            keys = rng.sample(heavy + light, rng.randrange(len(heavy + light)))
+        record = {key: rng.choice(values) for key in keys}
+        expected = (compact_json(record), compact_json(strip_for_aggregation(record)))
+        assert whole_and_stripped_json(record) == expected
+
+
 def test_the_aggregate_file_has_a_line_per_task_and_reads_back_equal(tmp_path):
     """``write_json(..., flat_below=3)``: indented down to each entry's fields, then one line per value
     (a task's metrics on one line); any JSON value reads back equal, keys JSON must convert included."""

@@ -16,7 +16,6 @@ three quarters of a small request's CPU; measured A/B in ``bench/README.md`` (co
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import inspect
 import json
@@ -31,7 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
-from gym_bridge.deadlines import Deadlines
+from gym_bridge.deadlines import TaskDeadlines, task_deadlines
 from gym_bridge.jsonl import compact_json, parse_json
 
 __all__ = [
@@ -287,40 +286,22 @@ class BodyTimeout(Exception):
 
 
 async def read_body(
-    receive: Any, limit: int | None = None, claim: BodyClaim | None = None, deadlines: Deadlines | None = None
+    receive: Any,
+    limit: int | None = None,
+    claim: BodyClaim | None = None,
+    deadlines: TaskDeadlines | None = None,
 ) -> bytes | None:
     """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
     bytes, :class:`BodyTimeout` when it is not all there ``deadlines.seconds`` after this call,
-    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the app's, whose
+    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the loop's, whose
     one timer serves every request's body deadline; None, no deadline."""
     claim = claim or BodyClaim(None)
-    if deadlines is None or (task := asyncio.current_task()) is None:
+    if deadlines is None:
         return await _read_chunks(receive, limit, claim)
-    watch = _BodyWatch(task)
-    deadlines.set(watch)
     try:
-        return await _read_chunks(receive, limit, claim)
-    except asyncio.CancelledError:
-        # As ``asyncio.timeout`` decides: our deadline's cancellation, and no other one pending.
-        if watch.expired and task.uncancel() <= watch.cancelling:
-            raise BodyTimeout from None
-        raise
-    finally:
-        deadlines.clear(watch)
-
-
-class _BodyWatch:
-    """One body read's key in the app's :class:`Deadlines`: when it expires, the reading task is cancelled."""
-
-    __slots__ = ("cancelling", "expired", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task, self.cancelling, self.expired = task, task.cancelling(), False
-
-
-def _expire_body(watch: _BodyWatch) -> None:
-    watch.expired = True
-    watch.task.cancel()
+        return await deadlines.within(_read_chunks(receive, limit, claim))
+    except TimeoutError:
+        raise BodyTimeout from None
 
 
 async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
@@ -384,17 +365,10 @@ class JsonApp:
         self.not_found = not_found
         self.startup, self.shutdown = startup, shutdown
         self._openapi: bytes | None = None
-        self._body_deadlines: Deadlines | None = None
 
-    def _deadlines(self) -> Deadlines | None:
+    def _deadlines(self) -> TaskDeadlines | None:
         """The body deadlines of the loop serving this request (one timer for all its requests)."""
-        if self.body_timeout_s is None:
-            return None
-        loop = asyncio.get_running_loop()
-        deadlines = self._body_deadlines
-        if deadlines is None or deadlines.loop is not loop or deadlines.seconds != self.body_timeout_s:
-            deadlines = self._body_deadlines = Deadlines(loop, self.body_timeout_s, _expire_body)
-        return deadlines
+        return task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 import aiohttp
 from yarl import URL
 
+from gym_bridge.deadlines import task_deadlines
 from gym_bridge.jsonl import compact_json, parse_json
 
 if TYPE_CHECKING:
@@ -140,10 +141,10 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
-    """Await with a deadline for the whole of it (httpx's own timeouts restart with every byte)."""
+    """Await with a deadline for the whole of it (httpx's own timeouts restart with every byte); requests
+    of one length share the loop's one timer for it (:func:`~gym_bridge.deadlines.task_deadlines`)."""
     if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await awaitable
+        return await task_deadlines(seconds).within(awaitable)
     return await asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
 
 

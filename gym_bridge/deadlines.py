@@ -82,11 +82,13 @@ class TaskDeadlines(Deadlines):
         """``awaitable``'s result, or ``TimeoutError`` once ``seconds`` have passed since this call (the
         awaiting task is cancelled, and the cancellation becomes ``TimeoutError`` when it was this deadline's
         and no other is pending, as ``asyncio.timeout`` decides)."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)
         if task is None:
             raise RuntimeError("TaskDeadlines.within must be awaited inside a task")
         watch = _Watch(task)
-        self.set(watch)
+        due = self._due[watch] = self.loop.time() + self.seconds  # (set() of a new key, without the call)
+        if self._timer is None:
+            self._timer = self.loop.call_at(due, self._fire)
         try:
             return await awaitable
         except asyncio.CancelledError:
@@ -94,7 +96,7 @@ class TaskDeadlines(Deadlines):
                 raise TimeoutError from None
             raise
         finally:
-            self.clear(watch)
+            self._due.pop(watch, None)  # (clear())
 
 
 class _Watch:

@@ -140,12 +140,12 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
-    """Await with a deadline for the whole of it (httpx's own timeouts restart with every byte); requests
-    of one length share the loop's one timer for it (:func:`~gym_bridge.deadlines.task_deadlines`)."""
+def _within(seconds: float, awaitable: Awaitable[T]) -> Awaitable[T]:
+    """``awaitable`` with a deadline for the whole of it (httpx's own timeouts restart with every byte);
+    requests of one length share the loop's one timer (:func:`~gym_bridge.deadlines.task_deadlines`)."""
     if sys.version_info >= (3, 11):
-        return await task_deadlines(seconds).within(awaitable)
-    return await asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
+        return task_deadlines(seconds).within(awaitable)
+    return asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
 
 
 def _snippet(content: bytes, limit: int = 300) -> str:

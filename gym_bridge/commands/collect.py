@@ -184,13 +184,15 @@ def collect(
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
+    # no bar: nothing to tell per rollout (rich keeps a hidden bar's books too, a few Python calls a rollout)
+    shown = {"on_progress": bar.advance, "on_start": bar.start} if progress else {}
     with resumable_exit(console, output, "finished rollouts"), bar:
         if ray is None:
-            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+            result = run_collect(config, report=bar.log, **shown)
         else:
             from gym_bridge.collect.ray_shards import collect_on_ray
 
-            result = collect_on_ray(config, ray, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+            result = collect_on_ray(config, ray, report=bar.log, **shown)
     _print_summary(console, result)
 
 

@@ -206,9 +206,10 @@ _NO_BODY = object()
 def _has_lone_surrogate(value: Any, body: bytes) -> bool:
     """True when the parsed body holds text with an unpaired surrogate (it could never be echoed as UTF-8).
 
-    A cheap scan of the raw bytes for surrogate escapes first; only bodies that have one are re-encoded.
+    Cheap scans of the raw bytes first (for ``\\u`` at all, then for surrogate escapes); only bodies that
+    have one are re-encoded.
     """
-    if not _SURROGATE_ESCAPE.search(body):
+    if b"\\u" not in body or not _SURROGATE_ESCAPE.search(body):
         return False
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -281,27 +282,18 @@ class BodyTooLarge(Exception):
     """The request body passed the limit given to :func:`read_body`."""
 
 
-class BodyTimeout(Exception):
-    """The request body did not all arrive within the time given to :func:`read_body`."""
-
-
-async def read_body(
+def read_body(
     receive: Any,
     limit: int | None = None,
     claim: BodyClaim | None = None,
     deadlines: TaskDeadlines | None = None,
-) -> bytes | None:
-    """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
-    bytes, :class:`BodyTimeout` when it is not all there ``deadlines.seconds`` after this call,
+) -> Awaitable[bytes | None]:
+    """The whole request body, to await; None when the client went away (:class:`BodyTooLarge` past
+    ``limit`` bytes, ``TimeoutError`` when it is not all there ``deadlines.seconds`` after this call,
     :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the loop's, whose
     one timer serves every request's body deadline; None, no deadline."""
-    claim = claim or BodyClaim(None)
-    if deadlines is None:
-        return await _read_chunks(receive, limit, claim)
-    try:
-        return await deadlines.within(_read_chunks(receive, limit, claim))
-    except TimeoutError:
-        raise BodyTimeout from None
+    reading = _read_chunks(receive, limit, claim or BodyClaim(None))
+    return reading if deadlines is None else deadlines.within(reading)
 
 
 async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
@@ -366,10 +358,6 @@ class JsonApp:
         self.startup, self.shutdown = startup, shutdown
         self._openapi: bytes | None = None
 
-    def _deadlines(self) -> TaskDeadlines | None:
-        """The body deadlines of the loop serving this request (one timer for all its requests)."""
-        return task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
-
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -402,7 +390,12 @@ class JsonApp:
             self.routes.get(("GET", path)) if method == "HEAD" else None
         )
         limit = (route.max_body_bytes if route is not None else None) or self.max_bytes
-        size = _declared_size(declared) if declared is not None else None
+        size = None
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                size = 0
         if size is not None and size > limit:
             return self._too_big(limit), []
         guarded = route is None or not route.open
@@ -420,12 +413,13 @@ class JsonApp:
             try:
                 if size is not None and not claim.reserve_now(size):
                     await claim.reserve(size, self.body_timeout_s)
-                raw = await read_body(receive, limit, claim, self._deadlines())
+                deadlines = task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
+                raw = await read_body(receive, limit, claim, deadlines)
             except BodyTooLarge:
                 return self._too_big(limit), []
             except BodiesBusy:
                 return self._busy(), []
-            except BodyTimeout:
+            except TimeoutError:  # the body deadline
                 detail = f"request body not received within {self.body_timeout_s:g} s"
                 return self.errors.error(408, detail, "body", ((b"connection", b"close"),)), []
             if raw is None:  # the client went away
@@ -534,13 +528,6 @@ class JsonApp:
                     await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-def _declared_size(declared: bytes) -> int:
-    try:
-        return int(declared)
-    except ValueError:
-        return 0
 
 
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:

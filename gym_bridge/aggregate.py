@@ -26,14 +26,23 @@ example repeats each component at the top level; here the components are describ
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
+from gym_bridge.jsonl import compact_json
 from gym_bridge.schema import reward_components_problem
 
-__all__ = ["AggregateRequestError", "nemo_gym_aggregate", "parse_aggregate_request", "strip_for_aggregation"]
+__all__ = [
+    "AggregateRequestError",
+    "nemo_gym_aggregate",
+    "parse_aggregate_request",
+    "strip_for_aggregation",
+    "whole_and_stripped_json",
+]
 
 
 def _stdev(xs: list[float]) -> float:
@@ -54,47 +63,111 @@ def _stdev(xs: list[float]) -> float:
 
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
-_STATS: dict[str, Callable[[list[float]], float]] = {
-    "mean": statistics.fmean,
-    "max": max,
-    "min": min,
-    "median": statistics.median,
-    "std": _stdev,
-}
 COMPONENT_FIELD = "reward_components."
 """Prefix of a reward component's field name in the statistics (``mean/reward_components.correct``)."""
-_REPEAT_STATS: dict[str, Callable[[list[float]], float]] = {
-    **_STATS,
-    "sem": lambda xs: _STATS["std"](xs) / len(xs) ** 0.5,
-    "p25": lambda xs: _quantile(xs, 0.25),
-    "p75": lambda xs: _quantile(xs, 0.75),
-}
-_ACROSS_REPEATS: dict[str, Callable[[list[float]], float]] = {**_STATS, "se": _REPEAT_STATS["sem"]}
+_STATS = ("mean", "max", "min", "median", "std")
+"""What is reported of each field, in this order (per task, over all records)."""
+_REPEAT_STATS = (*_STATS, "sem", "p25", "p75")
+_ACROSS_REPEATS = (*_STATS, "se")
 
 
-def _quantile(values: list[float], q: float) -> float:
-    """Linear interpolation between order statistics (pandas' default, which NeMo Gym uses)."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
+def _columns_stats(columns: list[Sequence[float]], quantiles: bool) -> dict[str, list[float]]:
+    """Each statistic of every column (the values of one field in one group): ``statistics.fmean``,
+    ``max``, ``min``, ``statistics.median``, :func:`_stdev`, the standard error (``sem``/``se``) and with
+    ``quantiles`` ``p25``/``p75``, the same numbers those functions give.
+
+    Why all columns at once: each statistic is one ``map`` of a C function over the columns instead of a
+    call per column and statistic, which was most of an answer's CPU (every task is a group).
+    """
+    sizes = list(map(len, columns))
+    ordered = list(map(sorted, columns))
+    # _stdev's value; a column of equal values (most of a task's) is 0 without the call
+    std = [0.0 if xs.count(xs[0]) == n else _stdev(xs) for xs, n in zip(columns, sizes, strict=True)]
+    sem = [deviation / n**0.5 for deviation, n in zip(std, sizes, strict=True)]
+    stats = {
+        "mean": list(map(operator.truediv, map(math.fsum, columns), sizes)),
+        "max": list(map(max, columns)),
+        "min": list(map(min, columns)),
+        "median": [
+            xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+            for xs, n in zip(ordered, sizes, strict=True)
+        ],
+        "std": std,
+        "sem": sem,
+        "se": sem,
+    }
+    if quantiles:
+        stats["p25"] = [_quantile(xs, 0.25) for xs in ordered]
+        stats["p75"] = [_quantile(xs, 0.75) for xs in ordered]
+    return stats
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (pandas' default, which NeMo Gym uses) of sorted values."""
+    pos = (len(ordered) - 1) * q
     low = math.floor(pos)
-    high = min(low + 1, len(xs) - 1)
-    return xs[low] + (xs[high] - xs[low]) * (pos - low)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 class AggregateRequestError(ValueError):
     """A body that is not a list of verify responses; the message names the field."""
 
 
+_HEAVY = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "ng_trajectory",
+)
+"""What NeMo Gym's collector leaves out of the records it sends to ``/aggregate_metrics``."""
+_HEAVY_SET = frozenset(_HEAVY)
+
+
 def strip_for_aggregation(record: dict[str, Any]) -> dict[str, Any]:
     """A record as NeMo Gym sends it to ``/aggregate_metrics``: no request, ``response`` cut to usage/incomplete_details."""
-    heavy = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "ng_trajectory")
-    entry = {k: v for k, v in record.items() if k not in heavy}
-    response = record.get("response")
-    if isinstance(response, dict):
-        kept = {k: response[k] for k in ("usage", "incomplete_details") if response.get(k) is not None}
-        if kept:
-            entry["response"] = kept
+    entry = record.copy()  # then a pop per heavy field: cheaper than a comprehension over every field
+    for key in _HEAVY:
+        entry.pop(key, None)
+    if kept := _kept_response(record):
+        entry["response"] = kept
     return entry
+
+
+def _kept_response(record: dict[str, Any]) -> dict[str, Any] | None:
+    response = record.get("response")
+    if not isinstance(response, dict):
+        return None
+    return {k: response[k] for k in ("usage", "incomplete_details") if response.get(k) is not None}
+
+
+def whole_and_stripped_json(record: dict[str, Any]) -> tuple[str, str]:
+    """``compact_json(record)`` and ``compact_json(strip_for_aggregation(record))``, the fields both hold
+    encoded once.
+
+    Why: collect writes each record and keeps it stripped for ``/aggregate_metrics``; encoding the
+    stripped record again cost more than a tenth of a no-op rollout's instructions. The two texts are
+    spliced from the encoded heavy fields and the encoded rest, which needs the heavy fields first (a
+    verify answer's order: ``responses_create_params``, ``response``, then the rest); a record in another
+    order is encoded twice.
+    """
+    keys = list(record)
+    cut = 0
+    while cut < len(keys) and keys[cut] in _HEAVY_SET:
+        cut += 1
+    if not _HEAVY_SET.isdisjoint(keys[cut:]):
+        return compact_json(record), compact_json(strip_for_aggregation(record))
+    if cut == 0:
+        whole = compact_json(record)
+        return whole, whole
+    rest = compact_json({k: record[k] for k in keys[cut:]})  # "{...}", or "{}" when nothing follows
+    heavy = compact_json({k: record[k] for k in keys[:cut]})
+    whole = heavy[:-1] + "," + rest[1:] if len(keys) > cut else heavy
+    kept = _kept_response(record)
+    if not kept:
+        return whole, rest
+    return whole, rest[:-1] + ("," if len(keys) > cut else "") + '"response":' + compact_json(kept) + "}"
 
 
 def _finite_number(value: Any) -> bool:
@@ -135,14 +208,16 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     response = record.get("response")
     usage = response.get("usage") if isinstance(response, dict) else None
-    sources = [usage if isinstance(usage, dict) else {}, record]
-    for source in sources:
+    for source in (usage, record) if isinstance(usage, dict) else (record,):
         for key, value in source.items():
             kind = type(value)
-            if kind is str or kind is dict or kind is list or value is None or key.startswith("_") or key == "response":
-                continue  # (the kinds a record mostly holds, skipped before the number check)
-            if _finite_number(value):  # not a bool: NeMo Gym's profiler takes pandas' numeric columns only
-                out[key] = float(value)
+            if kind is float or kind is int:  # (what JSON's numbers are, checked first)
+                if (kind is int or math.isfinite(value)) and not key.startswith("_") and key != "response":
+                    out[key] = float(value)
+            elif kind is not str and kind is not dict and kind is not list and value is not None:
+                # not a bool: NeMo Gym's profiler takes pandas' numeric columns only
+                if not key.startswith("_") and key != "response" and _finite_number(value):
+                    out[key] = float(value)
     components = record.get("reward_components")
     if isinstance(components, dict):
         out.update({COMPONENT_FIELD + name: float(value) for name, value in components.items()})
@@ -150,23 +225,44 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
 
 
 def _describe(
-    rows: list[dict[str, float]], stats: dict[str, Callable[[list[float]], float]] = _STATS
-) -> dict[str, float]:
-    columns: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        for key, value in row.items():
-            columns[key].append(value)
-    return {f"{stat}/{key}": fn(values) for stat, fn in stats.items() for key, values in columns.items()}
+    groups: list[list[dict[str, float]]], names: tuple[str, ...] = _STATS, label: str = "{}/{}"
+) -> list[dict[str, float]]:
+    """For each group of rows, ``label.format(stat, field)`` -> the statistic, for each statistic in ``names``
+    (the outer order) and each field the group's rows hold (in the order they first appear)."""
+    columns: list[Sequence[float]] = []
+    spans: list[tuple[int, tuple[str, ...]]] = []  # per group: where its columns start, its fields
+    for rows in groups:
+        shapes = set(map(tuple, rows))
+        if len(shapes) == 1:  # every row has the same fields in the same order (the usual case)
+            fields = shapes.pop()
+            spans.append((len(columns), fields))
+            columns += zip(*map(dict.values, rows), strict=True)
+            continue
+        by_field: dict[str, list[float]] = {}
+        for row in rows:
+            for field, value in row.items():
+                column = by_field.get(field)
+                if column is None:
+                    by_field[field] = [value]
+                else:
+                    column.append(value)
+        spans.append((len(columns), tuple(by_field)))
+        columns += by_field.values()
+    stats = _columns_stats(columns, quantiles="p25" in names)
+    per_column = list(zip(*(stats[stat] for stat in names), strict=True))  # each column: its statistics
+    described, labels = [], {}
+    for start, fields in spans:
+        if fields not in labels:
+            labels[fields] = [label.format(stat, field) for stat in names for field in fields]
+        by_stat = chain.from_iterable(zip(*per_column[start : start + len(fields)], strict=True))
+        described.append(dict(zip(labels[fields], by_stat, strict=True)))
+    return described
 
 
 def _across_repeats(repeats: list[dict[str, Any]]) -> dict[str, float]:
     """NeMo Gym's ``<stat>_across_repeats/mean/X``: each repeat's ``mean/X`` taken as one observation."""
-    columns: dict[str, list[float]] = defaultdict(list)
-    for entry in repeats:
-        for key, value in entry.items():
-            if key.startswith("mean/"):
-                columns[key].append(value)
-    return {f"{stat}_across_repeats/{key}": fn(xs) for stat, fn in _ACROSS_REPEATS.items() for key, xs in columns.items()}
+    means = [{key: value for key, value in entry.items() if key.startswith("mean/")} for entry in repeats]
+    return _describe([means], _ACROSS_REPEATS, "{}_across_repeats/{}")[0]
 
 
 def nemo_gym_aggregate(
@@ -182,22 +278,21 @@ def nemo_gym_aggregate(
         task = record.get(TASK_INDEX) or 0
         by_task[task].append(row)
         by_repeat[record.get(ROLLOUT_INDEX) or 0].append((task, row))
+    tasks = sorted(by_task.items())
     groups = [
-        {TASK_INDEX: task, **_describe(rows), "num_rollouts": len(rows)} for task, rows in sorted(by_task.items())
+        {TASK_INDEX: task, **described, "num_rollouts": len(rows)}
+        for (task, rows), described in zip(tasks, _describe([rows for _, rows in tasks]), strict=True)
     ]
     repeats = []
     if len(by_repeat) > 1:
-        for repeat, entries in sorted(by_repeat.items()):
+        per_repeat = sorted(by_repeat.items())
+        described = _describe([[row for _, row in entries] for _, entries in per_repeat], _REPEAT_STATS)
+        for (repeat, entries), stats in zip(per_repeat, described, strict=True):
             present = len({task for task, _ in entries})
-            repeats.append(
-                {
-                    ROLLOUT_INDEX: repeat,
-                    "sample_count": present,
-                    "missing_count": len(by_task) - present,
-                    **_describe([row for _, row in entries], _REPEAT_STATS),
-                }
-            )
-    agent = {**_describe(numbers), **_across_repeats(repeats), "num_repeats": len(by_repeat), **summary(records)}
+            counts = {"sample_count": present, "missing_count": len(by_task) - present}
+            repeats.append({ROLLOUT_INDEX: repeat, **counts, **stats})
+    agent = {**_describe([numbers])[0], **_across_repeats(repeats), "num_repeats": len(by_repeat)}
+    agent.update(summary(records))
     key = {name: value for name, value in agent.items() if name.startswith("mean/")}
     key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
     return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key, "repeat_level_metrics": repeats}

@@ -42,6 +42,8 @@ class BodyBudget:
 class BodyClaim:
     """One request's share of a :class:`BodyBudget`: ``reserved`` bytes, of which ``taken`` were read."""
 
+    __slots__ = ("budget", "reserved", "taken")
+
     def __init__(self, budget: BodyBudget | None) -> None:
         self.budget, self.reserved, self.taken = budget, 0, 0
 
@@ -54,11 +56,13 @@ class BodyClaim:
 
     def reserve_now(self, size: int) -> bool:
         """Hold ``size`` bytes if they fit now (True); else hold nothing (False: :meth:`reserve` waits)."""
-        if self.budget is None:
+        budget = self.budget
+        if budget is None:
             return True
-        if not self.fits(size):
-            return False
-        self._grow(size)
+        if budget.held != self.reserved and budget.held + size > budget.limit:  # not fits(): inline, as
+            return False  # every request with a body asks
+        budget.held += size
+        self.reserved += size
         return True
 
     async def reserve(self, size: int, timeout: float | None) -> None:

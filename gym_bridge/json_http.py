@@ -16,7 +16,6 @@ three quarters of a small request's CPU; measured A/B in ``bench/README.md`` (co
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import inspect
 import json
@@ -31,7 +30,8 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
-from gym_bridge.deadlines import Deadlines
+from gym_bridge.deadlines import TaskDeadlines, task_deadlines
+from gym_bridge.jsonl import compact_json, parse_json
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -64,7 +64,7 @@ class Answer(NamedTuple):
 
 def json_answer(status: int, content: Any, headers: Headers = ()) -> Answer:
     """``content`` as compact UTF-8 JSON (what Starlette's ``JSONResponse`` writes)."""
-    body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    body = compact_json(content, finite=True).encode()
     return Answer(status, body, headers)
 
 
@@ -206,9 +206,10 @@ _NO_BODY = object()
 def _has_lone_surrogate(value: Any, body: bytes) -> bool:
     """True when the parsed body holds text with an unpaired surrogate (it could never be echoed as UTF-8).
 
-    A cheap scan of the raw bytes for surrogate escapes first; only bodies that have one are re-encoded.
+    Cheap scans of the raw bytes first (for ``\\u`` at all, then for surrogate escapes); only bodies that
+    have one are re-encoded.
     """
-    if not _SURROGATE_ESCAPE.search(body):
+    if b"\\u" not in body or not _SURROGATE_ESCAPE.search(body):
         return False
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -220,20 +221,23 @@ def _has_lone_surrogate(value: Any, body: bytes) -> bool:
 def _too_deep(value: Any, raw: bytes) -> bool:
     """True when ``value`` (parsed from ``raw``) nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
 
-    Only bodies with that many brackets at all are walked (a C-speed count first), and the walk is
-    iterative, a level at a time (no recursion, no per-node bookkeeping: ``/aggregate_metrics`` bodies
-    of a whole run have tens of thousands of containers).
+    A body too short to open and close that many brackets is not looked at; others are walked a level at
+    a time, one comprehension per level (no recursion, no call per container: ``/aggregate_metrics``
+    bodies of a whole run have tens of thousands of containers; counting the brackets of every body
+    first cost more than this walk of a rollout's).
     """
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+    if len(raw) <= 2 * MAX_JSON_DEPTH:
         return False
-    level = [value] if type(value) is dict or type(value) is list else []  # json.loads makes no subclasses
+    level = [value] if type(value) is dict or type(value) is list else []  # JSON makes no subclasses
     for _ in range(MAX_JSON_DEPTH):
-        below: list[Any] = []
-        for node in level:
-            below += [c for c in (node.values() if type(node) is dict else node) if type(c) is dict or type(c) is list]
-        if not below:
+        level = [
+            child
+            for node in level
+            for child in (node.values() if type(node) is dict else node)
+            if type(child) is dict or type(child) is list
+        ]
+        if not level:
             return False
-        level = below
     return True
 
 
@@ -257,7 +261,7 @@ def parse_body(raw: bytes, style: ErrorStyle) -> Any:
         return _NO_BODY
     too_deep = f"JSON nested deeper than the limit of {MAX_JSON_DEPTH} levels"
     try:
-        value = json.loads(raw)
+        value = parse_json(raw)
     except json.JSONDecodeError as e:
         error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                  "input": {}, "ctx": {"error": e.msg}}  # fmt: skip
@@ -278,45 +282,18 @@ class BodyTooLarge(Exception):
     """The request body passed the limit given to :func:`read_body`."""
 
 
-class BodyTimeout(Exception):
-    """The request body did not all arrive within the time given to :func:`read_body`."""
-
-
-async def read_body(
-    receive: Any, limit: int | None = None, claim: BodyClaim | None = None, deadlines: Deadlines | None = None
-) -> bytes | None:
-    """The whole request body; None when the client went away (:class:`BodyTooLarge` past ``limit``
-    bytes, :class:`BodyTimeout` when it is not all there ``deadlines.seconds`` after this call,
-    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the app's, whose
+def read_body(
+    receive: Any,
+    limit: int | None = None,
+    claim: BodyClaim | None = None,
+    deadlines: TaskDeadlines | None = None,
+) -> Awaitable[bytes | None]:
+    """The whole request body, to await; None when the client went away (:class:`BodyTooLarge` past
+    ``limit`` bytes, ``TimeoutError`` when it is not all there ``deadlines.seconds`` after this call,
+    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the loop's, whose
     one timer serves every request's body deadline; None, no deadline."""
-    claim = claim or BodyClaim(None)
-    if deadlines is None or (task := asyncio.current_task()) is None:
-        return await _read_chunks(receive, limit, claim)
-    watch = _BodyWatch(task)
-    deadlines.set(watch)
-    try:
-        return await _read_chunks(receive, limit, claim)
-    except asyncio.CancelledError:
-        # As ``asyncio.timeout`` decides: our deadline's cancellation, and no other one pending.
-        if watch.expired and task.uncancel() <= watch.cancelling:
-            raise BodyTimeout from None
-        raise
-    finally:
-        deadlines.clear(watch)
-
-
-class _BodyWatch:
-    """One body read's key in the app's :class:`Deadlines`: when it expires, the reading task is cancelled."""
-
-    __slots__ = ("cancelling", "expired", "task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task, self.cancelling, self.expired = task, task.cancelling(), False
-
-
-def _expire_body(watch: _BodyWatch) -> None:
-    watch.expired = True
-    watch.task.cancel()
+    reading = _read_chunks(receive, limit, claim or BodyClaim(None))
+    return reading if deadlines is None else deadlines.within(reading)
 
 
 async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
@@ -380,17 +357,6 @@ class JsonApp:
         self.not_found = not_found
         self.startup, self.shutdown = startup, shutdown
         self._openapi: bytes | None = None
-        self._body_deadlines: Deadlines | None = None
-
-    def _deadlines(self) -> Deadlines | None:
-        """The body deadlines of the loop serving this request (one timer for all its requests)."""
-        if self.body_timeout_s is None:
-            return None
-        loop = asyncio.get_running_loop()
-        deadlines = self._body_deadlines
-        if deadlines is None or deadlines.loop is not loop or deadlines.seconds != self.body_timeout_s:
-            deadlines = self._body_deadlines = Deadlines(loop, self.body_timeout_s, _expire_body)
-        return deadlines
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -424,7 +390,12 @@ class JsonApp:
             self.routes.get(("GET", path)) if method == "HEAD" else None
         )
         limit = (route.max_body_bytes if route is not None else None) or self.max_bytes
-        size = _declared_size(declared) if declared is not None else None
+        size = None
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                size = 0
         if size is not None and size > limit:
             return self._too_big(limit), []
         guarded = route is None or not route.open
@@ -442,12 +413,13 @@ class JsonApp:
             try:
                 if size is not None and not claim.reserve_now(size):
                     await claim.reserve(size, self.body_timeout_s)
-                raw = await read_body(receive, limit, claim, self._deadlines())
+                deadlines = task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
+                raw = await read_body(receive, limit, claim, deadlines)
             except BodyTooLarge:
                 return self._too_big(limit), []
             except BodiesBusy:
                 return self._busy(), []
-            except BodyTimeout:
+            except TimeoutError:  # the body deadline
                 detail = f"request body not received within {self.body_timeout_s:g} s"
                 return self.errors.error(408, detail, "body", ((b"connection", b"close"),)), []
             if raw is None:  # the client went away
@@ -502,7 +474,7 @@ class JsonApp:
         await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *extra]})
         try:
             async for event in stream.events:
-                data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+                data = compact_json(event)
                 head = f"event: {event.get('type')}\n" if stream.named else ""
                 await send({"type": "http.response.body", "body": f"{head}data: {data}\n\n".encode(), "more_body": True})
         except Exception as exc:
@@ -556,13 +528,6 @@ class JsonApp:
                     await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-def _declared_size(declared: bytes) -> int:
-    try:
-        return int(declared)
-    except ValueError:
-        return 0
 
 
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -41,10 +41,13 @@ def majority_at_k(votes: list[tuple[str | None, bool]], k: int) -> float:
         return 0.0
 
     def right(subset: tuple[int, ...]) -> bool:
-        answers = [votes[i][0] for i in subset if votes[i][0] is not None]
-        if not answers:
+        counts: dict[str, int] = {}  # in the order first seen, so max() breaks ties to the first
+        for i in subset:
+            if (answer := votes[i][0]) is not None:
+                counts[answer] = counts.get(answer, 0) + 1
+        if not counts:
             return False
-        top, _ = Counter(answers).most_common(1)[0]
+        top = max(counts, key=counts.__getitem__)
         return next(votes[i][1] for i in subset if votes[i][0] == top)
 
     if math.comb(n, k) <= MAJORITY_SUBSETS:
@@ -82,29 +85,32 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
     """
     if not records:
         return {"num_rollouts": 0, "num_tasks": 0, "mean_reward": None}
-    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    # one pass over the records (a run's end summarises every rollout), then one per task
+    groups: dict[Any, list[tuple[float, Any]]] = defaultdict(list)  # task -> (reward, extracted answer)
+    rewards, input_tokens, output_tokens, failures, masked = [], [], [], Counter(), 0
     for rec in records:
-        groups[_group_key(rec)].append(rec)
-    rewards = [float(r.get("reward") or 0.0) for r in records]
-    k = min(len(g) for g in groups.values())
-    pass_k, pass_1, majority = [], [], []
-    for group in groups.values():
-        n = len(group)
-        verdicts = [float(r.get("reward") or 0.0) >= success_threshold for r in group]
-        correct = sum(verdicts)
-        pass_k.append(pass_at_k(n, correct, k))
-        pass_1.append(pass_at_k(n, correct, 1))
-        answers = [r.get("extracted_answer") for r in group]
-        votes = [(None if a is None else str(a), ok) for a, ok in zip(answers, verdicts, strict=True)]
-        majority.append(majority_at_k(votes, k))
-    has_answers = any(r.get("extracted_answer") is not None for r in records)
-    input_tokens, output_tokens = [], []
-    for rec in records:
+        reward, task = float(rec.get("reward") or 0.0), rec.get("_ng_task_index")
+        rewards.append(reward)
+        groups[task if task is not None else _group_key(rec)].append((reward, rec.get("extracted_answer")))
         usage = (rec.get("response") or {}).get("usage") or {}
         if usage:
             input_tokens.append(int(usage.get("input_tokens") or 0))
             output_tokens.append(int(usage.get("output_tokens") or 0))
-    failures = Counter(r["failure_kind"] for r in records if r.get("failure_kind"))
+        if rec.get("failure_kind"):
+            failures[rec["failure_kind"]] += 1
+        masked += bool(rec.get("mask_sample"))
+    has_answers = any(answer is not None for group in groups.values() for _, answer in group)
+    k = min(len(g) for g in groups.values())
+    pass_k, pass_1, majority = [], [], []
+    for group in groups.values():
+        n = len(group)
+        verdicts = [reward >= success_threshold for reward, _ in group]
+        correct = sum(verdicts)
+        pass_k.append(pass_at_k(n, correct, k))
+        pass_1.append(pass_at_k(n, correct, 1))
+        if has_answers:  # majority@k is reported only then
+            votes = [(None if a is None else str(a), ok) for (_, a), ok in zip(group, verdicts, strict=True)]
+            majority.append(majority_at_k(votes, k))
     out: dict[str, Any] = {
         "num_rollouts": len(records),
         "num_tasks": len(groups),
@@ -119,7 +125,7 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
         out["mean_output_tokens"] = sum(output_tokens) / len(output_tokens)
         out["total_output_tokens"] = sum(output_tokens)
     out["failure_kinds"] = dict(failures)
-    out["masked_samples"] = sum(bool(r.get("mask_sample")) for r in records)
+    out["masked_samples"] = masked
     return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import json
 import random
 import sys
 import time
@@ -31,6 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
 import aiohttp
 from yarl import URL
+
+from gym_bridge.deadlines import task_deadlines
+from gym_bridge.jsonl import compact_json, parse_json
 
 if TYPE_CHECKING:
     import httpx  # imported when an httpx client is used (collect and training use aiohttp)
@@ -138,12 +140,12 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
-    """Await with a deadline for the whole of it (httpx's own timeouts restart with every byte)."""
+def _within(seconds: float, awaitable: Awaitable[T]) -> Awaitable[T]:
+    """``awaitable`` with a deadline for the whole of it (httpx's own timeouts restart with every byte);
+    requests of one length share the loop's one timer (:func:`~gym_bridge.deadlines.task_deadlines`)."""
     if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
+        return task_deadlines(seconds).within(awaitable)
+    return asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
 
 
 def _snippet(content: bytes, limit: int = 300) -> str:
@@ -216,7 +218,7 @@ async def post_json(
     is retried as ``<target>_bad_response``). ``return_client_errors`` hands non-retryable 4xx answers
     back instead of failing, for callers that pass them on (a tool's error goes back to the model).
     """
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    payload = compact_json(body).encode("utf-8")
     send_headers = {"content-type": "application/json"}
     if headers:
         send_headers.update(headers)
@@ -249,7 +251,7 @@ async def post_json(
                 if not expect_json:
                     return HttpResult(status, response_headers, content, None, attempt)
                 try:
-                    data = json.loads(content)
+                    data = parse_json(content)
                 except ValueError as e:
                     failure_class = f"{target}_bad_response"
                     message = (

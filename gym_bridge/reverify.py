@@ -247,5 +247,5 @@ def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> R
         main = reverify_async(config, env_url, report)
         result = run_interruptible(main)
     if result.aggregate_metrics:
-        _write_json(aggregate_metrics_path_for(config.output_path), result.aggregate_metrics)
+        _write_json(aggregate_metrics_path_for(config.output_path), result.aggregate_metrics, flat_below=3)
     return result

@@ -1,10 +1,23 @@
-"""JSONL reading reports bad lines by number; writing is line-atomic; torn tails are repaired."""
+"""JSONL reading reports bad lines by number; writing is line-atomic; torn tails are repaired; compact JSON
+is json.dumps' text."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 
-from gym_bridge.jsonl import JsonlError, JsonlWriter, ReadStats, iter_jsonl, repair_torn_tail
+from gym_bridge.jsonl import (
+    JsonlError,
+    JsonlWriter,
+    ReadStats,
+    compact_json,
+    iter_jsonl,
+    parse_json,
+    plain_json,
+    repair_torn_tail,
+)
 
 
 def test_reads_objects_with_line_numbers(tmp_path):
@@ -63,3 +76,100 @@ def test_writer_appends_complete_lines(tmp_path):
         w.write({"y": 2})
     assert [o for _, o in iter_jsonl(p)] == [{"x": "ü"}, {"y": 2}]
     assert w.count == 1
+
+
+VALUES = [
+    {"a": 'é \u2028 \U0001f600 "q" \\ \n\t\x00', "b": [1, -2.5, 1e300, 5e-324, -0.0, True, False, None]},
+    {
+        "nested": [[{"x": [{}]}], []],
+        "n": 2**70,
+        1: "int key",
+        2.5: "float key",
+        None: "null key",
+        False: "bool key",
+    },
+    "a string",
+    12,
+    [],
+    float("inf"),
+]
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_compact_json_is_json_dumps(value):
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_compact_json_refuses_what_json_dumps_refuses():
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        compact_json({"x": [float("nan")]}, finite=True)
+    assert compact_json({"x": float("nan")}) == '{"x":NaN}'
+    with pytest.raises(TypeError, match="Object of type set is not JSON serializable"):
+        compact_json({"x": {1}})
+    circular: list = []
+    circular.append(circular)
+    with pytest.raises(RecursionError):
+        compact_json(circular)
+    assert compact_json([1, "after the errors"]) == '[1,"after the errors"]'  # no state left behind
+
+
+def test_compact_json_from_threads_at_once():
+    """One encoder serves every thread: each gets its own text."""
+    out: dict[int, list[str]] = {}
+
+    def encode(i: int) -> None:
+        out[i] = [compact_json({"thread": i, "row": j, "text": "x" * (i * 7 % 50)}) for j in range(2000)]
+
+    threads = [threading.Thread(target=encode, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, texts in out.items():
+        assert [json.loads(t) for t in texts] == [
+            {"thread": i, "row": j, "text": "x" * (i * 7 % 50)} for j in range(2000)
+        ]
+
+
+PARSE_CASES = [
+    b'{"a":[1,2.5,"\\u00e9",null,true],"b":{}}',
+    b"[1,2]",
+    b'{"a":1}  \n',  # trailing whitespace
+    b'  {"a":1}',  # leading whitespace
+    b'{"a":1} x',  # extra data
+    b'{"a":1}{"b":2}',
+    b'{"a":',  # cut short
+    b"{}",
+    b"[]",
+    b"{",
+    b"[nul]",
+    b'"text"',
+    b"12",
+    b"",
+    b'{"a":NaN,"b":-Infinity}',
+    b'{"a":"\\ud800"}',  # a lone surrogate escape: Python's JSON reads it
+    b'{"a":"\xed\xa0\x80"}',  # a surrogate as raw bytes: json.loads takes it (surrogatepass)
+    b'{"a":"\xff"}',  # not UTF-8
+    b'\xef\xbb\xbf{"a":1}',  # UTF-8 byte-order mark
+    '{"a":"é"}'.encode("utf-16-le"),
+    '{"a":"é"}'.encode("utf-16"),
+    '["x"]'.encode("utf-32-be"),
+    b"[" * 100_000 + b"]" * 100_000,  # deeper than the interpreter recurses
+]
+
+
+def _outcome(parse, raw):
+    try:
+        return "value", parse(raw)
+    except Exception as e:  # the same kind of error, with the same message and place
+        return type(e), str(e), getattr(e, "pos", None)
+
+
+@pytest.mark.parametrize("raw", PARSE_CASES, ids=range(len(PARSE_CASES)))
+def test_parse_json_is_json_loads(raw):
+    assert repr(_outcome(parse_json, raw)) == repr(_outcome(json.loads, raw))
+
+
+@pytest.mark.parametrize("value", [*VALUES, {"not JSON": {1, 2}, "é": [float("nan"), None]}])
+def test_plain_json_is_json_dumps_with_str_for_the_rest(value):
+    assert plain_json(value) == json.dumps(value, default=str)

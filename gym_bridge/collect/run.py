@@ -39,7 +39,7 @@ from gym_bridge.collect.output import (
     write_json,
 )
 from gym_bridge.collect.routing import Router, parse_env_args
-from gym_bridge.collect.summary import RunStats, env_aggregate_metrics, reward_component_means
+from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics, reward_component_means
 from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter
@@ -105,6 +105,8 @@ async def collect_async(
     materialized_path = materialized_path_for(output)
     materialized_done = read_keys(materialized_path, report) if config.resume else set()
     writer = JsonlWriter(output, append=True)
+    # /aggregate_metrics takes the run's records as they are written; a resumed run's earlier ones are only in -o
+    spool = None if config.resume else AggregateSpool(output.parent, router.url_of)
     failures = LazyWriter(failures_path, append=config.resume)
     materialized = LazyWriter(materialized_path, append=config.resume)
     retry = config.retry_policy()
@@ -155,7 +157,10 @@ async def collect_async(
         stats.add_requests(rollout.metrics)
         if rollout.record is not None:
             record = _output_record(job, rollout.record)
-            writer.write(record)
+            if spool is None:
+                writer.write(record)
+            else:
+                spool.add(record, job.env_name, writer.write_line)  # the line, then the record kept stripped
             slim.append(slim_record(record))
             stats.add_written(record, rollout.metrics.total_s)
         else:
@@ -191,9 +196,11 @@ async def collect_async(
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
         aggregate = await env_aggregate_metrics(
-            pool.session, output, router.url_of, report, timeout=retry.request_timeout
+            pool.session, output, router.url_of, report, timeout=retry.request_timeout, spool=spool
         )
     finally:
+        if spool is not None:
+            spool.close()
         writer.close()
         failures.close()
         materialized.close()
@@ -211,7 +218,7 @@ async def collect_async(
     metrics_path = metrics_path_for(output)
     write_json(metrics_path, metrics)
     if aggregate:
-        write_json(aggregate_metrics_path_for(output), aggregate)
+        write_json(aggregate_metrics_path_for(output), aggregate, flat_below=3)
     return CollectResult(
         output,
         failures_path,

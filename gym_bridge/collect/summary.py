@@ -4,22 +4,24 @@ each env's own ``/aggregate_metrics`` answer for NeMo Gym's ``<stem>_aggregate_m
 from __future__ import annotations
 
 import asyncio
+import json
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
 from gym_bridge.agent import RolloutMetrics
-from gym_bridge.aggregate import strip_for_aggregation
+from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER
-from gym_bridge.jsonl import iter_jsonl
+from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
 
-__all__ = ["COUNTED", "RunStats", "env_aggregate_metrics", "reward_component_means"]
+__all__ = ["COUNTED", "AggregateSpool", "RunStats", "env_aggregate_metrics", "reward_component_means"]
 
 COUNTED = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "retries")
 """Per-rollout counts summed over the run (``retries``: extra attempts of any request, model or env)."""
@@ -109,6 +111,54 @@ class RunStats:
         }
 
 
+class AggregateSpool:
+    """A run's records as ``/aggregate_metrics`` takes them, stripped and serialized as they are written
+    (one unlinked temporary file per env, beside the output), so the run's end posts them as they are.
+
+    Why: reading the output back, parsing every rollout whole, stripping it and encoding the request
+    again cost about a seventh of a no-op rollout's instructions (``bench/ab_instructions.py``); here the
+    stripped record is spliced from the encoding of the output line. A resumed run, whose earlier
+    rollouts are only in the output file, reads that file instead (:func:`env_aggregate_metrics`
+    without a spool).
+    """
+
+    def __init__(self, directory: Path, url_of: dict[str, str]) -> None:
+        self.directory, self.url_of = directory, url_of
+        self.files: dict[str, IO[bytes]] = {}
+        self.agent_of: dict[str, str] = {}
+
+    def add(self, record: dict[str, Any], env: Any, write_line: Callable[[str], None]) -> None:
+        """Write ``record``'s output line with ``write_line``, then keep it stripped if it is one to
+        aggregate (``env``: the env it ran against). Both are encoded together (:func:`whole_and_stripped_json`)."""
+        if env not in self.url_of or not isinstance(record.get("reward"), int | float):
+            write_line(compact_json(record))
+            return
+        line, stripped = whole_and_stripped_json(record)
+        write_line(line)
+        spool = self.files.get(env)
+        if spool is None:
+            spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")
+        else:
+            spool.write(b",")
+        spool.write(stripped.encode())
+        agent_ref = record.get("agent_ref")
+        if env not in self.agent_of and isinstance(agent_ref, dict):
+            if isinstance(name := agent_ref.get("name"), str):
+                self.agent_of[env] = name
+
+    def bodies(self) -> dict[str, bytes]:
+        """Each env's ``/aggregate_metrics`` request body: NeMo Gym's ``{"verify_responses": [...]}``."""
+        out = {}
+        for env, spool in self.files.items():
+            spool.seek(0)
+            out[env] = b'{"verify_responses":[' + spool.read() + b"]}"
+        return out
+
+    def close(self) -> None:
+        for spool in self.files.values():
+            spool.close()
+
+
 async def env_aggregate_metrics(
     session: aiohttp.ClientSession,
     output: Path,
@@ -116,16 +166,21 @@ async def env_aggregate_metrics(
     report: Callable[[str], None],
     env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
     timeout: float = 300.0,
+    spool: AggregateSpool | None = None,
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
     Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
     (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
+    ``spool``: the same records, kept as they were written (then ``output`` is not read).
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
     """
-    by_env: dict[str, list[dict[str, Any]]] = {}
+    bodies: dict[str, bytes] = {}
     agent_of: dict[str, str] = {}
-    if output.exists():
+    if spool is not None:
+        bodies, agent_of = spool.bodies(), spool.agent_of
+    elif output.exists():
+        by_env: dict[str, list[dict[str, Any]]] = {}
         for _, record in iter_jsonl(output, strict=False):
             env = env_of(record)
             if env in url_of and isinstance(record.get("reward"), int | float):
@@ -133,12 +188,14 @@ async def env_aggregate_metrics(
                 agent_ref = record.get("agent_ref")
                 if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
                     agent_of.setdefault(env, agent_ref["name"])
+        bodies = {env: json.dumps({"verify_responses": records}).encode() for env, records in by_env.items()}
     entries = []
-    for env, records in by_env.items():
+    for env, request in bodies.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
         try:
             limit = aiohttp.ClientTimeout(total=timeout)
-            async with session.post(url, json={"verify_responses": records}, timeout=limit) as resp:
+            headers = {"content-type": "application/json"}
+            async with session.post(url, data=request, headers=headers, timeout=limit) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status != 200 or not isinstance(body, dict):
                     raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")

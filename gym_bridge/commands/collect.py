@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -184,13 +185,15 @@ def collect(
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
     )
     bar = _ProgressBar(console, enabled=progress)
+    # no bar: nothing to tell per rollout (rich keeps a hidden bar's books too, a few Python calls a rollout)
+    shown = {"on_progress": bar.advance, "on_start": bar.start} if progress else {}
     with resumable_exit(console, output, "finished rollouts"), bar:
         if ray is None:
-            result = run_collect(config, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+            result = run_collect(config, report=bar.log, **shown)
         else:
             from gym_bridge.collect.ray_shards import collect_on_ray
 
-            result = collect_on_ray(config, ray, report=bar.log, on_progress=bar.advance, on_start=bar.start)
+            result = collect_on_ray(config, ray, report=bar.log, **shown)
     _print_summary(console, result)
 
 
@@ -214,12 +217,15 @@ class _ProgressBar:
         )
         self.task: Any = None
         self._last_fields = 0.0
+        self._unshown = 0  # rollouts counted since the bar was last moved
 
     def __enter__(self) -> _ProgressBar:
         self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.task is not None and self._unshown:
+            self.progress.advance(self.task, self._unshown)
         self.progress.__exit__(*exc)
 
     def start(self, total: int) -> None:
@@ -229,23 +235,23 @@ class _ProgressBar:
         self.console.print(message, style="yellow", highlight=False, markup=False)
 
     def advance(self, stats: Any, n: int) -> None:
+        """Count ``n`` rollouts; the bar moves at most ten times a second (rich's books cost a few calls)."""
         if self.task is None:
             return
-        import time
-
+        self._unshown += n
         now = time.monotonic()
         if now - self._last_fields < 0.1:
-            self.progress.advance(self.task, n)
             return
         self._last_fields = now
         mean = stats.mean_reward
         self.progress.update(
             self.task,
-            advance=n,
+            advance=self._unshown,
             rate=stats.rate,
             reward="-" if mean is None else f"{mean:.3f}",
             failed=stats.failed,
         )
+        self._unshown = 0
 
 
 def _fmt(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -175,3 +176,31 @@ def test_collect_passes_the_env_api_key_to_an_env_server_with_a_token(tmp_path):
     assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")
     (failure,) = read_jsonl(tmp_path / "no_failures.jsonl")
     assert "401" in json.dumps(failure), failure
+
+
+def test_the_progress_bar_moves_at_most_ten_times_a_second_and_ends_on_the_full_count(monkeypatch):
+    from rich.console import Console
+
+    from gym_bridge.collect.summary import RunStats
+    from gym_bridge.commands import collect as command
+
+    clock = [100.0]
+    monkeypatch.setattr(command.time, "monotonic", lambda: clock[0])
+    bar = command._ProgressBar(Console(file=io.StringIO()), enabled=True)
+    moves: list[int] = []
+    with bar:
+        bar.start(1000)
+        update = bar.progress.update
+
+        def counted(task, **fields):
+            moves.append(fields["advance"])
+            update(task, **fields)
+
+        monkeypatch.setattr(bar.progress, "update", counted)
+        advance = bar.progress.advance
+        monkeypatch.setattr(bar.progress, "advance", lambda task, n: (moves.append(n), advance(task, n)))
+        for _ in range(1000):
+            clock[0] += 0.001  # a rollout a millisecond: a second in all
+            bar.advance(RunStats(), 1)
+        assert len(moves) <= 11 and sum(moves) < 1000  # rich hears of them ten times a second ...
+    assert len(moves) <= 12 and bar.progress.tasks[0].completed == 1000  # ... and of the rest at the end

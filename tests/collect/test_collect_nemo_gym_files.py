@@ -111,6 +111,32 @@ def test_resume_after_a_crash_keeps_one_materialized_row_per_rollout(tmp_path):
     ] == 6
 
 
+def test_the_aggregate_of_records_kept_as_written_is_the_one_read_back_from_the_output(tmp_path):
+    """A fresh run posts the records it kept as it wrote them (``AggregateSpool``); the answer is the one
+    the records read back from ``-o`` get (what a resumed run and ``reverify`` post), and nothing is left
+    beside the output."""
+    import asyncio
+
+    from gym_bridge.agent import make_session
+    from gym_bridge.collect import env_aggregate_metrics
+
+    with FakeModel(one_wrong) as model:
+        result, _ = _collect(tmp_path, model)
+
+    async def read_back(url: str) -> list:
+        session = make_session()
+        try:
+            return await env_aggregate_metrics(session, result.output_path, {"math": url}, print)
+        finally:
+            await session.close()
+
+    with running_env("math") as url:
+        assert asyncio.run(read_back(url)) == result.aggregate_metrics != []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.jsonl", "r_aggregate_metrics.json", "r_materialized_inputs.jsonl", "r_metrics.json", "tasks.jsonl",
+    ]  # fmt: skip
+
+
 class NoAggregation(BoxedAnswerEnv):
     def aggregate_metrics(self, records):
         raise RuntimeError("no aggregation here")
@@ -269,3 +295,104 @@ def test_standard_deviations_in_floats_agree_with_exact_ones():
         assert _stdev(ints) == pytest.approx(statistics.stdev(ints), rel=1e-12)
     assert _stdev([]) == _stdev([0.1]) == _stdev([0.1] * 7) == _stdev([1e300, 1e300]) == 0.0
     assert _stdev([1e300, -1e300]) == pytest.approx(statistics.stdev([1e300, -1e300]))  # squares overflow floats
+
+
+def test_every_statistic_is_the_one_its_function_gives_for_every_task_repeat_and_field():
+    """The statistics, computed for all tasks at once, are exactly (bit for bit) what ``statistics.fmean``,
+    ``max``, ``min``, ``statistics.median``, ``_stdev`` and pandas' linear quantiles give for each group,
+    with groups of 1 to 7 records, fields some records lack, signed zeros and huge values."""
+    import math
+    import random
+    import statistics
+
+    from gym_bridge.aggregate import _stdev, nemo_gym_aggregate
+    from gym_bridge.metrics import aggregate_rewards
+
+    def quantile(xs, q):
+        xs = sorted(xs)
+        pos = (len(xs) - 1) * q
+        low = math.floor(pos)
+        return xs[low] + (xs[min(low + 1, len(xs) - 1)] - xs[low]) * (pos - low)
+
+    def described(rows, label, sem_name=None, quantiles=False):
+        out = {}
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        stats = {"mean": statistics.fmean, "max": max, "min": min, "median": statistics.median, "std": _stdev}
+        if sem_name:
+            stats[sem_name] = lambda xs: _stdev(xs) / len(xs) ** 0.5
+        if quantiles:
+            stats.update(p25=lambda xs: quantile(xs, 0.25), p75=lambda xs: quantile(xs, 0.75))
+        for stat, fn in stats.items():
+            for field in fields:
+                out[label.format(stat, field)] = fn([row[field] for row in rows if field in row])
+        return out
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, 0.25, 3.0, -2.5, 1e300, -1e300, 5e-324, 0.1]
+    for _ in range(40):
+        records = []
+        for task in range(rng.randrange(1, 6)):
+            for repeat in range(rng.randrange(1, 8)):
+                record = {"_ng_task_index": task, "_ng_rollout_index": repeat, "reward": rng.choice(values)}
+                record.update({f: rng.choice(values) for f in ("a", "b") if rng.random() < 0.7})
+                records.append(record)
+        answer = nemo_gym_aggregate(records, aggregate_rewards)
+        rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in records]
+
+        def where(index: str, value: int, rows=rows, records=records) -> list[dict]:
+            return [row for row, r in zip(rows, records, strict=True) if r[index] == value]
+
+        tasks = sorted({r["_ng_task_index"] for r in records})
+        expected = [described(where("_ng_task_index", t), "{}/{}") for t in tasks]
+        got = [{k: v for k, v in g.items() if "/" in k} for g in answer["group_level_metrics"]]
+        assert json.dumps(got) == json.dumps(expected)  # the same floats (zeros' signs too), same order
+        repeats = sorted({r["_ng_rollout_index"] for r in records})
+        if len(repeats) > 1:
+            expected = [described(where("_ng_rollout_index", i), "{}/{}", "sem", True) for i in repeats]
+            got = [{k: v for k, v in g.items() if "/" in k} for g in answer["repeat_level_metrics"]]
+            assert json.dumps(got) == json.dumps(expected)
+        agent = {k: v for k, v in answer["agent_metrics"].items() if "/" in k and "across" not in k}
+        assert json.dumps(agent) == json.dumps(described(rows, "{}/{}"))
+
+
+def test_a_record_and_its_stripped_form_encoded_together_are_what_each_encodes_to():
+    """The output line and the ``/aggregate_metrics`` entry spliced from one encoding are exactly the
+    compact JSON of the record and of the record stripped, whatever order and fields it has."""
+    import random
+
+    from gym_bridge.aggregate import _HEAVY, whole_and_stripped_json
+    from gym_bridge.jsonl import compact_json
+
+    rng = random.Random(5)
+    heavy = list(_HEAVY)
+    light = ["reward", "question", "_ng_task_index", "agent_ref", 7]
+    values = [1, 2.5, "é \u2028", None, [], {}, {"usage": {"input_tokens": 3}}, {"incomplete_details": {}}]
+    for _ in range(3000):
+        if rng.random() < 0.5:  # a verify answer's order: the heavy fields first
+            keys = rng.sample(heavy, rng.randrange(3)) + rng.sample(light, rng.randrange(len(light)))
+        else:
+            keys = rng.sample(heavy + light, rng.randrange(len(heavy + light)))
+        record = {key: rng.choice(values) for key in keys}
+        expected = (compact_json(record), compact_json(strip_for_aggregation(record)))
+        assert whole_and_stripped_json(record) == expected
+
+
+def test_the_aggregate_file_has_a_line_per_task_and_reads_back_equal(tmp_path):
+    """``write_json(..., flat_below=3)``: indented down to each entry's fields, then one line per value
+    (a task's metrics on one line); any JSON value reads back equal, keys JSON must convert included."""
+    from gym_bridge.collect.output import write_json
+
+    groups = [{"_ng_task_index": i, "mean/reward": i / 3, "std/reward": 0.5} for i in range(4)]
+    aggregate = [{"agent_ref": {"name": "math"}, "agent_metrics": {"mean/reward": 0.5}, "group_level_metrics": groups,
+                  "repeat_level_metrics": []}]  # fmt: skip
+    path = tmp_path / "a.json"
+    write_json(path, aggregate, flat_below=3)
+    text = path.read_text()
+    assert json.loads(text) == aggregate
+    assert [line.strip().rstrip(",") for line in text.splitlines() if "_ng_task_index" in line] == [
+        json.dumps(g) for g in groups
+    ]
+    assert '\n      "mean/reward": 0.5\n' in text
+    for value in ({}, [], {"a": {}, "b": [[], {}], 1: {2: [3]}}, [{"x": None}], "s", 2.5, None):
+        write_json(path, value, flat_below=3)
+        assert json.loads(path.read_text()) == json.loads(json.dumps(value))

@@ -1,5 +1,6 @@
-"""``gym_bridge.deadlines.Deadlines``: many deadlines of one length served by one timer; and the request
-path's use of it (a body that stops arriving is cut off; a body that arrives leaves no deadline behind).
+"""``gym_bridge.deadlines``: many deadlines of one length served by one timer, on keys or on awaits; and
+the request path's use of it (a body that stops arriving is cut off; a body that arrives leaves no
+deadline behind).
 
 The servers' own deadlines are held over real sockets in ``tests/reliability/test_slow_clients.py``.
 """
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from gym_bridge.deadlines import Deadlines
+from gym_bridge.deadlines import Deadlines, task_deadlines
 from gym_bridge.json_http import JsonApp, Route
 
 
@@ -128,13 +129,13 @@ def test_a_stalled_body_is_cut_off_and_a_sent_one_leaves_no_deadline_behind(loop
         loop = asyncio.get_running_loop()
         for _ in range(3):
             assert await _call(app, [b'{"a"', b": 1}"]) == (200, b'{"a":1}')
-        assert app._body_deadlines is not None and len(app._body_deadlines) == 0
+        assert len(task_deadlines(0.2)) == 0
         start = loop.time()
         status, body = await _call(app, [b'{"a"'], stall=True)
         waited = loop.time() - start
         assert status == 408 and b"request body not received within 0.2 s" in body
         assert 0.19 <= waited < 1.5
-        assert len(app._body_deadlines) == 0
+        assert len(task_deadlines(0.2)) == 0
         assert await _call(app, [json.dumps({"b": 2}).encode()]) == (200, b'{"b":2}')  # the app serves on
 
     run(main(), loop_kind)
@@ -148,6 +149,61 @@ def test_a_cancellation_from_outside_is_not_taken_for_the_body_deadline() -> Non
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert len(app._body_deadlines) == 0  # type: ignore[arg-type]
+        assert len(task_deadlines(30.0)) == 0
 
     run(main(), "asyncio")
+
+
+@LOOPS
+def test_an_await_past_its_deadline_ends_in_timeout_error_and_one_timer_serves_many(loop_kind: str) -> None:
+    """``TaskDeadlines.within`` is ``asyncio.timeout`` with a shared timer: the result when in time,
+    ``TimeoutError`` when not (the task goes on and can await again), a cancellation from elsewhere
+    stays a cancellation."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        deadlines = task_deadlines(0.1)
+        assert task_deadlines(0.1) is deadlines and task_deadlines(0.2) is not deadlines
+
+        async def answer(after: float) -> str:
+            await asyncio.sleep(after)
+            return "done"
+
+        assert await asyncio.gather(*(deadlines.within(answer(0.01)) for _ in range(20))) == ["done"] * 20
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await deadlines.within(answer(5))
+        assert 0.09 <= loop.time() - start < 1.0
+        assert await deadlines.within(answer(0.01)) == "done"  # the task was not left cancelled
+        mixed = (deadlines.within(answer(after)) for after in (0.01, 5, 0.02, 5))
+        results = await asyncio.gather(*mixed, return_exceptions=True)
+        assert [type(r).__name__ if isinstance(r, BaseException) else r for r in results] == [
+            "done", "TimeoutError", "done", "TimeoutError"]  # fmt: skip
+        outside = asyncio.ensure_future(deadlines.within(answer(5)))
+        await asyncio.sleep(0.01)
+        outside.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outside
+        assert len(deadlines) == 0
+
+    run(main(), loop_kind)
+
+
+def test_each_loop_has_its_own_shared_deadlines_and_a_let_go_one_still_expires() -> None:
+    async def first() -> Any:
+        return task_deadlines(0.1)
+
+    a, b = run(first(), "asyncio"), run(first(), "asyncio")
+    assert a is not b and a.loop is not b.loop
+
+    async def many_lengths() -> None:
+        held = task_deadlines(0.05)
+        waiting = asyncio.ensure_future(held.within(asyncio.sleep(5)))
+        await asyncio.sleep(0)
+        for i in range(40):  # more lengths than are kept: the first ones are let go
+            task_deadlines(1.0 + i)
+        assert task_deadlines(0.05) is not held
+        with pytest.raises(TimeoutError):
+            await waiting  # ... and their deadlines still expire
+
+    run(many_lengths(), "uvloop")

@@ -218,3 +218,7 @@ def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None
                     parse_body(body.encode(), ErrorStyle())
                 assert refused.value.answer.status == 400
     assert parse_body(f"[{shallow}]".encode(), ErrorStyle()) == json.loads(f"[{shallow}]")
+    # the shortest bodies of each depth (the check looks only at bodies long enough to be too deep)
+    assert parse_body(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, ErrorStyle())
+    with pytest.raises(_Refused):
+        parse_body(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), ErrorStyle())

@@ -119,6 +119,23 @@ def test_an_unknown_or_stale_session_id_starts_a_new_session_with_a_fresh_cookie
         assert answer.cookies[SESSION_COOKIE] != first
 
 
+def test_session_ids_are_128_random_bits_in_url_safe_base64_as_secrets_makes_them() -> None:
+    import base64
+    import re
+    import secrets
+
+    from gym_bridge.server import new_session_id
+
+    ids = [new_session_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for session_id in ids:
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", session_id)
+        assert len(base64.urlsafe_b64decode(session_id + "==")) == 16
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", secrets.token_urlsafe(16))  # the same shape
+    bits = "".join(f"{byte:08b}" for i in ids[:500] for byte in base64.urlsafe_b64decode(i + "=="))
+    assert 0.45 < bits.count("1") / len(bits) < 0.55  # not a constant or a counter
+
+
 def test_overlong_session_cookie_gets_a_fresh_session(client: httpx.Client) -> None:
     client.cookies.set(SESSION_COOKIE, "x" * 500)
     response = client.post("/seed_session", json={})

@@ -21,6 +21,7 @@ from gym_bridge.train.logprobs import token_logprobs
 from gym_bridge.train.packing import PackedRows, pack_rows, packed_micro_batches
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.shared_prefix import (
+    CommonStart,
     PrefixPlan,
     plan_prefixes,
     prefix_micro_batches,
@@ -105,12 +106,15 @@ def make_micro_batch(
 
 
 def micro_batch_logprobs(
-    model: Any, mb: MicroBatch, pad_token_id: int, chunk_size: int | None = None
+    model: Any, mb: MicroBatch, pad_token_id: int, chunk_size: int | None = None, start: CommonStart | None = None
 ) -> torch.Tensor:
     """(b, T-1) next-token log-probs of a micro-batch, one prompt pass per distinct prompt if planned;
-    ``chunk_size``: ``policy.logprob_chunk_size`` (:func:`gym_bridge.train.logprobs.hidden_logprobs`)."""
+    ``chunk_size``: ``policy.logprob_chunk_size`` (:func:`gym_bridge.train.logprobs.hidden_logprobs`);
+    ``start``: the common start of the step's prompts, already run (:func:`~gym_bridge.train.shared_prefix.common_start`)."""
     if mb.prefixes is not None:
-        return shared_prefix_logprobs(model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id, chunk_size)
+        return shared_prefix_logprobs(
+            model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id, chunk_size, start
+        )
     if mb.packed is not None:
         packed = token_logprobs(
             model, mb.packed.input_ids, None, mb.packed.pack(mb.token_mask), mb.packed.position_ids, chunk_size

@@ -27,10 +27,12 @@ from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_pl
 
 __all__ = [
     "MIN_COMMON_PREFIX",
+    "CommonStart",
     "Prefill",
     "PrefixPlan",
     "cache_kwargs",
     "common_prefix_length",
+    "common_start",
     "distinct_prompts",
     "output_cache",
     "plan_prefixes",
@@ -159,12 +161,89 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return max(limit, 0)
 
 
+def _layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) in a ``DynamicCache`` (transformers 5's ``layers`` or 4's lists)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+def _run_start(forward: Any, tokens: Sequence[int], device: Any, **kwargs: Any) -> Any:
+    """The KV cache of ``tokens`` run as one batch-1 sequence."""
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+    output = forward(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(len(tokens), device=device).unsqueeze(0),
+        use_cache=True,
+        **cache_kwargs(forward, DynamicCache()),
+        **kwargs,
+    )
+    return output_cache(output)
+
+
+class CommonStart:
+    """The start every prompt of an optimizer step shares, run once with gradients for all its
+    micro-batches.
+
+    Why: micro-batches (kept small for memory) each ran the system prompt and worked examples again, a
+    quarter of the SmolLM2 recipe's training pass. Here the start runs once; each micro-batch attends to
+    detached copies of its keys and values (:meth:`cache`), whose gradients add up over the
+    micro-batches, and :meth:`backward` sends the sum back through the one pass after the last of them.
+    The same gradients as running the start in every micro-batch, up to float rounding; the start's
+    activations are held over the micro-batches, as each micro-batch held its own before.
+    """
+
+    def __init__(self, forward: Any, tokens: Sequence[int], device: Any) -> None:
+        self.tokens = tuple(tokens)
+        self._outputs = [t for pair in _layer_tensors(_run_start(forward, self.tokens, device)) for t in pair]
+        self._inputs = [t.detach().requires_grad_(t.requires_grad) for t in self._outputs]
+
+    @classmethod
+    def of(cls, forward: Any, prompts: Sequence[Sequence[int]], device: Any) -> CommonStart | None:
+        """The common start of ``prompts`` run once, or None when it is shorter than
+        :data:`MIN_COMMON_PREFIX` tokens (or there is one prompt)."""
+        distinct = distinct_prompts(prompts)[0]
+        common = common_prefix_length(distinct) if len(distinct) > 1 else 0
+        return cls(forward, distinct[0][:common], device) if common >= MIN_COMMON_PREFIX else None
+
+    def starts(self, prompts: Sequence[Sequence[int]]) -> bool:
+        """Whether every prompt begins with this start and has a token of its own after it."""
+        n = len(self.tokens)
+        return all(len(p) > n and tuple(p[:n]) == self.tokens for p in prompts)
+
+    def cache(self) -> DynamicCache:
+        """A batch-1 KV cache of the start whose gradients collect for :meth:`backward`."""
+        cache = DynamicCache()
+        for layer in range(len(self._inputs) // 2):
+            cache.update(self._inputs[2 * layer], self._inputs[2 * layer + 1], layer)
+        return cache
+
+    def backward(self) -> None:
+        """Send the gradients the micro-batches left on the start's keys and values through its pass."""
+        pairs = [(out, inp.grad) for out, inp in zip(self._outputs, self._inputs, strict=True) if inp.grad is not None]
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+        self._outputs, self._inputs = [], []
+
+
+def common_start(model: Any, plans: Sequence[PrefixPlan], device: Any) -> CommonStart | None:
+    """The :class:`CommonStart` of an optimizer step's micro-batches (their prefix plans), run once;
+    None for a single micro-batch (its own pass already runs its common start once) or no long start."""
+    if len(plans) < 2:
+        return None
+    with grouped_query_attention(model):
+        return CommonStart.of(model.base_model, [p for plan in plans for p in plan.prompts], device)
+
+
 def prefill(
     forward: Any,
     prompts: Sequence[Sequence[int]],
     row_prompt: Sequence[int],
     pad_token_id: int,
     device: Any,
+    start: CommonStart | None = None,
     **kwargs: Any,
 ) -> Prefill:
     """Run each of the distinct ``prompts`` once through ``forward`` (a model or its ``base_model``;
@@ -173,24 +252,20 @@ def prefill(
     Distinct prompts with a common start of :data:`MIN_COMMON_PREFIX` tokens or more (validation's 200
     problems behind one system prompt and worked examples) run that start once, batch 1, and only their
     own ends per prompt: keys are ``[common start][left padding][own end]``, positions count real tokens
-    only, so attention and log-probs are the plain pass's up to float rounding.
+    only, so attention and log-probs are the plain pass's up to float rounding. ``start``: a common
+    start already run (:class:`CommonStart`, shared by a step's micro-batches), used when every prompt
+    begins with it.
     """
-    common = common_prefix_length(prompts) if len(prompts) > 1 else 0
-    cache = DynamicCache()
-    if common >= MIN_COMMON_PREFIX:
-        shared = torch.tensor([list(prompts[0][:common])], dtype=torch.long, device=device)
-        start = forward(
-            input_ids=shared,
-            attention_mask=torch.ones_like(shared),
-            position_ids=torch.arange(common, device=device).unsqueeze(0),
-            use_cache=True,
-            **cache_kwargs(forward, cache),
-            **kwargs,
-        )
-        cache = output_cache(start)
-        cache.batch_select_indices(torch.zeros(len(prompts), dtype=torch.long, device=device))
+    if start is not None and start.starts(prompts):
+        common, cache = len(start.tokens), start.cache()
     else:
-        common = 0
+        common = common_prefix_length(prompts) if len(prompts) > 1 else 0
+        if common >= MIN_COMMON_PREFIX:
+            cache = _run_start(forward, prompts[0][:common], device, **kwargs)
+        else:
+            common, cache = 0, DynamicCache()
+    if common:
+        cache.batch_select_indices(torch.zeros(len(prompts), dtype=torch.long, device=device))
     ends = [p[common:] for p in prompts]
     width = max(len(e) for e in ends)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
@@ -238,15 +313,17 @@ def shared_prefix_logprobs(
     plan: PrefixPlan,
     pad_token_id: int,
     chunk_size: int | None = None,
+    start: CommonStart | None = None,
 ) -> torch.Tensor:
     """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` is set (0 elsewhere), like a plain pass.
 
     ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
-    ``chunk_size``: see :func:`gym_bridge.train.logprobs.hidden_logprobs`.
+    ``chunk_size``: see :func:`gym_bridge.train.logprobs.hidden_logprobs`. ``start``: the step's
+    :class:`CommonStart` (then call its ``backward`` after the last micro-batch's).
     """
     with grouped_query_attention(model):
-        return _shared_prefix_logprobs(model, token_ids, token_mask, plan, pad_token_id, chunk_size)
+        return _shared_prefix_logprobs(model, token_ids, token_mask, plan, pad_token_id, chunk_size, start)
 
 
 def _shared_prefix_logprobs(
@@ -256,11 +333,12 @@ def _shared_prefix_logprobs(
     plan: PrefixPlan,
     pad_token_id: int,
     chunk_size: int | None,
+    start: CommonStart | None,
 ) -> torch.Tensor:
     device = token_mask.device
     rows = len(token_ids)
     # One left-padded pass over the distinct prompts, keeping their keys and values.
-    prompt = prefill(model.base_model, plan.prompts, plan.row_prompt, pad_token_id, device)
+    prompt = prefill(model.base_model, plan.prompts, plan.row_prompt, pad_token_id, device, start)
     fan_out, cache = prompt.fan_out, prompt.cache
 
     # One right-padded pass over each row's suffix, attending to its prompt through the cache.

@@ -34,6 +34,7 @@ from gym_bridge.train.sequences import (
     pad_rows,
     shares_prompts,
 )
+from gym_bridge.train.shared_prefix import common_start
 
 __all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 
@@ -198,10 +199,16 @@ def optimizer_steps(
         learner.optimizer.zero_grad(set_to_none=True)
         metrics: list[dict[str, torch.Tensor]] = []
         mine = mbs if shard is None else mbs[shard.rank :: shard.world_size]
+        start = None  # the system prompt and worked examples every prompt starts with, run once
+        if share:
+            with place.autocast():
+                start = common_start(model, [mb.prefixes for mb in mine if mb.prefixes is not None], place.device)
         for mb in (mb.to(place.device) for mb in mine):
             width = mb.token_mask.shape[1]
             with place.autocast():
-                current = micro_batch_logprobs(model, mb, learner.pad_token_id, cfg.policy.logprob_chunk_size)
+                current = micro_batch_logprobs(
+                    model, mb, learner.pad_token_id, cfg.policy.logprob_chunk_size, start
+                )
             prev = (
                 current.detach()
                 if batch.prev_logprobs is None
@@ -228,6 +235,8 @@ def optimizer_steps(
             metrics.append(mb_metrics)
             if on_host:  # this micro-batch's activations, before the next one allocates its own
                 release_freed_memory()
+        if start is not None:  # the common start's share of every micro-batch's gradients
+            start.backward()
         reduced = reduce_microbatch_metrics(metrics)
         if shard is not None:
             shard.all_reduce_gradients(_trainable(learner))

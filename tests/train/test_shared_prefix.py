@@ -162,3 +162,47 @@ def test_prompts_with_a_common_start_match_the_plain_pass(model: Any, seed: int)
     torch.testing.assert_close(shared, plain, atol=2e-5, rtol=1e-5)
     for got, want in zip((p.grad for p in model.parameters()), plain_grads, strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_a_common_start_run_once_for_several_micro_batches_gives_their_gradients(model: Any) -> None:
+    """An optimizer step's micro-batches share one run of the prompts' common start (CommonStart):
+    log-probs and summed gradients equal those of each micro-batch running the start itself, and the
+    start goes through the model once instead of once per micro-batch."""
+    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_start
+
+    token_ids, loss_masks = grpo_batch(5, prompts=4, per_prompt=3)
+    start = [random.Random(11).randrange(3, 300) for _ in range(MIN_COMMON_PREFIX + 6)]
+    token_ids = [start + t for t in token_ids]
+    loss_masks = [[0] * len(start) + m for m in loss_masks]
+    batches = [list(range(0, 6)), list(range(6, 12))]  # two micro-batches of two prompts each
+    plans, masks = [], []
+    for rows in batches:
+        plans.append(plan_prefixes([token_ids[i] for i in rows], [loss_masks[i] for i in rows]))
+        masks.append(padded([token_ids[i] for i in rows], [loss_masks[i] for i in rows])[2])
+
+    def step(shared_start: bool) -> tuple[list[Any], list[Any], list[tuple[int, ...]]]:
+        model.zero_grad()
+        shapes: list[tuple[int, ...]] = []
+        hook = model.get_input_embeddings().register_forward_hook(lambda m, a, o: shapes.append(tuple(a[0].shape)))
+        try:
+            once = common_start(model, plans, torch.device("cpu")) if shared_start else None
+            outs = []
+            for rows, plan, mask in zip(batches, plans, masks, strict=True):
+                got = shared_prefix_logprobs(model, [token_ids[i] for i in rows], mask, plan, PAD, start=once)
+                (got * torch.linspace(0.5, 1.5, got.shape[1])).sum().backward()
+                outs.append(got.detach())
+            if once is not None:
+                once.backward()
+        finally:
+            hook.remove()
+        return outs, [p.grad.clone() for p in model.parameters()], shapes
+
+    plain_outs, plain_grads, plain_shapes = step(False)
+    outs, grads, shapes = step(True)
+    assert [s for s in plain_shapes if s == (1, len(start))] == [(1, len(start))] * 2  # once per micro-batch
+    assert [s for s in shapes if s == (1, len(start))] == [(1, len(start))]  # once for the step
+    for got, want in zip(outs, plain_outs, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    for got, want in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert any(float(g.abs().sum()) > 0 for g in grads)

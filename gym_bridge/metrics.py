@@ -89,9 +89,9 @@ def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 
     groups: dict[Any, list[tuple[float, Any]]] = defaultdict(list)  # task -> (reward, extracted answer)
     rewards, input_tokens, output_tokens, failures, masked = [], [], [], Counter(), 0
     for rec in records:
-        reward, task = float(rec.get("reward") or 0.0), rec.get("_ng_task_index")
+        reward = float(rec.get("reward") or 0.0)
         rewards.append(reward)
-        groups[task if task is not None else _group_key(rec)].append((reward, rec.get("extracted_answer")))
+        groups[_group_key(rec)].append((reward, rec.get("extracted_answer")))
         usage = (rec.get("response") or {}).get("usage") or {}
         if usage:
             input_tokens.append(int(usage.get("input_tokens") or 0))

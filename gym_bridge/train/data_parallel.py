@@ -110,12 +110,7 @@ class TrainingWorker:
 
     def load_state(self, weights: dict[str, torch.Tensor], optimizer: dict[str, Any], scheduler: dict[str, Any]) -> None:
         """Take the trainer's trainable weights, optimizer state and schedule (a fresh or resumed run's)."""
-        params = dict(self.learner.model.named_parameters())
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
-        self.learner.optimizer.load_state_dict(optimizer)
-        self.learner.scheduler.load_state_dict(scheduler)
+        load_learner_state(self.learner, weights, optimizer, scheduler)
 
     # the shard protocol of gym_bridge.train.update.optimizer_steps: rank, world_size and this
     def all_reduce_gradients(self, params: list[torch.Tensor]) -> None:
@@ -187,6 +182,18 @@ def merge_worker_steps(per_worker: list[list[dict[str, float]]]) -> list[dict[st
         step.update({k: parts[0][k] for k in _FROM_RANK_0 if k in parts[0]})
         merged.append(step)
     return merged
+
+
+def load_learner_state(
+    learner: Learner, weights: dict[str, torch.Tensor], optimizer: dict[str, Any], scheduler: dict[str, Any]
+) -> None:
+    """Copy trainable weights, optimizer state and schedule into ``learner`` (a worker's or the trainer's)."""
+    params = dict(learner.model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    learner.optimizer.load_state_dict(optimizer)
+    learner.scheduler.load_state_dict(scheduler)
 
 
 def _trainable_state(learner: Learner) -> dict[str, torch.Tensor]:
@@ -268,13 +275,7 @@ class TrainingWorkers:
         self._ray.get([w.skip.remote(num_samples) for w in self.workers])
 
     def _mirror_rank_0(self) -> None:
-        weights, optimizer, scheduler = self._ray.get(self.workers[0].state.remote())
-        params = dict(self.learner.model.named_parameters())
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
-        self.learner.optimizer.load_state_dict(optimizer)
-        self.learner.scheduler.load_state_dict(scheduler)
+        load_learner_state(self.learner, *self._ray.get(self.workers[0].state.remote()))
 
     def close(self) -> None:
         """Leave the process group, end the workers (by actor handle), give the placement back, and

@@ -39,6 +39,11 @@ from gym_bridge.train.shared_prefix import common_start
 __all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 
 
+RELEASE_MIN_GAIN = 128 * 2**20
+"""Bytes the resident size must have grown by since the last trim for the update to trim again
+(:func:`~gym_bridge.train.host_memory.release_freed_memory`): SmolLM2-135M's micro-batches grow it by
+600-850 MiB, the tiny model's whole update by ~70 MiB, whose trims took a fifth of its step."""
+
 @dataclass
 class Learner:
     """The model being trained and what updates it."""
@@ -179,7 +184,7 @@ def optimizer_steps(
     model, samples, place = learner.model, batch.samples, learner.placement
     on_host = place.device.type == "cpu"
     if on_host:
-        release_freed_memory()
+        release_freed_memory(RELEASE_MIN_GAIN)
     model.train()
     share, packing = shares_prompts(cfg, model), packing_layout(cfg)
     max_norm = cfg.policy.max_grad_norm if cfg.policy.max_grad_norm is not None else math.inf
@@ -234,7 +239,7 @@ def optimizer_steps(
             (learner.scaler.scale(loss) if learner.scaler is not None else loss).backward()
             metrics.append(mb_metrics)
             if on_host:  # this micro-batch's activations, before the next one allocates its own
-                release_freed_memory()
+                release_freed_memory(RELEASE_MIN_GAIN)
         if start is not None:  # the common start's share of every micro-batch's gradients
             start.backward()
         reduced = reduce_microbatch_metrics(metrics)
@@ -245,7 +250,7 @@ def optimizer_steps(
         step_metrics.append(reduced)
     out = _to_host(step_metrics)
     if on_host:
-        release_freed_memory()
+        release_freed_memory(RELEASE_MIN_GAIN)
     return out
 
 

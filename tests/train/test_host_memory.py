@@ -39,6 +39,30 @@ def test_freed_heap_memory_that_free_keeps_goes_back_to_the_os() -> None:
     assert before - after > 128 * 2**20
 
 
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc's malloc_trim only")
+def test_min_gain_skips_the_trim_until_the_resident_size_grew_that_much() -> None:
+    """A trim, then 64 MB touched and freed below a live block: a 256 MB ``min_gain`` skips (and the
+    pages stay resident), a 32 MB one trims them back."""
+    malloc, free = ctypes.CDLL(None).malloc, ctypes.CDLL(None).free
+    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    assert host_memory.release_freed_memory()
+    blocks = []
+    for _ in range(4096):
+        block = malloc(16384)
+        ctypes.memset(block, 1, 16384)
+        blocks.append(block)
+    pin = malloc(16384)
+    for block in blocks:
+        free(block)
+    before = _rss_bytes()
+    assert host_memory.release_freed_memory(min_gain=256 * 2**20) is False
+    assert _rss_bytes() > before - 16 * 2**20  # nothing given back
+    assert host_memory.release_freed_memory(min_gain=32 * 2**20) is True
+    after = _rss_bytes()
+    free(pin)
+    assert before - after > 32 * 2**20
+
+
 def test_elsewhere_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     host_memory._glibc.cache_clear()
     monkeypatch.setattr(sys, "platform", "darwin")
@@ -58,7 +82,7 @@ def test_a_cpu_update_releases_before_and_after_its_pass(monkeypatch: pytest.Mon
     from gym_bridge.train.setup import build_optimizer
 
     events: list[str] = []
-    monkeypatch.setattr(update, "release_freed_memory", lambda: events.append("release") or True)
+    monkeypatch.setattr(update, "release_freed_memory", lambda min_gain=0: events.append("release") or True)
     real = update.micro_batch_logprobs
     monkeypatch.setattr(update, "micro_batch_logprobs", lambda *a, **k: events.append("pass") or real(*a, **k))
     from gym_bridge.models.tiny import TinyRecipe, new_tiny_model

@@ -143,6 +143,11 @@ def weights_snapshot(model: Any) -> Mapping[str, torch.Tensor]:
     return snapshot
 
 
+MERGE_RELEASE_MIN_GAIN = 64 * 2**20
+"""The merge trims the heap whenever the resident size grew this much since the last trim: the first
+merge of a run kept SmolLM2-135M's per-layer temporaries resident (about 3 MB a layer, 0.6 GiB in
+all, until the trim after the last layer), which set the LoRA recipe's peak."""
+
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 MAX_RESTORE_SHARE = 0.25
 """A layer whose in-place merge would need more than this share of its elements stored to be undone
@@ -237,6 +242,7 @@ def lora_merged(model: Any) -> Iterator[None]:
                     base.weight.data = _with_deltas(original, deltas, 1)
                 layer._disable_adapters = True
                 del deltas
+                release_freed_memory(MERGE_RELEASE_MIN_GAIN)
         release_freed_memory()  # the per-layer temporaries, before generation allocates its caches
         yield
     finally:

@@ -12,6 +12,15 @@ import pytest
 from gym_bridge.event_loop import run_interruptible
 
 
+@pytest.fixture(autouse=True)
+def default_ctrl_c() -> object:
+    """Python's own Ctrl-C handler for each test: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and then neither asyncio's runner nor ours sees it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 async def stubborn(stop: threading.Event | None, seen: list[str]) -> str:
     """Interrupts itself, then swallows the cancellation (as a client library's retry may) and goes on."""
     os.kill(os.getpid(), signal.SIGINT)

@@ -222,3 +222,32 @@ def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None
     assert parse_body(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, ErrorStyle())
     with pytest.raises(_Refused):
         parse_body(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), ErrorStyle())
+
+
+def test_the_nesting_limit_counts_brackets_only_as_a_bound() -> None:
+    """The bracket count that spares most bodies the walk never lets a deep one through: a deep branch
+    after the first counted chunk or across two chunks, UTF-16 bodies, brackets inside strings."""
+    from gym_bridge.json_http import _COUNT_CHUNK, MAX_JSON_DEPTH, ErrorStyle, _Refused, _too_deep, parse_body
+
+    deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH  # inside the outer array: one level too many
+    limit = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)
+    for inner, too_deep in ((deep, True), (limit, False)):
+        bodies = (
+            '["' + "x" * (_COUNT_CHUNK + 100) + '",' + inner + "]",  # the deep branch after the first chunk
+            '["' + "x" * (_COUNT_CHUNK - 150) + '",' + inner + "]",  # its brackets across two chunks
+            "[" + " " * (_COUNT_CHUNK - 100) + inner + "]",
+        )
+        for body in bodies:
+            value = json.loads(body)
+            assert _too_deep(value, body.encode()) is too_deep
+            assert _too_deep(value, body.encode("utf-16")) is too_deep
+            if too_deep:
+                with pytest.raises(_Refused):
+                    parse_body(body.encode(), ErrorStyle())
+            else:
+                assert parse_body(body.encode(), ErrorStyle()) == value
+    # brackets inside a string are counted, then the walk finds the body flat
+    text = {"text": "[{" * MAX_JSON_DEPTH}
+    assert _too_deep(text, json.dumps(text).encode()) is False
+    # few brackets in a long body: not too deep, whatever its length
+    assert _too_deep([[1, 2, 3]], b"[" + b" " * (3 * _COUNT_CHUNK) + b"[1,2,3]]") is False

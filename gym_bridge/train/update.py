@@ -44,6 +44,7 @@ RELEASE_MIN_GAIN = 128 * 2**20
 (:func:`~gym_bridge.train.host_memory.release_freed_memory`): SmolLM2-135M's micro-batches grow it by
 600-850 MiB, the tiny model's whole update by ~70 MiB, whose trims took a fifth of its step."""
 
+
 @dataclass
 class Learner:
     """The model being trained and what updates it."""

@@ -8,7 +8,10 @@ Log-probabilities convention: ``GenerationResult.logprobs[i]`` is ``log p(token_
 the **raw model distribution** (``log_softmax`` of the unscaled logits), *not* the temperature-scaled or
 top-p/top-k-truncated distribution that was sampled from. That makes them directly comparable to the
 trainer's own log-probabilities (what NeMo RL compares against ``generation_logprobs``) and matches
-vLLM's default ``logprobs_mode="raw_logprobs"``. Pure dataclasses here: no torch import.
+vLLM's default ``logprobs_mode="raw_logprobs"``. A GRPO trainer's backends are built with
+``logprobs_mode="processed"`` instead: the temperature-scaled distribution the row was sampled from,
+which is what the trainer's own log-probs are (:mod:`gym_bridge.train.logprobs`). Pure dataclasses
+here: no torch import.
 """
 
 from __future__ import annotations

@@ -127,7 +127,10 @@ class RayBackend(GenerationBackend):
         stop_token_ids: Sequence[int] = (),
         ray_address: str | None = None,
         placement_timeout_s: float = 60.0,
+        logprobs_mode: str = "raw",
     ) -> None:
+        """``logprobs_mode``: :class:`~gym_bridge.generation.transformers_backend.TransformersBackend`'s,
+        for every replica."""
         ray = import_ray()
         import torch
 
@@ -181,6 +184,7 @@ class RayBackend(GenerationBackend):
                         "model_name": self.model_name,
                         "max_context": self.max_context,
                         "stop_token_ids": sorted(self.stop_token_ids),
+                        "logprobs_mode": logprobs_mode,
                     },
                 )
                 for index in range(num_workers)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -71,6 +71,11 @@ class TransformersBackend(GenerationBackend):
     SmolLM2-135M generated 3-10x faster on one thread than on two (bench/generation_real.py).
     An int pins the count. (Torch's thread count is process-wide: ``"auto"`` and an int also affect
     work that other threads of the process run during the call.)
+
+    ``logprobs_mode``: ``"raw"`` (the default, vLLM's ``raw_logprobs``) reports log-probs of the unscaled
+    model distribution; ``"processed"`` (vLLM's ``processed_logprobs``, what a GRPO trainer compares
+    with its own log-probs) of the temperature-scaled distribution each row sampled from. Top-k/top-p
+    truncation is not applied to the reported value in either mode.
     """
 
     def __init__(
@@ -82,7 +87,11 @@ class TransformersBackend(GenerationBackend):
         max_context: int | None = None,
         stop_token_ids: Sequence[int] = (),
         threads: int | str | None = None,
+        logprobs_mode: Literal["raw", "processed"] = "raw",
     ) -> None:
+        if logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         if not (threads is None or threads == "auto" or (isinstance(threads, int) and threads >= 1)):
             raise ValueError(f"threads must be 'auto', None or a positive int, not {threads!r}")
         self.threads = threads
@@ -189,7 +198,9 @@ class TransformersBackend(GenerationBackend):
         attention_mask, position = prompt.attention_mask[fan_out], prompt.positions[fan_out][:, -1:]
         step = 0
         while True:
-            tokens, logprobs = _sample(logits, temperature, top_p, top_k, uniforms[:, step])
+            tokens, logprobs = _sample(
+                logits, temperature, top_p, top_k, uniforms[:, step], self.logprobs_mode == "processed"
+            )
             token_list, logprob_list = tokens.tolist(), logprobs.tolist()
             top = _top_logprobs(logits, [rows[i].request.params.top_logprobs for i in active])
             keep: list[int] = []
@@ -256,8 +267,10 @@ def _sample(
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     uniforms: torch.Tensor,
+    processed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row and its log-probability under the raw (unscaled) model distribution.
+    """One token per row and its log-probability under the raw (unscaled) model distribution, or with
+    ``processed`` under the temperature-scaled one it was drawn from (greedy rows: the raw one).
 
     Rows with temperature 0 take the argmax; the others sample by inverse CDF with their own uniform.
     The procedure a row goes through depends only on that row's parameters, which keeps a seeded row
@@ -265,6 +278,7 @@ def _sample(
     """
     greedy = temperature <= 0
     chosen = logits.argmax(dim=-1)
+    scaled = logits
     if not bool(greedy.all()):
         scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
         vocab = scaled.shape[-1]
@@ -286,7 +300,7 @@ def _sample(
                 filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled
             )
         chosen = torch.where(greedy, chosen, sampled)
-    return chosen, gather_logprobs(logits, chosen)
+    return chosen, gather_logprobs(scaled if processed else logits, chosen)
 
 
 def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:

@@ -5,7 +5,8 @@ imported only when a :class:`VllmBackend` is built, so CPU installs never need i
 
 Log-probabilities: vLLM's default ``logprobs_mode`` is ``"raw_logprobs"`` (before temperature and
 top-p/top-k), the same convention as :mod:`gym_bridge.generation.backend`; this backend asks for it
-explicitly where the installed vLLM knows the option.
+explicitly where the installed vLLM knows the option. A GRPO trainer asks for
+``logprobs_mode="processed_logprobs"`` (the sampled distribution's, as its own log-probs are).
 
 Colocated with a trainer on the same GPU (``colocated=True``), weights are refit from the trainer's
 GPU tensors without passing through host memory: a one-GPU engine runs in this process
@@ -57,10 +58,14 @@ class VllmBackend(GenerationBackend):
         model_name: str | None = None,
         stop_token_ids: Sequence[int] = (),
         colocated: bool = False,
+        logprobs_mode: str = "raw",
         **engine_kwargs: Any,
     ) -> None:
         """``stop_token_ids`` end every completion, besides each request's own. ``colocated``: a
-        trainer in this process refits the engine from its own GPU tensors (see the module docstring)."""
+        trainer in this process refits the engine from its own GPU tensors (see the module docstring).
+        ``logprobs_mode``: ``"raw"`` or ``"processed"`` (vLLM's ``raw_logprobs`` / ``processed_logprobs``)."""
+        if logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
         vllm = _import_vllm()
         self._vllm = vllm
         if colocated and engine_kwargs.get("tensor_parallel_size", 1) == 1:
@@ -68,7 +73,9 @@ class VllmBackend(GenerationBackend):
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         init_params = inspect.signature(vllm.LLM.__init__).parameters
         if "logprobs_mode" in init_params or any(p.kind is p.VAR_KEYWORD for p in init_params.values()):
-            engine_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+            engine_kwargs.setdefault("logprobs_mode", f"{logprobs_mode}_logprobs")
+        elif logprobs_mode != "raw":
+            raise VllmUnavailableError("this vLLM has no logprobs_mode: processed log-probs need a newer vLLM")
         self.llm = vllm.LLM(model=model, **engine_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.model_name = model_name or model

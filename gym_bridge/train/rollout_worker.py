@@ -145,6 +145,7 @@ def _serve(
             seed=cfg.grpo.seed,
             max_context=policy.max_total_sequence_length,
             stop_token_ids=policy.generation.stop_token_ids or (),
+            logprobs_mode="processed",  # as the trainer's own log-probs are
         )
         sampler = OnlineSampler(cfg, backend, tokenizer, threads=threads, replicas=replicas)
         _answer_calls(conn, sampler, shared)

@@ -106,21 +106,35 @@ def make_micro_batch(
 
 
 def micro_batch_logprobs(
-    model: Any, mb: MicroBatch, pad_token_id: int, chunk_size: int | None = None, start: CommonStart | None = None
+    model: Any,
+    mb: MicroBatch,
+    pad_token_id: int,
+    chunk_size: int | None = None,
+    start: CommonStart | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """(b, T-1) next-token log-probs of a micro-batch, one prompt pass per distinct prompt if planned;
+    """(b, T-1) next-token log-probs of a micro-batch at ``temperature`` (``policy.generation.temperature``:
+    :mod:`gym_bridge.train.logprobs`), one prompt pass per distinct prompt if planned;
     ``chunk_size``: ``policy.logprob_chunk_size`` (:func:`gym_bridge.train.logprobs.hidden_logprobs`);
     ``start``: the common start of the step's prompts, already run (:func:`~gym_bridge.train.shared_prefix.common_start`)."""
     if mb.prefixes is not None:
         return shared_prefix_logprobs(
-            model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id, chunk_size, start
+            model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id, chunk_size, start, temperature
         )
     if mb.packed is not None:
         packed = token_logprobs(
-            model, mb.packed.input_ids, None, mb.packed.pack(mb.token_mask), mb.packed.position_ids, chunk_size
+            model,
+            mb.packed.input_ids,
+            None,
+            mb.packed.pack(mb.token_mask),
+            mb.packed.position_ids,
+            chunk_size,
+            temperature,
         )
         return mb.packed.unpack(packed, mb.token_mask.shape[1])
-    return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.token_mask, chunk_size=chunk_size)
+    return token_logprobs(
+        model, mb.input_ids, mb.attention_mask, mb.token_mask, chunk_size=chunk_size, temperature=temperature
+    )
 
 
 def packing_layout(cfg: MasterConfig) -> tuple[int, int] | None:
@@ -185,7 +199,13 @@ def per_sample_logprobs(
         for group in micro_batches(cfg, samples, index, for_logprobs=True, share_prompts=share):
             mb = make_micro_batch(samples, group, pad_token_id, share_prompts=share, packing=packing_layout(cfg))
             with autocast() if autocast is not None else contextlib.nullcontext():
-                logprobs = micro_batch_logprobs(model, mb.to(device), pad_token_id, cfg.policy.logprob_chunk_size)
+                logprobs = micro_batch_logprobs(
+                    model,
+                    mb.to(device),
+                    pad_token_id,
+                    cfg.policy.logprob_chunk_size,
+                    temperature=cfg.policy.generation.temperature,
+                )
             for row, i in enumerate(group):
                 out[i] = logprobs[row, : len(samples[i].token_ids) - 1].clone()
     model.train(was_training)

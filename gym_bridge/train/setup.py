@@ -282,6 +282,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         "seed": grpo.seed,
         "max_context": policy.max_total_sequence_length,
         "stop_token_ids": policy.generation.stop_token_ids or (),
+        "logprobs_mode": "processed",  # the sampled distribution's, as the trainer's own log-probs are
     }
     if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
         where = {"ray_address": resolve_address(cfg.cluster.ray_address), "placement_timeout_s": cfg.cluster.placement_timeout_s}
@@ -301,6 +302,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
             resolve_model(policy.model_name).path,
             model_name="policy",
             stop_token_ids=policy.generation.stop_token_ids or (),
+            logprobs_mode="processed",
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,
             max_model_len=engine.max_model_len or policy.max_total_sequence_length,

@@ -314,8 +314,10 @@ def shared_prefix_logprobs(
     pad_token_id: int,
     chunk_size: int | None = None,
     start: CommonStart | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """(b, T-1) log-probs of tokens 1..T-1 where ``token_mask`` is set (0 elsewhere), like a plain pass.
+    """(b, T-1) log-probs at ``temperature`` of tokens 1..T-1 where ``token_mask`` is set (0 elsewhere),
+    like a plain pass.
 
     ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
@@ -323,7 +325,9 @@ def shared_prefix_logprobs(
     :class:`CommonStart` (then call its ``backward`` after the last micro-batch's).
     """
     with grouped_query_attention(model):
-        return _shared_prefix_logprobs(model, token_ids, token_mask, plan, pad_token_id, chunk_size, start)
+        return _shared_prefix_logprobs(
+            model, token_ids, token_mask, plan, pad_token_id, chunk_size, start, temperature
+        )
 
 
 def _shared_prefix_logprobs(
@@ -334,6 +338,7 @@ def _shared_prefix_logprobs(
     pad_token_id: int,
     chunk_size: int | None,
     start: CommonStart | None,
+    temperature: float,
 ) -> torch.Tensor:
     device = token_mask.device
     rows = len(token_ids)
@@ -370,7 +375,7 @@ def _shared_prefix_logprobs(
     wanted = torch.zeros((rows, suffix_width), dtype=torch.bool, device=device)
     wanted[in_range] = token_mask.gather(1, columns.clamp(max=token_mask.shape[1] - 1))[in_range].bool()
     wanted &= suffix_attention.bool()
-    picked = hidden_logprobs(model, hidden[wanted], suffix_ids[wanted], chunk_size)
+    picked = hidden_logprobs(model, hidden[wanted], suffix_ids[wanted], chunk_size, temperature)
     out = torch.zeros(token_mask.shape, dtype=picked.dtype, device=device)
     row_index = torch.arange(rows, device=device).unsqueeze(-1).expand(rows, suffix_width)
     out[row_index[wanted], columns[wanted]] = picked

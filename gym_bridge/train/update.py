@@ -213,7 +213,12 @@ def optimizer_steps(
             width = mb.token_mask.shape[1]
             with place.autocast():
                 current = micro_batch_logprobs(
-                    model, mb, learner.pad_token_id, cfg.policy.logprob_chunk_size, start
+                    model,
+                    mb,
+                    learner.pad_token_id,
+                    cfg.policy.logprob_chunk_size,
+                    start,
+                    cfg.policy.generation.temperature,
                 )
             prev = (
                 current.detach()

@@ -24,11 +24,12 @@ def chat_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
     )
 
 
-def reference_logprobs(model, prompt: list[int], generated: list[int]) -> list[float]:
-    """Log-probabilities of ``generated`` from one plain forward pass (no padding, no cache)."""
+def reference_logprobs(model, prompt: list[int], generated: list[int], temperature: float = 1.0) -> list[float]:
+    """Log-probabilities of ``generated`` from one plain forward pass (no padding, no cache), of the
+    distribution at ``temperature``."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + generated])).logits[0].float()
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(logits / temperature, dim=-1)
     return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(generated)]
 
 
@@ -60,6 +61,26 @@ def test_logprobs_are_of_the_unscaled_distribution(backend, tiny_model, tokenize
     assert result.logprobs == pytest.approx(
         reference_logprobs(tiny_model, prompt, result.token_ids), abs=1e-4
     )
+
+
+def test_processed_logprobs_are_of_the_distribution_each_row_sampled_from(backend, tiny_model, tokenizer):
+    """A trainer's backend (``logprobs_mode="processed"``): the same tokens as the raw mode (same seeds),
+    log-probs of each row's temperature-scaled distribution; a greedy row's stay raw."""
+    processed = TransformersBackend(tiny_model, tokenizer, seed=123, logprobs_mode="processed")
+    prompt = chat_prompt(tokenizer, "What is 6 + 2?")
+    requests = [
+        GenerationRequest(prompt, SamplingParams(max_new_tokens=8, temperature=t, seed=5)) for t in (0.5, 1.7, 0.0)
+    ]
+    scaled, raw = processed.generate(requests), backend.generate(requests)
+    for request, got, plain in zip(requests, scaled, raw, strict=True):
+        assert got.token_ids == plain.token_ids
+        temperature = request.params.temperature or 1.0
+        want = reference_logprobs(tiny_model, prompt, got.token_ids, temperature)
+        assert got.logprobs == pytest.approx(want, abs=1e-4)
+    assert scaled[0].logprobs != pytest.approx(raw[0].logprobs, abs=1e-3)
+    assert scaled[2].logprobs == pytest.approx(raw[2].logprobs, abs=1e-6)
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        TransformersBackend(tiny_model, tokenizer, logprobs_mode="scaled")
 
 
 def test_seeded_row_is_independent_of_its_batch(backend, tokenizer):

@@ -180,7 +180,11 @@ class GenerationConfig(Section):
     policy.max_total_sequence_length. Default 512."""
 
     temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature; GRPO wants 1.0 so that log-probs match the sampler. Default 1.0."""
+    """Sampling temperature. The trainer's log-probs (policy, step start, reference) are those of the
+    distribution sampled from, ``log_softmax(logits / temperature)``, as in NeMo RL and TRL, and the
+    trainer's own generation backends report generation log-probs the same way (vLLM's
+    ``processed_logprobs``). Offline rollouts: set it to the temperature they were sampled at.
+    Default 1.0."""
 
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass. Default 1.0."""

@@ -298,7 +298,7 @@ class ResourcesServer:
     async def _seed(self, body: Any, session: Session) -> Any:
         if isinstance(body, BaseModel):
             # The body was validated for the 4xx naming a bad field; it is turned back into a dict only for
-            # an environment whose seed_session reads it (the base one keeps nothing: ~7k instructions a rollout).
+            # an environment whose seed_session reads it (the base one keeps nothing; the dump was ~28k instructions).
             body = body.model_dump(exclude_unset=True) if self._seed_reads_body else {}
         answer = await self.seed_session(body, session)
         if session.state:

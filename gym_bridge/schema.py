@@ -298,6 +298,12 @@ def assistant_text(output: list[Any], sep: str = " ") -> str:
     """All assistant message text of a response's ``output``, messages joined by ``sep``; other entries skipped."""
     texts = []
     for item in output:
+        if type(item) is OutputMessage:
+            # Read in place: what its dump would say (a ``type`` that was set, the role, the text parts)
+            # without the dump, which cost more than the rest of the math server's check of an answer.
+            if "type" in item.model_fields_set and item.role == "assistant":
+                texts.append(content_text(item.content))
+            continue
         d = item_dict(item)
         if d is not None and d.get("type") == "message" and d.get("role", "assistant") == "assistant":
             texts.append(content_text(d.get("content")))

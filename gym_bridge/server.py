@@ -191,6 +191,7 @@ class ResourcesServer:
         self.sessions = SessionStore(
             self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes
         )
+        self._seed_reads_body = type(self).seed_session is not ResourcesServer.seed_session
         self.tools: dict[str, ToolFn] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
@@ -296,7 +297,9 @@ class ResourcesServer:
 
     async def _seed(self, body: Any, session: Session) -> Any:
         if isinstance(body, BaseModel):
-            body = body.model_dump(exclude_unset=True)
+            # The body was validated for the 4xx naming a bad field; it is turned back into a dict only for
+            # an environment whose seed_session reads it (the base one keeps nothing; the dump was ~28k instructions).
+            body = body.model_dump(exclude_unset=True) if self._seed_reads_body else {}
         answer = await self.seed_session(body, session)
         if session.state:
             try:

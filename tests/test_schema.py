@@ -18,6 +18,7 @@ from gym_bridge.schema import (
     VerifyRequest,
     VerifyResponse,
     assistant_text,
+    content_text,
     dump,
     last_user_text,
     reward_components_problem,
@@ -102,6 +103,34 @@ def test_assistant_text_joins_messages_and_skips_tools():
     ]
     assert assistant_text(output) == "ab c"
     assert assistant_text(Response.model_validate({"output": output}).output) == "ab c"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}, {"text": "b", "x": 1}]},
+        {"type": "message", "role": "user", "content": [{"type": "output_text", "text": "a"}]},
+        {"type": "message", "content": [{"type": "output_text", "text": "a"}, {"text": 5}, {"type": "refusal"}]},
+        {"type": "message"},
+        {"type": "message", "role": "assistant", "content": []},
+    ],
+)
+def test_assistant_text_of_models_reads_what_their_dump_says(message):
+    """Messages are read in place, not dumped: the text must be what the dump-based reading gives."""
+
+    def by_dump(output):
+        texts = [dump(item) for item in output]
+        return " ".join(
+            content_text(d.get("content"))
+            for d in texts
+            if d.get("type") == "message" and d.get("role", "assistant") == "assistant"
+        )
+
+    validated = Response.model_validate({"output": [message]}).output
+    built = [OutputMessage(**{k: v for k, v in message.items() if k != "type"})]  # type never set: no message
+    for output in (validated, built):
+        assert assistant_text(output) == by_dump(output)
+    assert assistant_text(built) == ""
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,17 @@ _SLASH = re.compile(r"(?P<num>[+-]?\d+)/(?P<den>[+-]?\d+)")
 _FRAC = re.compile(r"(?P<sign>[+-]?)\\[dt]?frac\{(?P<num>[+-]?\d+)\}\{(?P<den>[+-]?\d+)\}")
 
 
-def plain_rational(text: str) -> Fraction | None:
-    r"""The value of an integer, ``a/b`` or ``\frac{a}{b}`` written alone; None for anything else."""
+def plain_rational(text: str) -> int | Fraction | None:
+    r"""The value of an integer, ``a/b`` or ``\frac{a}{b}`` written alone; None for anything else.
+
+    An integer stays an ``int`` (it compares and prints as the equal ``Fraction`` does): most answers
+    are integers, and ``Fraction``'s construction, comparison and printing are Python code.
+    """
     text = text.strip().replace(" ", "")
     if not text or len(text) > _MAX_CHARS:
         return None
     if _INTEGER.fullmatch(text):
-        return Fraction(int(text))
+        return int(text)
     match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text)
     if match is None or int(match["den"]) == 0:
         return None
@@ -33,7 +37,7 @@ def plain_rational(text: str) -> Fraction | None:
     return -value if match.groupdict().get("sign") == "-" else value
 
 
-def sympy_style(value: Fraction) -> str:
+def sympy_style(value: int | Fraction) -> str:
     """How SymPy prints a rational: ``7``, ``-3/4``."""
     return str(value)
 

@@ -121,6 +121,7 @@ def test_unusable_lines_are_named_and_skipped_or_stop_with_strict(stored, tmp_pa
 def test_a_verifier_that_refuses_a_rollout_sends_it_to_the_failures_file(stored, tmp_path):
     path, _, _ = stored
     records = read_jsonl(path)
+    broken_key = (records[0]["_ng_task_index"], records[0]["_ng_rollout_index"])  # collect writes in completion order
     del records[0]["expected_answer"]
     broken = tmp_path / "broken.jsonl"
     broken.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -129,7 +130,7 @@ def test_a_verifier_that_refuses_a_rollout_sends_it_to_the_failures_file(stored,
     assert "1 failed" in done.stdout
     assert len(read_jsonl(out)) == 7
     (failure,) = read_jsonl(failures_path_for(out))
-    assert (failure["_ng_task_index"], failure["_ng_rollout_index"]) == (0, 0)
+    assert (failure["_ng_task_index"], failure["_ng_rollout_index"]) == broken_key
     assert failure["_ng_failure_class"].startswith("env_") and "expected_answer" in failure["error"]
 
 

@@ -72,18 +72,11 @@ def step_sample(i: int, reward: float, record: dict | None = None) -> Any:
     )
 
 
-def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tuple[float, Any]:
-    """The loss of one optimizer step over ``samples`` (two groups of four, offline) through the trainer's
-    own set-up, advantages and update, and the batch's advantages. The step-start log-probs are shifted
-    by +-0.3 so ratios are away from 1 (several are clipped)."""
-    import torch
-
+def offline_step_config(model_dir: Path, *overrides: str) -> Any:
+    """An offline config for one optimizer step of two groups of four on ``model_dir`` (``overrides`` last)."""
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.sequences import per_sample_logprobs
-    from gym_bridge.train.setup import build_learner
-    from gym_bridge.train.update import StepBatch, update_policy
 
-    cfg = load_config(
+    return load_config(
         None,
         [
             "data.train.data_path=unused.jsonl",
@@ -100,6 +93,19 @@ def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tu
             *overrides,
         ],
     )
+
+
+def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tuple[float, Any]:
+    """The loss of one optimizer step over ``samples`` (two groups of four, offline) through the trainer's
+    own set-up, advantages and update, and the batch's advantages. The step-start log-probs are shifted
+    by +-0.3 so ratios are away from 1 (several are clipped)."""
+    import torch
+
+    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.setup import build_learner
+    from gym_bridge.train.update import StepBatch, update_policy
+
+    cfg = offline_step_config(model_dir, *overrides)
     learner, _ = build_learner(cfg, None, rollout_process=False)
     batch = StepBatch.from_samples(cfg.grpo, samples)
     logprobs = per_sample_logprobs(cfg, learner.model, batch.samples, learner.pad_token_id)

@@ -11,13 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gym_bridge.train.config import load_config  # noqa: E402
 from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.sequences import per_sample_logprobs  # noqa: E402
 from gym_bridge.train.setup import build_learner  # noqa: E402
 from gym_bridge.train.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
 from gym_bridge.train.update import StepBatch, update_policy  # noqa: E402
-from tests.train.helpers import random_grpo_batch, save_random_tiny, step_sample  # noqa: E402
+from tests.train.helpers import offline_step_config, random_grpo_batch, save_random_tiny, step_sample  # noqa: E402
 
 PAD = 0
 
@@ -66,22 +65,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(model_dir: Path, temperature: float) -> Any:
-    return load_config(
-        None,
-        [
-            "data.train.data_path=unused.jsonl",
-            "grpo.mode=offline",
-            "grpo.num_prompts_per_step=2",
-            "grpo.num_generations_per_prompt=4",
-            "loss_fn.reference_policy_kl_penalty=0.0",
-            f"policy.model_name={model_dir}",
-            "policy.train_global_batch_size=8",
-            "policy.train_micro_batch_size=4",
-            "policy.max_total_sequence_length=32",
-            "policy.generation.max_new_tokens=8",
-            f"policy.generation.temperature={temperature}",
-            "checkpointing.enabled=false",
-        ],
+    return offline_step_config(
+        model_dir, "policy.train_micro_batch_size=4", f"policy.generation.temperature={temperature}"
     )
 
 

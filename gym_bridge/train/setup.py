@@ -49,6 +49,7 @@ __all__ = [
     "build_optimizer",
     "enable_activation_checkpointing",
     "find_resume_point",
+    "freeze_embeddings",
     "load_run_data",
     "seed_everything",
     "start_samplers",
@@ -125,6 +126,17 @@ def build_optimizer(cfg: MasterConfig, model: Any, total_optimizer_steps: int) -
     return optimizer, scheduler
 
 
+def freeze_embeddings(model: Any) -> int:
+    """Stop training the token embeddings and the output layer (``policy.freeze_embeddings``); returns
+    how many parameters that froze (a tied matrix counted once)."""
+    frozen = {}
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        for parameter in module.parameters() if module is not None else ():
+            if parameter.requires_grad:
+                frozen[id(parameter)] = parameter.requires_grad_(False).numel()
+    return sum(frozen.values())
+
+
 def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[CheckpointManager, Checkpoint | None]:
     """The run's checkpoint manager and the checkpoint to resume from (None: start at step 0).
 
@@ -189,6 +201,8 @@ def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_proce
             load_adapter(peft_model, resume.adapter_dir)
         else:
             resume.load_weights(model)
+    if policy.freeze_embeddings:
+        freeze_embeddings(model)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     total = cfg.grpo.max_num_steps * optimizer_steps_per_step(cfg)
     optimizer, scheduler = build_optimizer(cfg, model, total)

@@ -339,6 +339,14 @@ class PolicyConfig(Section):
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this; null disables. Default 1.0."""
 
+    freeze_embeddings: bool = False
+    """gym-bridge: keep the token embeddings and the output layer (one matrix when they are tied, as in
+    SmolLM2) fixed in full fine-tuning; only the decoder layers and norms train. Adam moves every
+    trainable weight by about the learning rate a step however small its gradient, so each step shifts
+    all ~49k rows of a large vocabulary's output layer by noise; freezing them keeps the model's token
+    distribution stable on small batches and saves their gradients and optimizer state. With LoRA they
+    are frozen anyway. Default false."""
+
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Optimizer class and arguments."""
 

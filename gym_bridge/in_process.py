@@ -1,13 +1,15 @@
-"""The embedded servers of a training run, called without a socket: same apps, same bytes, no HTTP.
+"""Servers a run starts itself, called without a socket: same apps, same bytes, no HTTP.
 
-Online training runs the agent loop against servers it starts itself: the policy server and the
-built-in resources servers. Over loopback HTTP each rollout's three requests (``/seed_session``,
-``/responses``, ``/verify``) cost more CPU in aiohttp, uvicorn and the sockets than the apps' own work,
-and the three event loops (client, policy server, env server) passed the interpreter lock between
-them hundreds of times a step. Here the apps run on the agent loop's own event loop and each request is
-one ASGI call: the request body, headers (cookies, bearer token, content length) and the answer's
-status, headers and body are exactly what HTTP would carry, through the same :class:`JsonApp` code
-(validation, limits, sessions). Environments given by URL still go over HTTP.
+Training (:class:`~gym_bridge.train.sampling.OnlineSampler`: the policy server and the built-in
+resources servers) and ``collect`` (the envs it starts itself, ``--env math`` or ``--env module:Class``)
+run the agent loop against servers of their own. Over loopback HTTP each rollout's requests
+(``/seed_session``, ``/responses``, tool calls, ``/verify``) cost more CPU in aiohttp, uvicorn and the
+sockets than the apps' own work, and the event loops (client, servers) passed the interpreter lock
+between them hundreds of times a step. Here the apps run on the agent loop's own event loop and each
+request is one ASGI call: the request body, headers (cookies, bearer token, content length) and the
+answer's status, headers and body are exactly what HTTP would carry, through the same
+:class:`~gym_bridge.json_http.JsonApp` code (validation, limits, sessions). Servers given by URL still
+go over HTTP: :class:`~gym_bridge.retry.RoutedClient` sends each URL to the client that serves it.
 
 :class:`InProcessClient` has the shape :func:`gym_bridge.retry.post_json` expects of an
 ``httpx.AsyncClient`` (``await post(url, content=, headers=)`` answering ``status_code``, ``headers``,

@@ -39,14 +39,34 @@ class InProcessResponse:
 
 
 class _Lifespan:
-    """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`."""
+    """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`.
+
+    A cancellation of the lifespan task while the app waits for its next message (Ctrl-C in
+    :func:`~gym_bridge.event_loop.run_interruptible` cancels every task of the loop) is handed to the
+    app as ``lifespan.shutdown``, as a server told to stop does: its shut-down still runs (the math
+    server's verifier processes are stopped). A second cancellation is not caught.
+    """
 
     def __init__(self, app: Any) -> None:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._shut = False  # the app was told to shut down
         self._task = asyncio.ensure_future(
-            app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, self._inbox.get, self._outbox.put)
+            app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, self._receive, self._outbox.put)
         )
+
+    async def _receive(self) -> dict[str, Any]:
+        try:
+            message = await self._inbox.get()
+        except asyncio.CancelledError:
+            if self._shut:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # taken as the shut-down it asks for; the task may still be cancelled again
+            message = {"type": "lifespan.shutdown"}
+        self._shut = self._shut or message["type"] == "lifespan.shutdown"
+        return message
 
     async def _phase(self, name: str) -> None:
         await self._inbox.put({"type": f"lifespan.{name}"})
@@ -64,7 +84,7 @@ class _Lifespan:
         await self._phase("startup")
 
     async def stop(self) -> None:
-        if not self._task.done():
+        if not self._task.done() and not self._shut:
             await self._phase("shutdown")
         await self._task
 
@@ -79,6 +99,8 @@ class InProcessClient:
 
     def __init__(self) -> None:
         self._apps: dict[tuple[str, int], Any] = {}
+        self.urls: list[str] = []
+        """The base URLs of the mounted apps (what a :class:`~gym_bridge.retry.RoutedClient` sends here)."""
         self._lifespans: list[_Lifespan] = []
         self._targets: dict[Any, tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]] = {}
         """URL -> (app, host, path, raw path, query, server): a run posts to a few URLs many times."""
@@ -90,7 +112,9 @@ class InProcessClient:
         await lifespan.start()
         self._lifespans.append(lifespan)
         self._apps[(url.host, 80)] = app
-        return str(url).rstrip("/")
+        base = str(url).rstrip("/")
+        self.urls.append(base)
+        return base
 
     async def post(self, url: httpx.URL | str, *, content: bytes, headers: dict[str, str]) -> InProcessResponse:
         """POST ``content`` to the mounted app that ``url`` names, as one ASGI request."""
@@ -162,8 +186,16 @@ class InProcessClient:
         return app, parsed.host.encode("ascii"), parsed.path, raw_path, parsed.query, (parsed.host, port)
 
     async def aclose(self) -> None:
-        """Shut the mounted apps down (their lifespans' shut-down), last mounted first."""
-        while self._lifespans:
-            await self._lifespans.pop().stop()
+        """Shut the mounted apps down (their lifespans' shut-down), last mounted first; one whose shut-down
+        fails does not keep the others running (the first error is raised once all were asked)."""
         self._apps.clear()
         self._targets.clear()
+        self.urls.clear()
+        failed: BaseException | None = None
+        while self._lifespans:
+            try:
+                await self._lifespans.pop().stop()
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed

@@ -81,23 +81,29 @@ def _keyed(path: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
 
 
-def _run(tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], int]:
-    """One collection over every env (fresh fake model); ``(what it wrote, servers it started)``."""
+@pytest.fixture
+def server_starts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The apps served on a loopback port (``start_in_thread``) from now on: the envs collect serves over HTTP."""
+    started: list[Any] = []
+    real_start = gym_bridge.server.start_in_thread
+
+    def start(app: Any, **kw: Any) -> Any:
+        started.append(app)
+        return real_start(app, **kw)
+
+    monkeypatch.setattr(gym_bridge.server, "start_in_thread", start)
+    return started
+
+
+def _run(tmp_path: Path, transport: str) -> dict[str, Any]:
+    """What one collection over every env writes (a fresh fake model, started before the run)."""
     out = tmp_path / transport / "r.jsonl"
     out.parent.mkdir()
     tasks = write_rows(tmp_path / f"tasks_{transport}.jsonl", _rows())
-    started = []
-    real_start = gym_bridge.server.start_in_thread
     with FakeModel(_script) as model:
-        monkeypatch.setattr(
-            gym_bridge.server,
-            "start_in_thread",
-            lambda app, **kw: started.append(app) or real_start(app, **kw),
-        )
         config = CollectConfig(tasks, out, list(ENVS), model_url=model.url, num_repeats=2, concurrency=4,
                                progress=False, max_retries=1, env_transport=transport)  # fmt: skip
         result = collect(config, report=lambda message: None)
-        monkeypatch.undo()
     metrics = json.loads(metrics_path_for(out).read_text())
     run = metrics.pop("run")
     counted = ("rollouts_written", "rollouts_failed", "failures_by_class", "model_calls", "tool_calls", "retries",
@@ -111,14 +117,15 @@ def _run(tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch) -> tup
         "aggregate": json.loads(aggregate_metrics_path_for(out).read_text()),
         "result": (result.written, result.failed),
     }
-    return written, len(started)
+    return written
 
 
 @pytest.mark.timeout(180)
-def test_self_started_envs_are_called_in_process_and_write_what_http_writes(tmp_path, monkeypatch):
-    in_process, servers_in_process = _run(tmp_path, "in-process", monkeypatch)
-    over_http, servers_over_http = _run(tmp_path, "http", monkeypatch)
-    assert (servers_in_process, servers_over_http) == (0, len(ENVS))  # in-process: no server, no socket
+def test_self_started_envs_are_called_in_process_and_write_what_http_writes(tmp_path, server_starts):
+    in_process = _run(tmp_path, "in-process")
+    assert server_starts == []  # in-process: no server, no socket
+    over_http = _run(tmp_path, "http")
+    assert len(server_starts) == len(ENVS)
     assert in_process == over_http
     # What the comparison covers: rewards, tool calls with per-rollout sessions, and each kind of failure.
     assert [(r["_ng_task_index"], r["reward"]) for r in in_process["records"]] == [
@@ -141,24 +148,13 @@ def test_self_started_envs_are_called_in_process_and_write_what_http_writes(tmp_
     assert {a["_ng_environment_server"] for a in in_process["aggregate"]} == {"math", "notes", "faulty"}
 
 
-def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
-    import gym_bridge.cli
-
-    started: list[Any] = []
-    real_start = gym_bridge.server.start_in_thread
-    monkeypatch.setattr(
-        gym_bridge.server, "start_in_thread", lambda app, **kw: started.append(app) or real_start(app, **kw)
-    )
-    result = CliRunner().invoke(gym_bridge.cli.app, args)
-    monkeypatch.undo()
-    return result, started
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("flag", "servers"), [([], 0), (["--env-transport", "in-process"], 0), (["--env-transport", "http"], 1)]
 )
-def test_env_transport_flag_decides_whether_a_server_is_started(tmp_path, monkeypatch, flag, servers):
+def test_env_transport_flag_decides_whether_a_server_is_started(tmp_path, server_starts, flag, servers):
+    import gym_bridge.cli
+
     tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(2, 3), arithmetic_row(1, 1)])
     out = tmp_path / "r.jsonl"
     with FakeModel() as model:
@@ -174,9 +170,9 @@ def test_env_transport_flag_decides_whether_a_server_is_started(tmp_path, monkey
             "--no-progress",
             *flag,
         ]
-        result, started = _cli(args, monkeypatch)
+        result = CliRunner().invoke(gym_bridge.cli.app, args)
     assert result.exit_code == 0, result.output
-    assert len(started) == servers
+    assert len(server_starts) == servers
     assert [r["reward"] for r in read_jsonl(out)] == [1.0, 1.0]
     assert len(json.loads(aggregate_metrics_path_for(out).read_text())) == 1  # /aggregate_metrics reached it
 

@@ -182,8 +182,10 @@ async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str
             raise SendFailed(e) from e
     import httpx
 
+    # httpx parses a str URL on every request (cached here); an in-process client keys its apps by the str.
+    target = _parsed(url) if isinstance(client, httpx.AsyncClient) else url
     try:
-        response = await client.post(_parsed(url), content=payload, headers=headers)
+        response = await client.post(target, content=payload, headers=headers)
     except httpx.TimeoutException as e:
         raise _TimedOut(type(e).__name__) from e
     except httpx.TransportError as e:

@@ -27,6 +27,9 @@ from multidict import CIMultiDict
 
 __all__ = ["InProcessClient", "InProcessResponse"]
 
+_MAX_TARGETS = 4096
+"""URLs whose parts :class:`InProcessClient` keeps (as the retry policy keeps its parsed URLs)."""
+
 
 @dataclass
 class InProcessResponse:
@@ -120,6 +123,8 @@ class InProcessClient:
         """POST ``content`` to the mounted app that ``url`` names, as one ASGI request."""
         target = self._targets.get(url)
         if target is None:
+            if len(self._targets) >= _MAX_TARGETS:  # tool names a model made up: each is a URL of its own
+                self._targets.clear()
             target = self._targets[url] = self._target(url)
         app, host, path, raw_path, query, server = target
         raw_headers = [(b"host", host), (b"content-length", str(len(content)).encode())]

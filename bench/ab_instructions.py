@@ -9,9 +9,11 @@ two sizes; the difference in instructions over the difference in rollouts is the
 rollout (its requests, both ends of each, the loop, the output files and its share of the end-of-run
 ``/aggregate_metrics``), free of start-up. Checkouts take turns (A B, then B A, ...) round by round.
 
-The count is not exactly repeatable: the collect process's threads (its loop and the in-process env
-server) interleave differently from run to run, which moves the marginal cost by about 1-2 %; take the
-median of a few rounds (``--rounds``) and read differences under ~3 % as noise.
+The count is not exactly repeatable: the collect process's threads (its loop and, in a checkout that
+serves its envs over loopback HTTP, the env server's) interleave differently from run to run, and
+rollouts finish in another order, which moves the marginal cost by about 1-2 %; take the median of a
+few rounds (``--rounds``) and read differences under ~3 % as noise. Since collect calls the envs it
+starts itself in-process (its ``--env-transport`` default), this compares each checkout's default path.
 
     nice -n 19 .venv/bin/python bench/ab_instructions.py /tmp/before . --env noop math --concurrency 16 256
 

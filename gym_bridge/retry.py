@@ -13,7 +13,9 @@ must slow the run down, not kill it, and must never turn into a retry storm. So 
 What still fails is raised as :class:`RequestFailed` with a failure class such as ``model_timeout``.
 
 The client is an ``aiohttp.ClientSession`` (what ``collect`` and training use: about a fifth of
-httpx's CPU per request on loopback) or an ``httpx.AsyncClient``; both get the same policy.
+httpx's CPU per request on loopback) or an ``httpx.AsyncClient``; both get the same policy. So do
+servers called in-process (:class:`~gym_bridge.in_process.InProcessClient`, httpx's shape), and a
+:class:`RoutedClient` that sends each URL to the one of those that serves it.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ if TYPE_CHECKING:
 
 Target = Literal["model", "env"]
 T = TypeVar("T")
-Client: TypeAlias = "aiohttp.ClientSession | httpx.AsyncClient"
-"""What :func:`post_json` sends with."""
+Client: TypeAlias = "aiohttp.ClientSession | httpx.AsyncClient | RoutedClient"
+"""What :func:`post_json` sends with (anything with ``httpx.AsyncClient.post``'s shape counts as httpx)."""
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Statuses worth another try; other 5xx (501 Not Implemented, 505, ...) will not heal either."""
@@ -167,7 +169,9 @@ def _parsed_yarl(url: str) -> URL:
 
 
 async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, Any, bytes]:
-    """One POST: ``(status, headers, body)``; transport trouble raises ``TimeoutError`` or :class:`_Broken`."""
+    """One POST: ``(status, headers, body)``; transport trouble raises ``TimeoutError`` or :class:`SendFailed`."""
+    if isinstance(client, RoutedClient):
+        client = client.client_for(url)
     if isinstance(client, aiohttp.ClientSession):
         try:
             async with client.post(_parsed_yarl(url), data=payload, headers=headers) as response:
@@ -175,23 +179,58 @@ async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str
         except aiohttp.ServerTimeoutError as e:  # only when the session itself sets timeouts
             raise _TimedOut(type(e).__name__) from e
         except aiohttp.ClientError as e:  # connection refused or reset, a body cut short, a bad URL
-            raise _Broken(e) from e
+            raise SendFailed(e) from e
     import httpx
 
+    # httpx parses a str URL on every request (cached here); an in-process client keys its apps by the str.
+    target = _parsed(url) if isinstance(client, httpx.AsyncClient) else url
     try:
-        response = await client.post(_parsed(url), content=payload, headers=headers)
+        response = await client.post(target, content=payload, headers=headers)
     except httpx.TimeoutException as e:
         raise _TimedOut(type(e).__name__) from e
     except httpx.TransportError as e:
-        raise _Broken(e) from e
+        raise SendFailed(e) from e
     return response.status_code, response.headers, response.content
+
+
+class RoutedClient:
+    """A client per base URL, and ``default`` for every other URL.
+
+    Why: ``collect`` calls the envs it starts itself in-process
+    (:class:`~gym_bridge.in_process.InProcessClient`) and the model and the envs given by URL over HTTP,
+    all from one rollout. Each client keeps its own shape, so its answers and errors, and the messages
+    made of them, are what they are without the router.
+    """
+
+    def __init__(self, default: Client, routes: Mapping[str, Client]) -> None:
+        self.default = default
+        self.routes = [(base.rstrip("/") + "/", client) for base, client in routes.items()]
+        """``(base URL + "/", client)``: a URL under the base goes to the client."""
+
+    def client_for(self, url: str) -> Client:
+        """The client that serves ``url``."""
+        for prefix, client in self.routes:
+            if url.startswith(prefix):
+                return client
+        return self.default
+
+
+async def post_once(
+    client: Client, url: str, payload: bytes, headers: dict[str, str], timeout: float
+) -> tuple[int, Any, bytes]:
+    """One POST of ``payload`` within ``timeout`` seconds, no retry: ``(status, headers, body)``.
+
+    For a caller with a policy of its own (the end of run's ``/aggregate_metrics``). Raises
+    ``TimeoutError``, or :class:`SendFailed` for transport trouble (its ``cause``: the client's own error).
+    """
+    return await _within(timeout, _send(client, url, payload, headers))
 
 
 class _TimedOut(TimeoutError):
     """The client's own timeout fired (its name is the argument)."""
 
 
-class _Broken(Exception):
+class SendFailed(Exception):
     """A request that failed in transport (not a timeout): the client's own exception is ``cause``."""
 
     def __init__(self, cause: BaseException) -> None:
@@ -243,7 +282,7 @@ async def post_json(
             if not policy.retry_timeouts:
                 message += "; not sent again: the server may still be working on it"
                 break
-        except _Broken as e:
+        except SendFailed as e:
             failure_class, status = f"{target}_connection_error", None
             message = f"{type(e.cause).__name__} talking to {url}: {e.cause or 'connection failed'}"
         else:

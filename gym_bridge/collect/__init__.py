@@ -5,8 +5,10 @@ This package owns ``gym-bridge collect``'s engine (the CLI is ``gym_bridge.comma
 * ``config``: what a run is asked to do (:class:`CollectConfig`), what it did, and :class:`CollectError`.
 * ``routing``: which env each row goes to (``--env KEY=NAME_OR_URL``).
 * ``tasks``: the task file streamed as ``(_ng_task_index, row)``; bad rows reported, not fatal.
-* ``client``: the HTTP connection pool, and the embedded ``--policy`` model served as the endpoint.
-* ``run``: the loop: a bounded queue, ``concurrency`` workers, a rollout written as soon as it ends.
+* ``client``: the HTTP connection pool (routing the envs served in-process to them), and the embedded
+  ``--policy`` model served as the endpoint.
+* ``run``: the loop: a bounded queue, ``concurrency`` workers, a rollout written as soon as it ends; the
+  envs it starts itself are called in-process on its event loop (:mod:`gym_bridge.in_process`).
 * ``output``: the rollouts file and its side files, flushed line by line and read back by ``--resume``.
 * ``summary``: the run's counters, the metrics file's ``run`` block and the envs' aggregate metrics.
 * ``ray_shards``: ``--ray``: the rollouts run on one shard per Ray node, this process still the one writer.

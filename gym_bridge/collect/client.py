@@ -1,15 +1,19 @@
-"""What the run talks to over HTTP: one bounded connection pool for the model and the envs, and, with
+"""What the run talks to: one bounded HTTP connection pool for the model and the envs given by URL (the
+envs the run starts itself are called in-process, see :mod:`gym_bridge.in_process`), and, with
 ``--policy``, the embedded policy model served in-process as the model endpoint."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from gym_bridge.agent import make_session
 from gym_bridge.collect.config import CollectError
+from gym_bridge.retry import Client, RoutedClient
+
+if TYPE_CHECKING:
+    from gym_bridge.in_process import InProcessClient
 
 __all__ = ["ClientPool", "connection_cap", "running_policy"]
 
@@ -19,15 +23,22 @@ class ClientPool:
 
     A rollout makes one request at a time, so a worker never needs two connections to one host. The
     session keeps idle connections per host, so its open connections are bounded per host:
-    ``connection_cap`` (what the open-file limit affords) is shared by the ``hosts`` it talks to.
+    ``connection_cap`` (what the open-file limit affords) is shared by the ``hosts`` it talks to over HTTP.
+    ``in_process``: the envs the run serves in-process; their URLs go there, not over the session.
     """
 
-    def __init__(self, workers: int, connection_cap: int, hosts: int = 1) -> None:
+    def __init__(
+        self, workers: int, connection_cap: int, hosts: int = 1, in_process: InProcessClient | None = None
+    ) -> None:
         per_host = max(2, min(workers, connection_cap // max(1, hosts)))
         self.session = make_session(max_connections=per_host * max(1, hosts), max_per_host=per_host)
+        self.client: Client = self.session
+        """What the run's requests are sent with: the session, or a router that also reaches ``in_process``."""
+        if in_process is not None and in_process.urls:
+            self.client = RoutedClient(self.session, dict.fromkeys(in_process.urls, in_process))
 
-    def for_worker(self, i: int) -> aiohttp.ClientSession:
-        return self.session
+    def for_worker(self, i: int) -> Client:
+        return self.client
 
     async def aclose(self) -> None:
         await self.session.close()

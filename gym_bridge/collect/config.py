@@ -5,11 +5,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gym_bridge.retry import RetryPolicy
 
-__all__ = ["CollectConfig", "CollectError", "CollectResult", "check_config", "sized_request_timeout"]
+__all__ = [
+    "ENV_TRANSPORTS",
+    "CollectConfig",
+    "CollectError",
+    "CollectResult",
+    "EnvTransport",
+    "check_config",
+    "sized_request_timeout",
+]
+
+EnvTransport = Literal["in-process", "http"]
+ENV_TRANSPORTS: tuple[EnvTransport, ...] = get_args(EnvTransport)
+"""How the run talks to the envs it starts itself (``--env math``, ``--env module:Class``): their apps
+called on the run's own event loop (:mod:`gym_bridge.in_process`: the same requests and answers, less CPU),
+or served on a loopback port and called over HTTP. Envs given by URL are always called over HTTP."""
 
 SLOWEST_TOKENS_PER_S = 10.0
 """The slowest model server a default timeout waits for, in generated tokens per second over all the
@@ -66,6 +80,9 @@ class CollectConfig:
     model_headers: dict[str, str] = field(default_factory=dict)
     env_headers: dict[str, str] = field(default_factory=dict)
     """Sent with every request to the env servers (``--env-api-key``: servers started with ``--token``)."""
+    env_transport: EnvTransport = "in-process"
+    """One of :data:`ENV_TRANSPORTS`: ``http`` serves the envs the run starts itself on loopback ports
+    (for an env that needs a real socket, or one whose handlers block the event loop)."""
 
     def timeout_s(self) -> float:
         """The request timeout this run uses (given, or sized)."""
@@ -117,3 +134,6 @@ def check_config(config: CollectConfig) -> None:
         raise CollectError("--max-retries must not be negative")
     if config.request_timeout is not None and not config.request_timeout > 0:
         raise CollectError("--request-timeout must be a positive number of seconds")
+    if config.env_transport not in ENV_TRANSPORTS:
+        choices = ", ".join(ENV_TRANSPORTS)
+        raise CollectError(f"--env-transport must be one of {choices}, not {config.env_transport!r}")

@@ -9,11 +9,12 @@ not grow with the file and no more than ``concurrency`` rollouts run. Repeats co
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
@@ -38,13 +39,16 @@ from gym_bridge.collect.output import (
     slim_record,
     write_json,
 )
-from gym_bridge.collect.routing import Router, parse_env_args
+from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics, reward_component_means
 from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter
 from gym_bridge.metrics import aggregate_rewards
 from gym_bridge.seeding import rollout_seed
+
+if TYPE_CHECKING:
+    from gym_bridge.in_process import InProcessClient
 
 __all__ = ["RolloutExecutor", "collect", "collect_async", "run_all"]
 
@@ -89,10 +93,12 @@ async def collect_async(
     on_start: Callable[[int], None] | None = None,
     executor: RolloutExecutor | None = None,
     stop: threading.Event | None = None,
+    in_process: InProcessClient | None = None,
 ) -> CollectResult:
     """Run the collection against running envs (``router``) and a running model (``model_url``); with
     ``executor``, each rollout runs there instead (the envs of ``router`` then serve ``/aggregate_metrics``).
-    Once ``stop`` is set, workers take no more rollouts."""
+    Once ``stop`` is set, workers take no more rollouts. ``in_process``: serves the router's envs mounted
+    in-process on this loop (the caller mounts them and shuts them down); the other URLs go over HTTP."""
     stats = RunStats()
     output, failures_path = config.output_path, failures_path_for(config.output_path)
     done, slim = read_finished(output, report) if config.resume else (set(), [])
@@ -121,8 +127,9 @@ async def collect_async(
     )
     workers = config.concurrency
     queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
-    hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()]})
-    pool = ClientPool(workers, connection_cap(), hosts)
+    mounted = set(in_process.urls) if in_process is not None else set()
+    hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()] if url not in mounted})
+    pool = ClientPool(workers, connection_cap(), hosts, in_process)
 
     def record_failure(entry: dict[str, Any]) -> None:
         failures.write(entry)
@@ -196,7 +203,7 @@ async def collect_async(
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
         aggregate = await env_aggregate_metrics(
-            pool.session, output, router.url_of, report, timeout=retry.request_timeout, spool=spool
+            pool.client, output, router.url_of, report, timeout=retry.request_timeout, spool=spool
         )
     finally:
         if spool is not None:
@@ -297,22 +304,68 @@ def collect(
                 pass
         except JsonlError as e:
             raise CollectError(f"bad task row (--strict): {e}") from None
-    from gym_bridge.envs import running_env
+    from gym_bridge.envs import env_app, is_url, running_env
 
     with ExitStack() as stack:
-        urls = []
-        for route in routes:
+        urls: dict[int, str] = {}  # route index -> the env's URL (given, or of a server started for the run)
+        apps: dict[int, Any] = {}  # route index -> the env's app, served in-process on the run's loop
+        for i, route in enumerate(routes):
             try:
-                urls.append(stack.enter_context(running_env(route.target)))
+                if config.env_transport == "in-process" and not is_url(route.target):
+                    apps[i] = env_app(route.target)
+                else:
+                    urls[i] = stack.enter_context(running_env(route.target))
             except ValueError as e:
                 raise CollectError(str(e)) from None
             except (RuntimeError, TimeoutError, OSError) as e:
                 raise CollectError(f"env '{route.target}' did not start: {e}") from None
-        router = Router(routes, urls)
         model_url = config.model_url or stack.enter_context(
             running_policy(config.policy or "", seed=config.seed or 0)
         )
         stop = threading.Event()  # Ctrl-C: workers take no more rollouts
-        main = collect_async(config, router, model_url, report=report, on_progress=on_progress,
-                             on_start=on_start, executor=executor, stop=stop)  # fmt: skip
-        return run_interruptible(main, stop)
+
+        def main(router: Router, in_process: InProcessClient | None = None) -> Coroutine[Any, Any, CollectResult]:
+            return collect_async(config, router, model_url, report=report, on_progress=on_progress,
+                                 on_start=on_start, executor=executor, stop=stop, in_process=in_process)  # fmt: skip
+
+        if apps:
+            return run_interruptible(_serving_in_process(routes, urls, apps, main), stop)
+        return run_interruptible(main(Router(routes, list(urls.values()))), stop)
+
+
+async def _serving_in_process(
+    routes: list[EnvRoute],
+    urls: dict[int, str],
+    apps: dict[int, Any],
+    main: Callable[[Router, InProcessClient], Awaitable[CollectResult]],
+) -> CollectResult:
+    """Mount the env apps (route index -> app) on this loop, run ``main`` with every route's URL (``urls``:
+    the others'), then shut the apps down: their lifespans end here on an error or Ctrl-C too (the math
+    server's verifier processes stop)."""
+    from gym_bridge.in_process import InProcessClient
+
+    client = InProcessClient()
+    try:
+        names: set[str] = set()
+        mounted = {}
+        for i, app in apps.items():
+            try:
+                mounted[i] = await client.mount(_host_name(routes[i], names), app)
+            except Exception as e:
+                raise CollectError(f"env '{routes[i].target}' did not start: {e}") from None
+        every = {**urls, **mounted}
+        return await main(Router(routes, [every[i] for i in range(len(routes))]), client)
+    finally:
+        await client.aclose()
+
+
+def _host_name(route: EnvRoute, taken: set[str]) -> str:
+    """A host name for an env served in-process, from its ``--env`` key (``math`` -> ``math``, so its
+    URL reads ``http://math.in-process``); unique among ``taken``, which it joins."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (route.key or route.target).lower()).strip("-") or "env"
+    name, n = slug, 1
+    while name in taken:
+        n += 1
+        name = f"{slug}-{n}"
+    taken.add(name)
+    return name

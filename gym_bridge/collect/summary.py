@@ -3,7 +3,6 @@ each env's own ``/aggregate_metrics`` answer for NeMo Gym's ``<stem>_aggregate_m
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 import time
@@ -13,13 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import aiohttp
-
 from gym_bridge.agent import RolloutMetrics
 from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER
 from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
+from gym_bridge.retry import Client, SendFailed, post_once
 
 __all__ = ["COUNTED", "AggregateSpool", "RunStats", "env_aggregate_metrics", "reward_component_means"]
 
@@ -160,7 +158,7 @@ class AggregateSpool:
 
 
 async def env_aggregate_metrics(
-    session: aiohttp.ClientSession,
+    client: Client,
     output: Path,
     url_of: dict[str, str],
     report: Callable[[str], None],
@@ -172,7 +170,8 @@ async def env_aggregate_metrics(
 
     Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
     (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
-    ``spool``: the same records, kept as they were written (then ``output`` is not read).
+    ``spool``: the same records, kept as they were written (then ``output`` is not read). ``client``: the
+    run's (a :class:`~gym_bridge.retry.RoutedClient` reaches the envs served in-process too).
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
     """
     bodies: dict[str, bytes] = {}
@@ -193,13 +192,11 @@ async def env_aggregate_metrics(
     for env, request in bodies.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
         try:
-            limit = aiohttp.ClientTimeout(total=timeout)
-            headers = {"content-type": "application/json"}
-            async with session.post(url, data=request, headers=headers, timeout=limit) as resp:
-                body = await resp.json(content_type=None)
-                if resp.status != 200 or not isinstance(body, dict):
-                    raise ValueError(f"HTTP {resp.status}: {str(body)[:300]}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            status, _, content = await post_once(client, url, request, {"content-type": "application/json"}, timeout)
+            body = json.loads(content) if content.strip() else None  # as aiohttp's ``json()`` reads it
+            if status != 200 or not isinstance(body, dict):
+                raise ValueError(f"HTTP {status}: {str(body)[:300]}")
+        except (SendFailed, TimeoutError, ValueError) as e:
             report(f"env '{env}': /aggregate_metrics failed ({e}); no aggregate metrics for it")
             continue
         entries.append(

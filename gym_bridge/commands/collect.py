@@ -5,6 +5,7 @@ Cheap to start: torch and transformers are imported only with ``--policy``.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import time
@@ -22,6 +23,13 @@ ENV_HELP = (
     "or given as a bare URL."
 )
 
+ENV_TRANSPORT_HELP = (
+    "How to call the envs this run starts itself (--env math, --env module:Class): 'in-process' calls their "
+    "apps on the run's own event loop (the same requests and answers as HTTP, less CPU); 'http' serves each "
+    "on a loopback port (for an env that needs a real socket, or whose handlers block the event loop). "
+    "Envs given by URL always go over HTTP."
+)
+
 RAY_HELP = (
     "Run the rollouts on a Ray cluster: one shard per node, each with its own built-in envs (--env math); "
     "this process alone writes -o, so --resume works as without Ray. ADDRESS (or RAY_ADDRESS) joins a running "
@@ -29,6 +37,13 @@ RAY_HELP = (
     "(give it after TASKS, or it takes TASKS for the address). Needs --model-url reachable from every node, "
     "and the [ray] extra."
 )
+
+
+class EnvTransportChoice(str, enum.Enum):
+    """``--env-transport``'s values (:data:`gym_bridge.collect.config.ENV_TRANSPORTS`)."""
+
+    in_process = "in-process"
+    http = "http"
 
 
 class CollectCommand(ReadableCommand):
@@ -141,6 +156,9 @@ def collect(
             show_default=False,
         ),
     ] = None,
+    env_transport: Annotated[
+        EnvTransportChoice, typer.Option(help=ENV_TRANSPORT_HELP, case_sensitive=False)
+    ] = EnvTransportChoice.in_process,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     ray: Annotated[
         str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP, show_default=False)
@@ -183,6 +201,7 @@ def collect(
         retry_timeouts=retry_timeouts,
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
+        env_transport=env_transport.value,
     )
     bar = _ProgressBar(console, enabled=progress)
     # no bar: nothing to tell per rollout (rich keeps a hidden bar's books too, a few Python calls a rollout)

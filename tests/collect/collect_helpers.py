@@ -12,11 +12,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fake_model import function_call, message, tool_outputs
 from fastapi import HTTPException
 from pydantic import BaseModel
 
 from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session, tool
+from gym_bridge.server import ResourcesServer, ServerSettings, Session, tool
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -26,8 +27,8 @@ class BoxedAnswerEnv(ResourcesServer):
 
     name = "boxed"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: ServerSettings | None = None) -> None:
+        super().__init__(settings)
         self.verify_calls = 0
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
@@ -51,8 +52,8 @@ class NotesEnv(ResourcesServer):
 
     name = "notes"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: ServerSettings | None = None) -> None:
+        super().__init__(settings)
         self.tool_calls: Counter[str] = Counter()
 
     async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
@@ -77,6 +78,69 @@ class NotesEnv(ResourcesServer):
         notes = session.state.get("notes")
         ok = bool(session.state.get("seeded")) and notes == getattr(body, "expected_notes", None)
         return VerifyResponse(**dump(body), reward=float(ok), session_notes=notes)
+
+
+class FaultyEnv(ResourcesServer):
+    """Misbehaves as the row's ``fault`` says: ``seed_4xx`` (409 at session set-up), ``verify_raises`` (an
+    exception in ``/verify``: a 500) or ``verify_4xx`` (400 from ``/verify``); else reward 1."""
+
+    name = "faulty"
+
+    async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        if body.get("fault") == "seed_4xx":
+            raise HTTPException(409, "no session for this row")
+        return {}
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        fault = getattr(body, "fault", None)
+        if fault == "verify_raises":
+            raise RuntimeError("the verifier crashed")
+        if fault == "verify_4xx":
+            raise HTTPException(400, "cannot verify this row")
+        return VerifyResponse(**dump(body), reward=1.0)
+
+
+class ShutdownMarkEnv(BoxedAnswerEnv):
+    """:class:`BoxedAnswerEnv` that writes ``down`` to the file ``$SHUTDOWN_MARK`` names when it shuts down
+    (its lifespan's shut-down ran)."""
+
+    async def shutdown(self) -> None:
+        Path(os.environ["SHUTDOWN_MARK"]).write_text("down")
+
+
+class BrokenStartEnv(BoxedAnswerEnv):
+    """An env whose start-up fails."""
+
+    async def startup(self) -> None:
+        raise RuntimeError("no sandbox here")
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "add_note",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    }
+]
+
+
+def notes_row(notes: list[str], **extra) -> dict:
+    prompt = "take notes: " + ",".join(notes)
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": prompt}], "tools": TOOLS},
+        "expected_notes": notes,
+        **extra,
+    }
+
+
+def note_taker(request, n):
+    """Calls add_note once per note in the prompt, one call per turn, then says it is done."""
+    text = next(i["content"] for i in request["input"] if i.get("role") == "user")
+    notes = text.split(": ", 1)[1].split(",")
+    done = len(tool_outputs(request))
+    if done < len(notes):
+        return [message(f"adding note {done}"), function_call("add_note", {"text": notes[done]})]
+    return f"done: {done} notes"
 
 
 def write_rows(path: Path, rows: list[Any]) -> Path:

@@ -5,39 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from collect_helpers import read_jsonl, write_rows
+from collect_helpers import TOOLS, note_taker, notes_row, read_jsonl, write_rows
 from fake_model import FakeModel, function_call, message, tool_outputs
 
 from gym_bridge.agent import AgentConfig, make_client, run_rollout
 from gym_bridge.collect import CollectConfig, collect
 from gym_bridge.retry import RetryPolicy
-
-TOOLS = [
-    {
-        "type": "function",
-        "name": "add_note",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    }
-]
-
-
-def notes_row(notes: list[str], **extra) -> dict:
-    prompt = "take notes: " + ",".join(notes)
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": prompt}], "tools": TOOLS},
-        "expected_notes": notes,
-        **extra,
-    }
-
-
-def note_taker(request, n):
-    """Calls add_note once per note in the prompt, one call per turn, then says it is done."""
-    text = next(i["content"] for i in request["input"] if i.get("role") == "user")
-    notes = text.split(": ", 1)[1].split(",")
-    done = len(tool_outputs(request))
-    if done < len(notes):
-        return [message(f"adding note {done}"), function_call("add_note", {"text": notes[done]})]
-    return f"done: {done} notes"
 
 
 def run_one(model_url: str, env_url: str, row: dict, **kw):

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from gym_bridge.envs import env_app
+from gym_bridge.in_process import InProcessClient
 from gym_bridge.retry import RequestFailed, RetryPolicy, post_json
 from gym_bridge.server import start_in_thread
 from gym_bridge.train.config import load_config
 from gym_bridge.train.data import load_prompts
-from gym_bridge.train.in_process import InProcessClient
 from gym_bridge.train.sampling import OnlineSampler
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 

@@ -1,13 +1,15 @@
-"""The embedded servers of a training run, called without a socket: same apps, same bytes, no HTTP.
+"""Servers a run starts itself, called without a socket: same apps, same bytes, no HTTP.
 
-Online training runs the agent loop against servers it starts itself: the policy server and the
-built-in resources servers. Over loopback HTTP each rollout's three requests (``/seed_session``,
-``/responses``, ``/verify``) cost more CPU in aiohttp, uvicorn and the sockets than the apps' own work,
-and the three event loops (client, policy server, env server) passed the interpreter lock between
-them hundreds of times a step. Here the apps run on the agent loop's own event loop and each request is
-one ASGI call: the request body, headers (cookies, bearer token, content length) and the answer's
-status, headers and body are exactly what HTTP would carry, through the same :class:`JsonApp` code
-(validation, limits, sessions). Environments given by URL still go over HTTP.
+Training (:class:`~gym_bridge.train.sampling.OnlineSampler`: the policy server and the built-in
+resources servers) and ``collect`` (the envs it starts itself, ``--env math`` or ``--env module:Class``)
+run the agent loop against servers of their own. Over loopback HTTP each rollout's requests
+(``/seed_session``, ``/responses``, tool calls, ``/verify``) cost more CPU in aiohttp, uvicorn and the
+sockets than the apps' own work, and the event loops (client, servers) passed the interpreter lock
+between them hundreds of times a step. Here the apps run on the agent loop's own event loop and each
+request is one ASGI call: the request body, headers (cookies, bearer token, content length) and the
+answer's status, headers and body are exactly what HTTP would carry, through the same
+:class:`~gym_bridge.json_http.JsonApp` code (validation, limits, sessions). Servers given by URL still
+go over HTTP: :class:`~gym_bridge.retry.RoutedClient` sends each URL to the client that serves it.
 
 :class:`InProcessClient` has the shape :func:`gym_bridge.retry.post_json` expects of an
 ``httpx.AsyncClient`` (``await post(url, content=, headers=)`` answering ``status_code``, ``headers``,
@@ -25,6 +27,9 @@ from multidict import CIMultiDict
 
 __all__ = ["InProcessClient", "InProcessResponse"]
 
+_MAX_TARGETS = 4096
+"""URLs whose parts :class:`InProcessClient` keeps (as the retry policy keeps its parsed URLs)."""
+
 
 @dataclass
 class InProcessResponse:
@@ -37,14 +42,34 @@ class InProcessResponse:
 
 
 class _Lifespan:
-    """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`."""
+    """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`.
+
+    A cancellation of the lifespan task while the app waits for its next message (Ctrl-C in
+    :func:`~gym_bridge.event_loop.run_interruptible` cancels every task of the loop) is handed to the
+    app as ``lifespan.shutdown``, as a server told to stop does: its shut-down still runs (the math
+    server's verifier processes are stopped). A second cancellation is not caught.
+    """
 
     def __init__(self, app: Any) -> None:
         self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._shut = False  # the app was told to shut down
         self._task = asyncio.ensure_future(
-            app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, self._inbox.get, self._outbox.put)
+            app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, self._receive, self._outbox.put)
         )
+
+    async def _receive(self) -> dict[str, Any]:
+        try:
+            message = await self._inbox.get()
+        except asyncio.CancelledError:
+            if self._shut:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # taken as the shut-down it asks for; the task may still be cancelled again
+            message = {"type": "lifespan.shutdown"}
+        self._shut = self._shut or message["type"] == "lifespan.shutdown"
+        return message
 
     async def _phase(self, name: str) -> None:
         await self._inbox.put({"type": f"lifespan.{name}"})
@@ -62,7 +87,7 @@ class _Lifespan:
         await self._phase("startup")
 
     async def stop(self) -> None:
-        if not self._task.done():
+        if not self._task.done() and not self._shut:
             await self._phase("shutdown")
         await self._task
 
@@ -77,6 +102,8 @@ class InProcessClient:
 
     def __init__(self) -> None:
         self._apps: dict[tuple[str, int], Any] = {}
+        self.urls: list[str] = []
+        """The base URLs of the mounted apps (what a :class:`~gym_bridge.retry.RoutedClient` sends here)."""
         self._lifespans: list[_Lifespan] = []
         self._targets: dict[Any, tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]] = {}
         """URL -> (app, host, path, raw path, query, server): a run posts to a few URLs many times."""
@@ -88,12 +115,16 @@ class InProcessClient:
         await lifespan.start()
         self._lifespans.append(lifespan)
         self._apps[(url.host, 80)] = app
-        return str(url).rstrip("/")
+        base = str(url).rstrip("/")
+        self.urls.append(base)
+        return base
 
     async def post(self, url: httpx.URL | str, *, content: bytes, headers: dict[str, str]) -> InProcessResponse:
         """POST ``content`` to the mounted app that ``url`` names, as one ASGI request."""
         target = self._targets.get(url)
         if target is None:
+            if len(self._targets) >= _MAX_TARGETS:  # tool names a model made up: each is a URL of its own
+                self._targets.clear()
             target = self._targets[url] = self._target(url)
         app, host, path, raw_path, query, server = target
         raw_headers = [(b"host", host), (b"content-length", str(len(content)).encode())]
@@ -160,8 +191,16 @@ class InProcessClient:
         return app, parsed.host.encode("ascii"), parsed.path, raw_path, parsed.query, (parsed.host, port)
 
     async def aclose(self) -> None:
-        """Shut the mounted apps down (their lifespans' shut-down), last mounted first."""
-        while self._lifespans:
-            await self._lifespans.pop().stop()
+        """Shut the mounted apps down (their lifespans' shut-down), last mounted first; one whose shut-down
+        fails does not keep the others running (the first error is raised once all were asked)."""
         self._apps.clear()
         self._targets.clear()
+        self.urls.clear()
+        failed: BaseException | None = None
+        while self._lifespans:
+            try:
+                await self._lifespans.pop().stop()
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed

@@ -142,23 +142,23 @@ async def collect_async(
         )
 
     async def produce() -> None:
-        try:
-            for task_index, row in iter_tasks(config.tasks_path, limit=config.limit, on_bad=bad_row):
-                routed = router.route(row)
-                if routed is None:
-                    problem = f"row {task_index}: no env for it ({router.describe()})"
-                    bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
+        for task_index, row in iter_tasks(config.tasks_path, limit=config.limit, on_bad=bad_row):
+            routed = router.route(row)
+            if routed is None:
+                problem = f"row {task_index}: no env for it ({router.describe()})"
+                bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
+                continue
+            for rollout_index in range(config.num_repeats):
+                if (task_index, rollout_index) in done:
                     continue
-                for rollout_index in range(config.num_repeats):
-                    if (task_index, rollout_index) in done:
-                        continue
-                    job = _Job(task_index, rollout_index, row, *routed)
-                    if (task_index, rollout_index) not in materialized_done:
-                        materialized.write(_materialized_row(job, config, agent_config))
-                    await queue.put(job)
-        finally:
-            for _ in range(workers):
-                await queue.put(None)
+                job = _Job(task_index, rollout_index, row, *routed)
+                if (task_index, rollout_index) not in materialized_done:
+                    materialized.write(_materialized_row(job, config, agent_config))
+                await queue.put(job)
+        # Only at the end: a cancelled producer (Ctrl-C, a failed worker) has no one left to take them, and
+        # waiting on a full queue there hung the run.
+        for _ in range(workers):
+            await queue.put(None)
 
     def finish(job: _Job, rollout: Rollout) -> None:
         stats.add_requests(rollout.metrics)

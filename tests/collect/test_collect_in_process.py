@@ -204,7 +204,8 @@ def test_an_env_that_does_not_start_in_process_is_named(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_still_shuts_the_in_process_envs_down(tmp_path):
-    """SIGINT mid-run: exit 130 with complete lines only, and the env's lifespan shut-down ran."""
+    """SIGINT mid-run: exit 130 with complete lines only, and the env's lifespan shut-down ran. More rows
+    than the job queue holds, so the producer is waiting on a full queue when it is cancelled."""
     rows = [arithmetic_row(i % 10, i // 10, env=("math", "boxed")[i % 2]) for i in range(400)]
     tasks = write_rows(tmp_path / "tasks.jsonl", rows)
     out, mark = tmp_path / "r.jsonl", tmp_path / "shutdown.mark"

@@ -129,12 +129,12 @@ def build_optimizer(cfg: MasterConfig, model: Any, total_optimizer_steps: int) -
 def freeze_embeddings(model: Any) -> int:
     """Stop training the token embeddings and the output layer (``policy.freeze_embeddings``); returns
     how many parameters that froze (a tied matrix counted once)."""
-    frozen = {}
+    frozen = 0
     for module in (model.get_input_embeddings(), model.get_output_embeddings()):
         for parameter in module.parameters() if module is not None else ():
-            if parameter.requires_grad:
-                frozen[id(parameter)] = parameter.requires_grad_(False).numel()
-    return sum(frozen.values())
+            if parameter.requires_grad:  # a tied matrix is frozen (and counted) on its first sight only
+                frozen += parameter.requires_grad_(False).numel()
+    return frozen
 
 
 def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[CheckpointManager, Checkpoint | None]:

@@ -103,6 +103,11 @@ class _StartAbandoned(Exception):
     """The pool closed while a worker was warming up (the worker is killed)."""
 
 
+class WorkerStartTimeout(RuntimeError):
+    """A worker was not warm within :data:`STARTUP_TIMEOUT_S`: a slow (busy) machine, not a broken
+    one, so the pool keeps trying instead of giving up (see :meth:`VerifierPool._start_one`)."""
+
+
 def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.Event | None = None) -> _Worker:
     """Start one worker process and wait until it reports warm (blocking: run it in a thread).
 
@@ -123,7 +128,7 @@ def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.E
             if abandon is not None and abandon.is_set():
                 raise _StartAbandoned
             if time.monotonic() > deadline:
-                raise RuntimeError(f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s")
+                raise WorkerStartTimeout(f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s")
         kind, pid = parent_conn.recv()
         if kind != "ready":
             raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
@@ -181,6 +186,8 @@ class VerifierPool:
         self._started: asyncio.Event | None = None
         self._start_error: str | None = None
         """Why the last worker start failed."""
+        self._start_failures_other_than_timeouts = 0
+        """Failed starts that were not :class:`WorkerStartTimeout` (a crash, a bad start method: they repeat)."""
         self._broken = False
         """No worker of the initial start came up: checks fail with :attr:`_start_error`."""
 
@@ -225,7 +232,8 @@ class VerifierPool:
             raise RuntimeError(self._broken_message())
 
     async def _start_one(self) -> None:
-        """One worker of the initial start. When none of them comes up, the pool is broken."""
+        """One worker of the initial start. When none of them comes up, the pool is broken, unless
+        every start only timed out: a busy machine, so they are retried and checks wait for them."""
         worker = await self._spawn()
         if worker is not None:
             self._adopt(worker)
@@ -234,13 +242,16 @@ class VerifierPool:
             return
         assert self._started is not None and self._idle is not None
         if not self._closed:
-            if not self._workers:
+            if not self._workers and self._start_failures_other_than_timeouts:
                 self._broken = True
                 logger.error("%s", self._broken_message())
                 self._idle.put_nowait(_NO_WORKERS)  # wakes the checks waiting for a worker
             else:
                 for _ in range(self.size - len(self._workers)):  # the failed ones: retried with backoff
                     self._in_background(self._respawn())
+                if not self._workers:  # started once the first retry comes up (_respawn)
+                    logger.warning("verifier workers are slow to start (a busy machine?): still trying")
+                    return
         self._started.set()
 
     async def _spawn(self) -> _Worker | None:
@@ -258,6 +269,7 @@ class VerifierPool:
             return None
         except Exception as e:
             self.stats.start_failures += 1
+            self._start_failures_other_than_timeouts += not isinstance(e, WorkerStartTimeout)
             self._start_error = f"{type(e).__name__}: {e}"
             logger.warning("could not start a verifier worker (%s)", self._start_error)
             return None
@@ -457,6 +469,8 @@ class VerifierPool:
             if fresh is not None:
                 self.stats.restarts += 1
                 self._adopt(fresh)
+                if self._started is not None:
+                    self._started.set()  # a start that only timed out has now come up
                 return
             if not self._closed:
                 await asyncio.sleep(delay)

@@ -102,6 +102,34 @@ def test_a_pool_that_cannot_start_names_the_reason() -> None:
     asyncio.run(run())
 
 
+def test_workers_that_only_start_slowly_are_retried_not_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine a worker can miss its warm-up deadline: that is retried, not a broken pool."""
+    real_spawn = pool_module._spawn_worker
+    lock, starts = threading.Lock(), []
+
+    def first_two_time_out(*args: Any) -> Any:
+        with lock:
+            starts.append(1)
+            if len(starts) <= 2:  # the initial start of both workers: a deadline nothing can meet
+                monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 0.0)
+            else:
+                monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 60.0)
+            return real_spawn(*args)
+
+    monkeypatch.setattr(pool_module, "_spawn_worker", first_two_time_out)
+
+    async def run() -> None:
+        pool = VerifierPool(2, timeout_s=10.0)
+        await pool.start()
+        outcome = await pool.check("2", "\\sqrt{4}")
+        assert (outcome.status, outcome.correct) == ("ok", True)
+        await pool.wait_started()
+        assert pool.stats.start_failures == 2 and pool.stats.restarts >= 1 and pool.pids
+        await pool.close()
+
+    asyncio.run(run())
+
+
 def test_stopping_the_server_mid_start_leaves_no_worker_behind() -> None:
     before = _live_verifiers()
     server = MathServer(config=MathConfig(pool_size=2))

@@ -10,7 +10,8 @@
    previous step trained (:mod:`gym_bridge.train.async_rollouts`);
 3. **advantages**: group-relative (leave-one-out baseline, std normalisation); with dynamic sampling,
    groups whose rewards are all equal are dropped and more prompts are generated. A step without any
-   non-zero advantage (and no KL penalty) has no learning signal: it skips the passes below;
+   non-zero advantage (and no KL penalty or entropy bonus) has no learning signal: it skips the passes
+   below;
 4. **log-probs**: of the step's starting policy (``prev``) and the reference policy (KL > 0);
 5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.update`),
    here or spread over data-parallel workers on Ray (:mod:`gym_bridge.train.data_parallel`);
@@ -146,9 +147,9 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 view.print(f"step {step}: no group with differing rewards; step skipped")
                 continue
 
-            # 3. advantages; a step where they are all zero (and no KL term) has nothing to learn
+            # 3. advantages; a step where they are all zero (and no KL or entropy term) has nothing to learn
             batch = StepBatch.from_samples(grpo, samples)
-            if batch.has_advantage() or learner.loss_fn.needs_reference_logprobs:
+            if batch.has_advantage() or learner.loss_fn.learns_without_advantage:
                 # 4. log-probs of the step's starting policy and of the reference
                 started = time.perf_counter()
                 if len(samples) > policy.train_global_batch_size:  # several optimizer steps

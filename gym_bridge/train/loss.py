@@ -208,11 +208,17 @@ class ClippedPGLossFn:
         self.use_importance_sampling_correction = cfg.use_importance_sampling_correction
         self.truncated_importance_sampling_ratio = cfg.truncated_importance_sampling_ratio
         self.token_level_loss = cfg.token_level_loss
+        self.entropy_coeff = cfg.entropy_coeff
 
     @property
     def needs_reference_logprobs(self) -> bool:
         """Whether callers must compute reference-policy log-probs (KL penalty on)."""
         return self.reference_policy_kl_penalty != 0
+
+    @property
+    def learns_without_advantage(self) -> bool:
+        """Whether a batch whose advantages are all zero still has a gradient (a KL or entropy term)."""
+        return self.needs_reference_logprobs or self.entropy_coeff != 0
 
     def _reduce(
         self,
@@ -344,6 +350,14 @@ class ClippedPGLossFn:
             weights * clip_loss, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
         )
         loss = actor_loss + kl
+
+        # Entropy bonus: H = E_gen[-(pi / pi_gen) log pi], the weight in the graph (score function).
+        if self.entropy_coeff != 0:
+            entropy_weights = torch.nan_to_num(torch.exp(curr_logprobs - generation_logprobs), posinf=0.0)
+            entropy = self._reduce(
+                -entropy_weights * curr_logprobs, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
+            )
+            loss = loss - self.entropy_coeff * entropy
 
         with torch.no_grad():
             r = ratios.detach()

@@ -45,6 +45,7 @@ def default_step(model_dir: Path) -> tuple[float, torch.Tensor]:
         (["loss_fn.loss_type=dr_grpo", "grpo.normalize_rewards=false"], ["grpo.normalize_rewards=false"]),
         (["loss_fn.loss_type=grpo"], []),
         (["loss_fn.ratio_clip_max=0.28"], []),
+        (["loss_fn.entropy_coeff=0.01"], []),
     ],
 )
 def test_loss_keys_change_the_step_loss(model_dir: Path, overrides: list[str], baseline: list[str]) -> None:

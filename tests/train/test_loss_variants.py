@@ -179,3 +179,63 @@ def test_trl_loss_types_set_the_nemo_rl_keys_they_stand_for(loss_type: str, toke
     assert cfg.token_level_loss is token_level_loss and cfg.use_cispo is False
     with pytest.raises(ValidationError, match="loss_type"):
         ClippedPGLossConfig(loss_type="sapo")
+
+
+# ------------------------------------------------------------------------------- entropy bonus
+
+
+def test_entropy_bonus_subtracts_the_sampled_entropy_estimate_times_its_coefficient() -> None:
+    # H_t = -(pi / pi_gen) * log pi per valid token (token-level mean over the 5 valid tokens):
+    #   sample 0: 1.25 * 0.6931472 = 0.8664340, 1.5 * 0.5108256 = 0.7662384, 1.2 * 1.2039728 = 1.4447674
+    #   sample 1: 0.4 * 1.6094379 = 0.6437752, 1.5 * 0.1053605 = 0.1580408 (its padding is out)
+    #   H = 3.8792558 / 5 = 0.7758511; the loss moves by -0.1 * H.
+    plain, _ = run()
+    with_bonus, metrics = run(entropy_coeff=0.1)
+    assert with_bonus.item() - plain.item() == pytest.approx(-0.07758511430, rel=1e-7)
+    assert metrics["approx_entropy"] == pytest.approx(0.7758511430, rel=1e-7)
+
+
+def test_entropy_bonus_gradient_is_the_score_function_gradient_of_the_entropy() -> None:
+    # d(-c * H_t / N) / d log pi_t = c * (pi / pi_gen) * (log pi + 1) / N, with c = 0.1 and N = 5:
+    #   token (0, 0): 0.1 * 1.25 * (1 - 0.6931472) / 5 = 0.0076713; token (0, 2): 0.1 * 1.2 * (1 - 1.2039728)
+    #   / 5 = -0.0048953 (a rare token is pushed up, a likely one down).
+    grads = {}
+    for coeff in (0.0, 0.1):
+        curr = lp(CURR, grad=True)
+        run(curr=curr, entropy_coeff=coeff)[0].backward()
+        grads[coeff] = curr.grad
+    bonus = grads[0.1] - grads[0.0]
+    assert bonus[0].tolist() == pytest.approx([0.0076713205, 0.0146752313, -0.0048953473], rel=1e-7)
+    assert bonus[1, :2].tolist() == pytest.approx([-0.0048755033, 0.0268391845], rel=1e-7)
+    assert bonus[1, 2].item() == 0.0  # padding
+
+
+def test_entropy_gradient_in_expectation_is_the_exact_entropy_gradient() -> None:
+    # Over every token of a 5-way categorical, each weighted by the sampler's probability q, the
+    # estimate's expectation is -sum_x pi(x) log pi(x) = H(pi), and so is its gradient.
+    torch.manual_seed(0)
+    logits = torch.randn(5, dtype=F64, requires_grad=True)
+    q = torch.softmax(torch.randn(5, dtype=F64), dim=0)
+    fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0, entropy_coeff=1.0))
+    logp = torch.log_softmax(logits, dim=0)
+    expected_loss = torch.zeros((), dtype=F64)
+    for x in range(5):
+        token = logp[x].reshape(1, 1)
+        loss, _ = fn.loss_and_metrics(
+            token,
+            prev_logprobs=token.detach(),
+            generation_logprobs=q[x].log().reshape(1, 1),
+            advantages=torch.zeros(1, dtype=F64),
+            token_mask=torch.ones(1, 1, dtype=F64),
+        )
+        expected_loss = expected_loss + q[x] * loss
+    (grad,) = torch.autograd.grad(expected_loss, logits)
+    exact = torch.distributions.Categorical(logits=logits).entropy()
+    (exact_grad,) = torch.autograd.grad(-exact, logits)
+    assert expected_loss.item() == pytest.approx(-exact.item(), rel=1e-7)
+    assert torch.allclose(grad, exact_grad, atol=1e-7)
+
+
+def test_entropy_coeff_must_not_be_negative() -> None:
+    with pytest.raises(ValidationError, match="entropy_coeff"):
+        ClippedPGLossConfig(entropy_coeff=-0.01)

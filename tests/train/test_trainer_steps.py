@@ -110,6 +110,21 @@ def test_a_step_without_learning_signal_skips_the_update_and_says_so(tmp_path: P
     assert all(torch.equal(initial[k], v) for k, v in final.state_dict().items())
 
 
+def test_a_tied_step_still_trains_when_the_entropy_bonus_is_on(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = write_tied(tmp_path / "tied.jsonl")
+    cfg = load_config(None, run_overrides(tmp_path, tiny_model_dir, data, "loss_fn.entropy_coeff=0.01"))
+    result = train(cfg, show_progress=False)
+
+    lines = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
+    assert [r["optimizer_steps"] for r in lines] == [2, 2] and "no_learning_signal" not in lines[0]
+    # No advantage anywhere, so the whole loss is the bonus: -0.01 x the entropy estimate.
+    assert lines[0]["loss"] == pytest.approx(-0.01 * lines[0]["approx_entropy"], rel=1e-4)
+    initial = train_setup.load_model_and_tokenizer(str(tiny_model_dir))[0].state_dict()
+    final = train_setup.load_model_and_tokenizer(str(tiny_model_dir))[0]
+    CheckpointManager(result.checkpoint_dir).latest().load_weights(final)
+    assert any(not torch.equal(initial[k], v) for k, v in final.state_dict().items())
+
+
 def test_rerunning_a_finished_run_says_it_is_complete_before_loading_anything(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -82,6 +82,14 @@ class ClippedPGLossConfig(Section):
     ratio_clip_min). Needs token_level_loss true; refused with sequence_level_importance_ratios and
     with ratio_clip_c (NeMo RL's rules). Default false."""
 
+    entropy_coeff: float = Field(0.0, ge=0.0)
+    """Entropy bonus (verl's ``actor.entropy_coeff``): the loss subtracts ``entropy_coeff * H``, H the
+    policy's per-token entropy estimated on the sampled tokens, ``E_gen[-(pi / pi_gen) log pi]``, with
+    the weight ``pi / pi_gen`` kept in the graph so the gradient is the entropy's,
+    ``-E_pi[(log pi + 1) grad log pi]``; reduced over tokens like the actor term. It counters entropy
+    collapse (every sample of a group alike, so no group carries a learning signal); a step with no
+    advantage anywhere still trains when it is on. Default 0 (off)."""
+
     loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "cispo"] | None = None
     """TRL's ``GRPOConfig.loss_type``, for what NeMo RL names otherwise: ``grpo`` means token_level_loss
     false; ``bnpo`` and ``dapo`` token_level_loss true (one global batch here, so they agree);

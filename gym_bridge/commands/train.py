@@ -57,6 +57,7 @@ def train(
     from gym_bridge.generation.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
+    from gym_bridge.train.checkpoint import CheckpointWriteError
     from gym_bridge.train.data import DataError
     from gym_bridge.train.loop import train as run_training
     from gym_bridge.train.setup import RunAlreadyComplete
@@ -66,7 +67,9 @@ def train(
     except RunAlreadyComplete as exc:
         typer.echo(str(exc))
         return
-    except (ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError) as exc:
+    except (
+        CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError
+    ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")

@@ -48,6 +48,7 @@ from safetensors.torch import load_file
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
+    "CheckpointWriteError",
     "get_rng_state",
     "set_rng_state",
 ]
@@ -57,6 +58,43 @@ INFO_FILE = "training_info.json"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 TOKENIZER_DIR = "tokenizer"
+
+
+SPACE_MARGIN = 1.1
+"""Free space a save wants, as a multiple of the tensors it writes (file headers, the tokenizer, slack)."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that does not fit on its filesystem (said before writing), or whose write failed:
+    the message names the directory, the sizes, the last complete checkpoint and how to resume, where
+    torch says only "unexpected pos" on a full disk."""
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of every tensor in a (nested) state dict, each storage once (tied weights share one)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+
+    def visit(value: Any) -> None:
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            key = (value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    visit(state)
+    return total
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -231,32 +269,63 @@ class CheckpointManager:
         ``save_merged`` the merged model besides it."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step_{step}"
-        with self._atomic_dir(final) as tmp:
-            policy = tmp / "policy"
-            if peft_model is None:
-                model.save_pretrained(policy / "weights", safe_serialization=True)
-            else:
-                peft_model.save_pretrained(policy / "adapter", safe_serialization=True)
-                if save_merged:
-                    from gym_bridge.train.lora import merged_model
+        if peft_model is None:
+            needed = tensor_bytes(model.state_dict())
+        else:  # the adapter, and the merged model on request
+            needed = tensor_bytes([p for p in peft_model.parameters() if p.requires_grad])
+            needed += tensor_bytes(model.state_dict()) if save_merged else 0
+        needed += tensor_bytes(optimizer.state)
+        free = self._check_space(final, needed)
+        try:
+            with self._atomic_dir(final) as tmp:
+                policy = tmp / "policy"
+                if peft_model is None:
+                    model.save_pretrained(policy / "weights", safe_serialization=True)
+                else:
+                    peft_model.save_pretrained(policy / "adapter", safe_serialization=True)
+                    if save_merged:
+                        from gym_bridge.train.lora import merged_model
 
-                    merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
-            self._save_tokenizer(tokenizer)
-            os.symlink(Path("..", "..", TOKENIZER_DIR), policy / "tokenizer", target_is_directory=True)
-            torch.save(
-                {
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict() if scheduler else None,
-                },
-                policy / "optimizer.pt",
-            )
-            torch.save(get_rng_state(), tmp / "rng_state.pt")
-            (tmp / "train_dataloader.json").write_text(json.dumps(data_state))
-            (tmp / "config.yaml").write_text(config_yaml)
-            info = {"step": step, "metrics": metrics or {}, **(extra_info or {})}
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=float))
+                        merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
+                self._save_tokenizer(tokenizer)
+                os.symlink(Path("..", "..", TOKENIZER_DIR), policy / "tokenizer", target_is_directory=True)
+                torch.save(
+                    {
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict() if scheduler else None,
+                    },
+                    policy / "optimizer.pt",
+                )
+                torch.save(get_rng_state(), tmp / "rng_state.pt")
+                (tmp / "train_dataloader.json").write_text(json.dumps(data_state))
+                (tmp / "config.yaml").write_text(config_yaml)
+                info = {"step": step, "metrics": metrics or {}, **(extra_info or {})}
+                (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=float))
+        except (OSError, RuntimeError) as err:  # on a full disk torch.save says only "unexpected pos"
+            raise CheckpointWriteError(
+                f"writing checkpoint {final} failed ({err}); {self._resume_hint()}. The filesystem had "
+                f"{_gib(free)} free for about {_gib(needed)} of tensors: if it filled up meanwhile, free space "
+                f"and run the same command again to resume"
+            ) from err
         self.prune()
         return Checkpoint(step, final)
+
+    def _check_space(self, final: Path, needed: int) -> int:
+        """The filesystem's free bytes; refuses a save that cannot fit (``needed`` bytes of tensors),
+        naming the directory, the sizes and the way on."""
+        free = shutil.disk_usage(self.root).free
+        if free < needed * SPACE_MARGIN:
+            raise CheckpointWriteError(
+                f"no room for checkpoint {final}: it needs about {_gib(needed * SPACE_MARGIN)}, the "
+                f"filesystem has {_gib(free)} free; {self._resume_hint()}. Free space (or point "
+                f"checkpointing.checkpoint_dir elsewhere, or lower checkpointing.keep_top_k), then run the "
+                f"same command again to resume"
+            )
+        return free
+
+    def _resume_hint(self) -> str:
+        latest = self.latest()
+        return f"the last complete checkpoint is {latest.path.name}" if latest else "there is no checkpoint yet"
 
     def _save_tokenizer(self, tokenizer: Any) -> None:
         """``<checkpoint_dir>/tokenizer/``, written at this manager's first save (replacing a previous

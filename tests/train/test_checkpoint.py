@@ -218,3 +218,48 @@ def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_pat
     train(offline_config(straight, model_dir, data, "checkpointing.save_period=1", *extra), show_progress=False)
     expected = [without_timings(r) for r in train_lines(straight / "logs")]
     assert [without_timings(r) for r in train_lines(run / "logs")] == expected
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_writing_and_names_the_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    from collections import namedtuple
+
+    from gym_bridge.train import checkpoint as checkpoint_module
+
+    manager = CheckpointManager(tmp_path / "ckpt")
+    model = tiny_model()
+    save(manager, 1, model)
+    Usage = namedtuple("Usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(checkpoint_module.CheckpointWriteError) as caught:
+        save(manager, 2, model)
+    message = str(caught.value)
+    assert str(tmp_path / "ckpt" / "step_2") in message and "0.00 GiB free" in message
+    assert "last complete checkpoint is step_1" in message and "run the same command again" in message
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage", real)
+    assert [c.step for c in manager.checkpoints()] == [1]  # nothing half-written, step 1 untouched
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".tmp-")]
+    # The estimate counts each tensor's bytes, a tied (shared) one once, through nested state.
+    shared, other = torch.zeros(10), torch.zeros(3, dtype=torch.float64)
+    assert checkpoint_module.tensor_bytes({"a": shared, "tied": shared, "x": [{"b": other}], "n": 4}) == 40 + 24
+
+
+def test_a_write_that_fails_midway_says_where_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_bridge.train import checkpoint as checkpoint_module
+
+    manager = CheckpointManager(tmp_path / "ckpt")
+    model = tiny_model()
+    save(manager, 1, model)
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 757730368 vs 757730260")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", full_disk)
+    with pytest.raises(checkpoint_module.CheckpointWriteError, match="unexpected pos.*last complete checkpoint is step_1"):
+        save(manager, 2, model)
+    monkeypatch.undo()
+    assert [c.step for c in manager.checkpoints()] == [1]
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".tmp-")]

@@ -162,3 +162,24 @@ def test_the_cli_says_a_finished_run_is_complete_and_fresh_starts_over(tmp_path:
     fresh = CliRunner().invoke(app, [*args, "--fresh"])
     assert fresh.exit_code == 0, fresh.output
     assert "done: 2 steps" in fresh.output
+
+
+def test_the_cli_stops_with_a_clear_error_when_the_checkpoint_does_not_fit(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collections import namedtuple
+
+    from gym_bridge.train import checkpoint as checkpoint_module
+
+    data = write_tied(tmp_path / "tied.jsonl")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("grpo: {mode: offline}\n")
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 4096, 4096))
+    args = ["train", "--config", str(recipe), "--quiet", *run_overrides(tmp_path, tiny_model_dir, data)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "error: no room for checkpoint" in result.output and "Traceback" not in result.output
+    assert "there is no checkpoint yet" in result.output
+    # The steps' metrics were written before the save failed.
+    assert [r["step"] for r in read_metrics(tmp_path / "logs") if r["split"] == "train"] == [1, 2]

@@ -35,6 +35,7 @@ from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
+from gym_bridge.train.entropy_control import EntropyControl
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate
@@ -85,11 +86,13 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     ranked = ranked_validator(ranked_groups, model, learner.tokenizer)  # None without ranked groups
 
     step, validations = 0, []
+    entropy = EntropyControl.from_config(cfg.loss_fn)  # the entropy bonus's coefficient, maybe adaptive
     if resume is not None:
         restored = resume.load_training_state(learner.optimizer, learner.scheduler)
         data.train.load_state_dict(restored["data"])
         step = int(restored["info"]["step"])
         validations = list(restored["info"].get("validations", []))
+        entropy.load_state_dict(restored["info"].get("entropy_control"))
     log_dir = Path(cfg.logger.log_dir)
     logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
@@ -149,7 +152,9 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
 
             # 3. advantages; a step where they are all zero (and no KL or entropy term) has nothing to learn
             batch = StepBatch.from_samples(grpo, samples)
-            if batch.has_advantage() or learner.loss_fn.learns_without_advantage:
+            batch.entropy_coeff, entropy_stats = entropy.step(samples)
+            step_stats.update(entropy_stats)
+            if batch.has_advantage() or learner.loss_fn.learns_without_advantage(batch.entropy_coeff):
                 # 4. log-probs of the step's starting policy and of the reference
                 started = time.perf_counter()
                 if len(samples) > policy.train_global_batch_size:  # several optimizer steps
@@ -207,7 +212,9 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                     validated = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked)
                 last_val = validated or last_val
             if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last_step):
-                save_checkpoint(cfg, checkpoints, learner, step, data_state, metrics, last_val, validations)
+                save_checkpoint(
+                    cfg, checkpoints, learner, step, data_state, metrics, last_val, validations, entropy
+                )
 
     return TrainResult(
         steps=step,
@@ -253,6 +260,7 @@ def save_checkpoint(
     metrics: dict[str, Any],
     last_val: dict[str, Any],
     validations: list[dict[str, Any]],
+    entropy: EntropyControl,
 ) -> None:
     """Save step ``step``, ranked by its train metrics and the latest validation's."""
     ranked = {f"train:{k}": v for k, v in metrics.items()}
@@ -266,7 +274,7 @@ def save_checkpoint(
         data_state=data_state,
         config_yaml=config_to_yaml(cfg),
         metrics={k: v for k, v in ranked.items() if isinstance(v, (int, float))},
-        extra_info={"validations": validations},
+        extra_info={"validations": validations, "entropy_control": entropy.state_dict()},
         peft_model=learner.peft,
         save_merged=cfg.checkpointing.save_merged,
     )

@@ -215,10 +215,11 @@ class ClippedPGLossFn:
         """Whether callers must compute reference-policy log-probs (KL penalty on)."""
         return self.reference_policy_kl_penalty != 0
 
-    @property
-    def learns_without_advantage(self) -> bool:
-        """Whether a batch whose advantages are all zero still has a gradient (a KL or entropy term)."""
-        return self.needs_reference_logprobs or self.entropy_coeff != 0
+    def learns_without_advantage(self, entropy_coeff: float | None = None) -> bool:
+        """Whether a batch whose advantages are all zero still has a gradient (a KL or entropy term);
+        ``entropy_coeff`` as in :meth:`loss_and_metrics`."""
+        bonus = self.entropy_coeff if entropy_coeff is None else entropy_coeff
+        return self.needs_reference_logprobs or bonus != 0
 
     def _reduce(
         self,
@@ -255,6 +256,7 @@ class ClippedPGLossFn:
         reference_logprobs: torch.Tensor | None = None,
         global_valid_toks: torch.Tensor | float | None = None,
         global_valid_seqs: torch.Tensor | float | None = None,
+        entropy_coeff: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss and metrics of one micro-batch, the metrics as 0-dim tensors on the loss's device (the
         trainer reads them once per step, not once per micro-batch).
@@ -271,6 +273,8 @@ class ClippedPGLossFn:
             global_valid_toks: valid tokens (token_mask * sample_mask) in the whole global batch;
                 None means this micro-batch is the whole batch.
             global_valid_seqs: valid samples (sample_mask) in the whole global batch; None likewise.
+            entropy_coeff: this step's entropy-bonus coefficient (adaptive entropy control,
+                :mod:`gym_bridge.train.entropy_control`); None means ``loss_fn.entropy_coeff``.
         """
         if sample_mask is None:
             sample_mask = torch.ones(
@@ -352,12 +356,13 @@ class ClippedPGLossFn:
         loss = actor_loss + kl
 
         # Entropy bonus: H = E_gen[-(pi / pi_gen) log pi], the weight in the graph (score function).
-        if self.entropy_coeff != 0:
+        bonus = self.entropy_coeff if entropy_coeff is None else entropy_coeff  # adapted per step
+        if bonus != 0:
             entropy_weights = torch.nan_to_num(torch.exp(curr_logprobs - generation_logprobs), posinf=0.0)
             entropy = self._reduce(
                 -entropy_weights * curr_logprobs, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
             )
-            loss = loss - self.entropy_coeff * entropy
+            loss = loss - bonus * entropy
 
         with torch.no_grad():
             r = ratios.detach()

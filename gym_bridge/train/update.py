@@ -106,6 +106,8 @@ class StepBatch:
     """The step-start policy's log-probs; None when the step is one optimizer step (the first forward
     pass's own detached log-probs are then exactly these, which saves a pass)."""
     reference_logprobs: list[torch.Tensor] | None = None
+    entropy_coeff: float | None = None
+    """This step's entropy-bonus coefficient (adaptive entropy control); None: ``loss_fn.entropy_coeff``."""
 
     @classmethod
     def from_samples(cls, grpo: GRPOConfig, samples: list[Sample]) -> StepBatch:
@@ -241,6 +243,7 @@ def optimizer_steps(
                 reference_logprobs=reference,
                 global_valid_toks=valid_toks,
                 global_valid_seqs=valid_seqs,
+                entropy_coeff=batch.entropy_coeff,
             )
             (learner.scaler.scale(loss) if learner.scaler is not None else loss).backward()
             metrics.append(mb_metrics)

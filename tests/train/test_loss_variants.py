@@ -195,6 +195,16 @@ def test_entropy_bonus_subtracts_the_sampled_entropy_estimate_times_its_coeffici
     assert metrics["approx_entropy"] == pytest.approx(0.7758511430, rel=1e-7)
 
 
+def test_a_step_coefficient_replaces_the_configured_one() -> None:
+    # Adaptive entropy control passes each step's coefficient; the configured one is then unused.
+    fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.0, entropy_coeff=0.5))
+    args = dict(prev_logprobs=lp(PREV), generation_logprobs=lp(GEN), advantages=ADV, token_mask=MASK)
+    stepped, _ = fn(lp(CURR), **args, entropy_coeff=0.1)
+    assert stepped.item() == pytest.approx(run(entropy_coeff=0.1)[0].item(), rel=1e-7)
+    assert fn(lp(CURR), **args, entropy_coeff=0.0)[0].item() == pytest.approx(run()[0].item(), rel=1e-7)
+    assert fn.learns_without_advantage() and not fn.learns_without_advantage(0.0)
+
+
 def test_entropy_bonus_gradient_is_the_score_function_gradient_of_the_entropy() -> None:
     # d(-c * H_t / N) / d log pi_t = c * (pi / pi_gen) * (log pi + 1) / N, with c = 0.1 and N = 5:
     #   token (0, 0): 0.1 * 1.25 * (1 - 0.6931472) / 5 = 0.0076713; token (0, 2): 0.1 * 1.2 * (1 - 1.2039728)

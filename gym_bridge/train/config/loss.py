@@ -88,7 +88,19 @@ class ClippedPGLossConfig(Section):
     the weight ``pi / pi_gen`` kept in the graph so the gradient is the entropy's,
     ``-E_pi[(log pi + 1) grad log pi]``; reduced over tokens like the actor term. It counters entropy
     collapse (every sample of a group alike, so no group carries a learning signal); a step with no
-    advantage anywhere still trains when it is on. Default 0 (off)."""
+    advantage anywhere still trains when it is on. With entropy_target set, the starting value of the
+    adaptive coefficient. Default 0 (off)."""
+
+    entropy_target: float | None = Field(None, gt=0.0)
+    """Adaptive entropy control (after Skywork-OR1): the bonus's coefficient starts at entropy_coeff
+    and after each step's sampling moves by entropy_coeff_delta, up while the samples' entropy (the
+    sampler's mean negative log-prob of its generated tokens, logged as ``sampled_entropy``) is below
+    this target and down (not under 0) while above; the bonus applies only on steps below the target.
+    The applied coefficient is logged as ``entropy_coeff`` and kept in checkpoints. Needs the sampler's
+    log-probs (online, or offline data that has them). null: entropy_coeff on every step. Default null."""
+
+    entropy_coeff_delta: float = Field(0.005, gt=0.0)
+    """How far the adaptive coefficient moves per step (needs entropy_target). Default 0.005."""
 
     loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "cispo"] | None = None
     """TRL's ``GRPOConfig.loss_type``, for what NeMo RL names otherwise: ``grpo`` means token_level_loss
@@ -129,6 +141,15 @@ class ClippedPGLossConfig(Section):
                     )
                 setattr(self, key, value)
             decided.setdefault(key, f"{source} (so loss_fn.{key}={_yaml(value)})")
+
+    @model_validator(mode="after")
+    def _delta_needs_target(self) -> ClippedPGLossConfig:
+        if "entropy_coeff_delta" in self.model_fields_set and self.entropy_target is None:
+            raise ValueError(
+                "loss_fn.entropy_coeff_delta moves the adaptive entropy coefficient, which needs "
+                "loss_fn.entropy_target: set a target or drop the delta"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tis_needs_is(self) -> ClippedPGLossConfig:

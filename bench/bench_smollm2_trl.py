@@ -1,9 +1,9 @@
 """SmolLM2-135M-Instruct + LoRA: gym-bridge's GRPO step against TRL's ``GRPOTrainer`` with ``peft_config``.
 
 The same job for both (issue 13 item 5): the LoRA recipe's word problems
-(``recipes/data/word_train.jsonl``, the same chat prompts with their worked examples), 4 prompts x 8
-completions of at most 48 new tokens, temperature 0.7, the recipe's learning rate, LoRA rank and
-alpha on every linear projection, no KL term, fp32 on CPU, the same "The answer is N." reward rule
+(``recipes/data/word_train.jsonl``, the same chat prompts with their worked examples), the recipe's
+8 prompts x 4 completions of at most 48 new tokens, temperature 0.7, its learning rate, warm-up, LoRA
+rank and alpha on every linear projection, no KL term, fp32 on CPU, the same "The answer is N." reward rule
 (the math server's ``boxed_or_final`` extraction compared with the expected answer).
 
 gym-bridge runs its full online path (policy server, math resources server, agent loop over loopback

@@ -24,7 +24,10 @@ from typing import Any
 from gym_bridge.train.config.loss import ClippedPGLossConfig
 from gym_bridge.train.rollouts import Sample
 
-__all__ = ["EntropyControl", "sampled_entropy"]
+__all__ = ["DEFAULT_DELTA", "EntropyControl", "sampled_entropy"]
+
+DEFAULT_DELTA = 0.005
+"""The coefficient's step when ``loss_fn.entropy_coeff_delta`` is null (Skywork-OR1's)."""
 
 
 def sampled_entropy(samples: Sequence[Sample]) -> float | None:
@@ -52,7 +55,8 @@ class EntropyControl:
 
     @classmethod
     def from_config(cls, cfg: ClippedPGLossConfig) -> EntropyControl:
-        return cls(coeff=cfg.entropy_coeff, target=cfg.entropy_target, delta=cfg.entropy_coeff_delta)
+        delta = DEFAULT_DELTA if cfg.entropy_coeff_delta is None else cfg.entropy_coeff_delta
+        return cls(coeff=cfg.entropy_coeff, target=cfg.entropy_target, delta=delta)
 
     @property
     def adaptive(self) -> bool:

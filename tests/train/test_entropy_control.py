@@ -61,6 +61,13 @@ def test_without_a_target_the_coefficient_is_fixed() -> None:
     assert EntropyControl.from_config(ClippedPGLossConfig()).step([]) == (0.0, {})
 
 
+def test_the_delta_defaults_to_skywork_or1s_step_and_a_dumped_config_round_trips() -> None:
+    cfg = ClippedPGLossConfig(entropy_target=0.2)
+    assert EntropyControl.from_config(cfg).delta == 0.005
+    assert ClippedPGLossConfig.model_validate(ClippedPGLossConfig().model_dump()) == ClippedPGLossConfig()
+    assert ClippedPGLossConfig.model_validate(cfg.model_dump()) == cfg
+
+
 def test_a_target_without_sampler_logprobs_is_a_clear_error() -> None:
     control = EntropyControl.from_config(ClippedPGLossConfig(entropy_target=0.2))
     with pytest.raises(ValueError, match="loss_fn.entropy_target.*log-probs"):

@@ -99,8 +99,9 @@ class ClippedPGLossConfig(Section):
     The applied coefficient is logged as ``entropy_coeff`` and kept in checkpoints. Needs the sampler's
     log-probs (online, or offline data that has them). null: entropy_coeff on every step. Default null."""
 
-    entropy_coeff_delta: float = Field(0.005, gt=0.0)
-    """How far the adaptive coefficient moves per step (needs entropy_target). Default 0.005."""
+    entropy_coeff_delta: float | None = Field(None, gt=0.0)
+    """How far the adaptive coefficient moves per step (needs entropy_target); null means 0.005
+    (Skywork-OR1's step). Default null."""
 
     loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "cispo"] | None = None
     """TRL's ``GRPOConfig.loss_type``, for what NeMo RL names otherwise: ``grpo`` means token_level_loss
@@ -144,7 +145,7 @@ class ClippedPGLossConfig(Section):
 
     @model_validator(mode="after")
     def _delta_needs_target(self) -> ClippedPGLossConfig:
-        if "entropy_coeff_delta" in self.model_fields_set and self.entropy_target is None:
+        if self.entropy_coeff_delta is not None and self.entropy_target is None:
             raise ValueError(
                 "loss_fn.entropy_coeff_delta moves the adaptive entropy coefficient, which needs "
                 "loss_fn.entropy_target: set a target or drop the delta"

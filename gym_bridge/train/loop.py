@@ -146,56 +146,67 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 data_state, epochs_done = produced.data_state, step_stats.pop("epoch")
                 step_stats["time_waiting_for_rollouts_s"] = time.perf_counter() - step_started
                 step_stats["trajectory_age_steps"] = float(step - 1 - produced.weights_version)
-            if not samples:
-                view.print(f"step {step}: no group with differing rewards; step skipped")
-                continue
-
-            # 3. advantages; a step where they are all zero (and no KL or entropy term) has nothing to learn
-            batch = StepBatch.from_samples(grpo, samples)
-            batch.entropy_coeff, entropy_stats = entropy.step(samples)
-            step_stats.update(entropy_stats)
-            if batch.has_advantage() or learner.loss_fn.learns_without_advantage(batch.entropy_coeff):
-                # 4. log-probs of the step's starting policy and of the reference
-                started = time.perf_counter()
-                if len(samples) > policy.train_global_batch_size:  # several optimizer steps
-                    batch.prev_logprobs = per_sample_logprobs(
-                        cfg, model, samples, learner.pad_token_id, learner.placement.autocast
-                    )
-                if learner.has_reference:
-                    with learner.reference_policy() as reference:
-                        batch.reference_logprobs = per_sample_logprobs(
-                            cfg, reference, samples, learner.pad_token_id, learner.placement.autocast
-                        )
-                step_stats["time_logprobs_s"] = time.perf_counter() - started
-
-                # 5. updates
-                started = time.perf_counter()
-                train_metrics = update_policy(cfg, learner, batch)
-                step_stats["time_training_s"] = time.perf_counter() - started
+            if not samples:  # dynamic sampling kept no group: no update, but the step, its validation and checkpoint count
+                train_metrics = skip_update(cfg, learner, grpo.num_prompts_per_step * grpo.num_generations_per_prompt)
+                metrics = {
+                    **train_metrics,
+                    **step_stats,
+                    "num_samples": 0.0,
+                    "lr": learner.scheduler.get_last_lr()[0],
+                    "time_step_s": time.perf_counter() - step_started,
+                    "epoch": epochs_done,
+                }
+                logger.log(step, metrics)
+                view.step(step, metrics)
+                if pipeline is not None:  # the sampler waits for a version per step
+                    pipeline.publish(step, weights_snapshot(model))
             else:
-                train_metrics = skip_update(cfg, learner, len(samples))
-            if pipeline is not None:
-                pipeline.publish(step, weights_snapshot(model))
-            elif val_sampler is not None:  # Ray replicas and vLLM refit; a no-op for a shared model
-                val_sampler.load_weights(model)
+                # 3. advantages; a step where they are all zero (and no KL or entropy term) has nothing to learn
+                batch = StepBatch.from_samples(grpo, samples)
+                batch.entropy_coeff, entropy_stats = entropy.step(samples)
+                step_stats.update(entropy_stats)
+                if batch.has_advantage() or learner.loss_fn.learns_without_advantage(batch.entropy_coeff):
+                    # 4. log-probs of the step's starting policy and of the reference
+                    started = time.perf_counter()
+                    if len(samples) > policy.train_global_batch_size:  # several optimizer steps
+                        batch.prev_logprobs = per_sample_logprobs(
+                            cfg, model, samples, learner.pad_token_id, learner.placement.autocast
+                        )
+                    if learner.has_reference:
+                        with learner.reference_policy() as reference:
+                            batch.reference_logprobs = per_sample_logprobs(
+                                cfg, reference, samples, learner.pad_token_id, learner.placement.autocast
+                            )
+                    step_stats["time_logprobs_s"] = time.perf_counter() - started
 
-            # 6. metrics
-            metrics = step_summary(
-                samples,
-                batch.advantages,
-                train_metrics,
-                step_stats,
-                lr=learner.scheduler.get_last_lr()[0],
-                step_time=time.perf_counter() - step_started,
-                epoch=epochs_done,
-            )
-            logger.log(step, metrics)
-            write_step_samples(
-                log_dir, step, samples, batch.advantages.tolist(), cfg.logger.num_rollout_groups_to_log
-            )
-            view.step(step, metrics)
-            data.train.set_records(reward=metrics["reward_mean"], step=step)
-            last_train = metrics
+                    # 5. updates
+                    started = time.perf_counter()
+                    train_metrics = update_policy(cfg, learner, batch)
+                    step_stats["time_training_s"] = time.perf_counter() - started
+                else:
+                    train_metrics = skip_update(cfg, learner, len(samples))
+                if pipeline is not None:
+                    pipeline.publish(step, weights_snapshot(model))
+                elif val_sampler is not None:  # Ray replicas and vLLM refit; a no-op for a shared model
+                    val_sampler.load_weights(model)
+
+                # 6. metrics
+                metrics = step_summary(
+                    samples,
+                    batch.advantages,
+                    train_metrics,
+                    step_stats,
+                    lr=learner.scheduler.get_last_lr()[0],
+                    step_time=time.perf_counter() - step_started,
+                    epoch=epochs_done,
+                )
+                logger.log(step, metrics)
+                write_step_samples(
+                    log_dir, step, samples, batch.advantages.tolist(), cfg.logger.num_rollout_groups_to_log
+                )
+                view.step(step, metrics)
+                data.train.set_records(reward=metrics["reward_mean"], step=step)
+                last_train = metrics
 
             # validation and checkpoint
             last_step = step >= grpo.max_num_steps or epochs_done >= grpo.max_num_epochs

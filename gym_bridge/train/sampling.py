@@ -446,6 +446,8 @@ def sample_step(
         return samples, stats
     samples = []
     kept_groups, next_group, attempt = 0, 0, 0
+    generated_rewards: list[float] = []
+    informative_groups, generated_groups = 0, 0
     while kept_groups < grpo.num_prompts_per_step and attempt < grpo.dynamic_sampling_max_gen_batches:
         attempt += 1
         prompts = data.next_batch(math.ceil(grpo.num_prompts_per_step * grpo.batch_multiplier))
@@ -454,13 +456,23 @@ def sample_step(
         next_group += len(prompts)  # group ids stay unique across batches
         for key, value in drawn.items():
             stats[key] += value
+        generated_rewards += [s.reward for s in new]
         informative = informative_samples(new, grpo)  # the rewards the advantages use (components with GDPO)
-        for group_id in sorted({s.group for s, keep in zip(new, informative, strict=True) if keep}):
+        kept_here = sorted({s.group for s, keep in zip(new, informative, strict=True) if keep})
+        informative_groups += len(kept_here)
+        generated_groups += len({s.group for s in new})
+        for group_id in kept_here:
             if kept_groups == grpo.num_prompts_per_step:
                 break
             samples.extend(s for s in new if s.group == group_id)
             kept_groups += 1
     stats["generation_batches"] = float(attempt)
+    # what was sampled, not only what was kept: reward_mean is over the kept groups, which dynamic
+    # sampling chose for having right and wrong answers both
+    if generated_rewards:
+        stats["generated_reward_mean"] = sum(generated_rewards) / len(generated_rewards)
+    if generated_groups:
+        stats["informative_group_fraction"] = informative_groups / generated_groups
     return samples, stats
 
 

@@ -173,6 +173,38 @@ def test_dynamic_sampling_drops_groups_without_reward_variance(tmp_path: Path, t
         assert record["num_samples"] == 8  # exactly 2 informative groups of 4
         assert record["reward_mean"] == pytest.approx(0.5)  # only the mixed groups remain
         assert record["generation_batches"] >= 1
+        # the mixed groups among all generated (2 prompts a batch): at least the 2 kept
+        assert record["informative_group_fraction"] * 2 * record["generation_batches"] >= 2
+        assert 0.5 <= record["generated_reward_mean"] <= 1.0  # all-correct groups count among what was generated
+
+
+def test_a_step_where_dynamic_sampling_keeps_no_group_still_counts(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Every group's rewards tie: each step is logged as skipped and the step's checkpoint (and with it
+    the validation, in the same place) still happens, instead of the step vanishing."""
+    rows = [
+        {"input": f"question {q}", "output": f"answer {g}", "reward": 1.0} for q in range(8) for g in range(4)
+    ]
+    data = tmp_path / "tied.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = offline_config(
+        tmp_path,
+        tiny_model_dir,
+        data,
+        "grpo.use_dynamic_sampling=true",
+        "grpo.dynamic_sampling_max_gen_batches=2",
+        "grpo.num_prompts_per_step=2",
+        "policy.train_global_batch_size=8",
+        "grpo.max_num_steps=3",
+        "checkpointing.save_period=3",
+    )
+    result = train(cfg, show_progress=False)
+    records = train_lines(tmp_path / "logs")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        assert record["no_learning_signal"] == 1.0 and record["num_samples"] == 0
+        assert record["generation_batches"] == 2  # gave up after the configured number of batches
+        assert record["generated_reward_mean"] == 1.0 and record["informative_group_fraction"] == 0.0
+    assert result.steps == 3 and (tmp_path / "ckpt" / "step_3").is_dir()
 
 
 def test_offline_rollout_records_with_token_ids_train_on_the_generated_tokens(

@@ -139,7 +139,10 @@ class GRPOConfig(Section):
 
     use_dynamic_sampling: bool = False
     """DAPO dynamic sampling: discard prompt groups whose rewards are all equal and keep generating
-    until P informative groups are collected. Default false."""
+    until P informative groups are collected. Logged per step: ``generation_batches``,
+    ``generated_reward_mean`` (every sample generated; ``reward_mean`` is over the kept groups only) and
+    ``informative_group_fraction``. A step that keeps no group skips its update and still counts
+    (schedule, validation, checkpoint). Default false."""
 
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
     """With dynamic sampling, give up after generating this many batches in one step. Default 10."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +151,16 @@ def test_several_optimizer_steps_per_grpo_step_use_stored_prev_logprobs(
     )
 
 
-def test_dynamic_sampling_drops_groups_without_reward_variance(tmp_path: Path, tiny_model_dir: Path) -> None:
-    rows = []
-    for q in range(8):  # even inputs: all correct (no signal); odd: mixed
-        for g in range(4):
-            reward = 1.0 if q % 2 == 0 else float(g % 2)
-            rows.append({"input": f"question {q}", "output": f"answer {g}", "reward": reward})
-    data = tmp_path / "mixed.jsonl"
+def dynamic_sampling_config(
+    tmp_path: Path, tiny_model_dir: Path, reward: Callable[[int, int], float], *extra: str
+) -> MasterConfig:
+    """3 steps of 2 groups over 8 offline questions x 4 answers, answer g of question q scored reward(q, g)."""
+    rows = [
+        {"input": f"question {q}", "output": f"answer {g}", "reward": reward(q, g)} for q in range(8) for g in range(4)
+    ]
+    data = tmp_path / "groups.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = offline_config(
+    return offline_config(
         tmp_path,
         tiny_model_dir,
         data,
@@ -166,7 +168,14 @@ def test_dynamic_sampling_drops_groups_without_reward_variance(tmp_path: Path, t
         "grpo.num_prompts_per_step=2",
         "policy.train_global_batch_size=8",
         "grpo.max_num_steps=3",
-        "checkpointing.enabled=false",
+        *extra,
+    )
+
+
+def test_dynamic_sampling_drops_groups_without_reward_variance(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # even questions: all answers correct (no signal); odd: mixed
+    cfg = dynamic_sampling_config(
+        tmp_path, tiny_model_dir, lambda q, g: 1.0 if q % 2 == 0 else float(g % 2), "checkpointing.enabled=false"
     )
     train(cfg, show_progress=False)
     for record in train_lines(tmp_path / "logs"):
@@ -181,20 +190,11 @@ def test_dynamic_sampling_drops_groups_without_reward_variance(tmp_path: Path, t
 def test_a_step_where_dynamic_sampling_keeps_no_group_still_counts(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Every group's rewards tie: each step is logged as skipped and the step's checkpoint (and with it
     the validation, in the same place) still happens, instead of the step vanishing."""
-    rows = [
-        {"input": f"question {q}", "output": f"answer {g}", "reward": 1.0} for q in range(8) for g in range(4)
-    ]
-    data = tmp_path / "tied.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = offline_config(
+    cfg = dynamic_sampling_config(
         tmp_path,
         tiny_model_dir,
-        data,
-        "grpo.use_dynamic_sampling=true",
+        lambda q, g: 1.0,
         "grpo.dynamic_sampling_max_gen_batches=2",
-        "grpo.num_prompts_per_step=2",
-        "policy.train_global_batch_size=8",
-        "grpo.max_num_steps=3",
         "checkpointing.save_period=3",
     )
     result = train(cfg, show_progress=False)

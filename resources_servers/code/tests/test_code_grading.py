@@ -104,10 +104,12 @@ def test_integers_compare_exactly_and_reals_with_tolerance() -> None:
     """A near-miss integer is a wrong answer, however large (issue 12: a+b+1 passed 1e9-sized answers)."""
     assert not stdout_matches("2000000001\n", "2000000000\n")
     assert not stdout_matches("1000000008\n", "1000000007\n")
-    assert stdout_matches("+5 007\n", "5 7\n")  # the same integers, written differently
-    assert stdout_matches("2000000000.0000001\n", "2000000000\n")  # a real token keeps the tolerance
+    assert not stdout_matches("+5 007\n", "5 7\n")  # an expected integer needs its own text (issue 33)
+    assert not stdout_matches("2000000000.0000001\n", "2000000000\n")  # no tolerance for an expected integer
+    assert stdout_matches("2000000000.0000001\n", "2000000000.0\n")  # an expected real keeps it
     assert not call_output_matches(1000000008, [1000000007])
     assert not call_output_matches(10**18 + 1, 10**18)
     assert call_output_matches(10**18, "1000000000000000000")
     assert not call_output_matches(10**400, [1.5])  # too large for a float: unequal, not an error
-    assert call_output_matches(2.0000000000001, [2])
+    assert not call_output_matches(2.0000000000001, [2])  # an expected int is matched exactly (issue 33)
+    assert call_output_matches(2.0000000000001, [2.0])

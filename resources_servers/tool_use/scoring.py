@@ -4,20 +4,40 @@
 * :func:`compare_calls` matches the model's function calls against expected calls (order-free, so
   parallel calls count however they were emitted) and scores them ``strict`` (all and only the expected
   calls), ``fraction`` (matched / max(expected, made)) or ``f1`` (precision/recall over calls), with a
-  reason for each mismatch.
+  reason for each mismatch. Both sides are first validated with the tool's own request model, as the
+  tool's route validates its body: a call the tool would refuse (``quantity: 2.0000000001``, an unknown
+  key even when null, an unknown tool) never matches, and calls the tool reads alike match
+  (``quantity: 2.0`` is ``2``; an optional key given as null is the key left out).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["CallScore", "Call", "calls_from_output", "compare_calls", "normalise_arguments", "state_diff"]
+from pydantic import BaseModel, ValidationError
+
+from gym_bridge.json_http import format_validation_errors
+from resources_servers.tool_use.store import TOOLS
+
+__all__ = [
+    "STORE_TOOLS",
+    "CallScore",
+    "Call",
+    "calls_from_output",
+    "compare_calls",
+    "normalise_arguments",
+    "parse_arguments",
+    "state_diff",
+]
 
 MatchMode = Literal["strict", "fraction", "f1"]
 _MAX_DIFFS = 20
+STORE_TOOLS: dict[str, type[BaseModel]] = {name: spec.args for name, spec in TOOLS.items()}
+"""Each store tool's request model: what :func:`compare_calls` validates calls with by default."""
 
 
 def _show(value: Any) -> str:
@@ -69,8 +89,11 @@ def state_diff(expected: Any, actual: Any, path: str = "state") -> list[str]:
 class Call:
     name: str
     arguments: dict[str, Any] | None
-    """None when the model's arguments were not a JSON object."""
+    """None when the model's arguments were not a JSON object (null-valued keys dropped, for display)."""
     raw: str = ""
+    given: dict[str, Any] | None = None
+    """The JSON object as the model sent it, null-valued keys kept (what the tool's route would validate);
+    None: ``arguments`` is it."""
 
     def show(self) -> str:
         args = (
@@ -100,9 +123,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def normalise_arguments(arguments: Any) -> dict[str, Any] | None:
-    """Arguments as a dict (JSON text parsed), with null-valued keys dropped (an omitted optional);
-    None when they are not a JSON object or are nested past :data:`MAX_ARGUMENT_DEPTH`."""
+def parse_arguments(arguments: Any) -> dict[str, Any] | None:
+    """Arguments as a dict (JSON text parsed), as sent; None when they are not a JSON object or are nested
+    past :data:`MAX_ARGUMENT_DEPTH`."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -110,7 +133,13 @@ def normalise_arguments(arguments: Any) -> dict[str, Any] | None:
             return None
     if not isinstance(arguments, dict) or _depth(arguments) > MAX_ARGUMENT_DEPTH:
         return None
-    return {k: v for k, v in arguments.items() if v is not None}
+    return arguments
+
+
+def normalise_arguments(arguments: Any) -> dict[str, Any] | None:
+    """:func:`parse_arguments` with null-valued keys dropped (an omitted optional)."""
+    parsed = parse_arguments(arguments)
+    return None if parsed is None else {k: v for k, v in parsed.items() if v is not None}
 
 
 def calls_from_output(output: list[Any]) -> list[Call]:
@@ -120,11 +149,13 @@ def calls_from_output(output: list[Any]) -> list[Call]:
         d = item if isinstance(item, dict) else item.model_dump()
         if d.get("type") == "function_call":
             raw = d.get("arguments", "")
+            given = parse_arguments(raw)
             calls.append(
                 Call(
                     name=str(d.get("name")),
-                    arguments=normalise_arguments(raw),
+                    arguments=None if given is None else {k: v for k, v in given.items() if v is not None},
                     raw=raw if isinstance(raw, str) else "",
+                    given=given,
                 )
             )
     return calls
@@ -139,49 +170,73 @@ class CallScore:
     reasons: list[str] = field(default_factory=list)
 
 
-def _argument_mismatch(expected: Call, made: Call) -> str:
-    if made.arguments is None:
-        return f"{expected.name}: arguments are not a JSON object ({made.raw[:80]!r})"
-    parts = []
-    assert expected.arguments is not None
-    for key in sorted(set(expected.arguments) | set(made.arguments)):
-        if key not in made.arguments:
-            parts.append(f"{key} missing (expected {expected.arguments[key]!r})")
-        elif key not in expected.arguments:
-            parts.append(f"{key} not expected (got {made.arguments[key]!r})")
-        elif not _same(expected.arguments[key], made.arguments[key]):
-            parts.append(f"{key} expected {expected.arguments[key]!r}, got {made.arguments[key]!r}")
-    return f"{expected.name}: " + "; ".join(parts)
+def _validated(call: Call, tools: Mapping[str, type[BaseModel]]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(arguments as the tool reads them, None)``, or ``(None, why the tool would refuse the call)``."""
+    model = tools.get(call.name)
+    if model is None:
+        return None, f"no tool is named {call.name!r}"
+    given = call.given if call.given is not None else call.arguments
+    if given is None:
+        return None, f"arguments are not a JSON object ({call.raw[:80]!r})"
+    try:
+        return model.model_validate(given).model_dump(), None
+    except ValidationError as e:
+        return (
+            None,
+            f"the tool refuses these arguments ({format_validation_errors(e.errors(include_url=False))})",
+        )
+    except RecursionError:
+        return None, "arguments nested too deeply"
 
 
-def compare_calls(made: list[Call], expected: list[Call], mode: MatchMode = "strict") -> CallScore:
-    """Score the calls made against the expected ones (see the module docstring)."""
+def _argument_mismatch(name: str, expected: dict[str, Any], made: dict[str, Any]) -> str:
+    parts = [
+        f"{key} expected {expected.get(key)!r}, got {made.get(key)!r}"
+        for key in sorted(set(expected) | set(made))
+        if expected.get(key) != made.get(key)
+    ]  # fmt: skip
+    return f"{name}: " + "; ".join(parts)
+
+
+def compare_calls(
+    made: list[Call],
+    expected: list[Call],
+    mode: MatchMode = "strict",
+    tools: Mapping[str, type[BaseModel]] | None = None,
+) -> CallScore:
+    """Score the calls made against the expected ones (see the module docstring); ``tools``: each tool's
+    request model (the store's by default)."""
+    tools = STORE_TOOLS if tools is None else tools
+    made_args = [_validated(call, tools) for call in made]
+    expected_args = [_validated(call, tools) for call in expected]
     unmatched_made = list(range(len(made)))
     unmatched_expected = []
-    for exp in expected:
-        hit = next(
-            (
-                i
-                for i in unmatched_made
-                if made[i].name == exp.name
-                and made[i].arguments is not None
-                and _same(made[i].arguments, exp.arguments)
-            ),
-            None,
-        )
+    for j, exp in enumerate(expected):
+        want = expected_args[j][0]
+        hit = None
+        if want is not None:
+            hit = next(
+                (i for i in unmatched_made if made[i].name == exp.name and made_args[i][0] == want), None
+            )
         if hit is None:
-            unmatched_expected.append(exp)
+            unmatched_expected.append(j)
         else:
             unmatched_made.remove(hit)
     matched = len(expected) - len(unmatched_expected)
     reasons = []
-    for exp in unmatched_expected:
+    for j in unmatched_expected:
+        exp, (want, refused) = expected[j], expected_args[j]
+        if refused is not None:
+            reasons.append(f"expected call {exp.show()} can never match: {refused} (the task is wrong)")
+            continue
         near = next((i for i in unmatched_made if made[i].name == exp.name), None)
         if near is None:
             reasons.append(f"missing call {exp.show()}")
-        else:
-            unmatched_made.remove(near)
-            reasons.append(_argument_mismatch(exp, made[near]))
+            continue
+        unmatched_made.remove(near)
+        got, why = made_args[near]
+        assert want is not None
+        reasons.append(f"{exp.name}: {why}" if got is None else _argument_mismatch(exp.name, want, got))
     reasons += [f"unexpected call {made[i].show()}" for i in unmatched_made]
     if not expected and not made:
         reward = 1.0

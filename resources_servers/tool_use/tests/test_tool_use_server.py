@@ -309,18 +309,18 @@ def test_config_yaml_defaults_and_call_budget() -> None:
 @pytest.mark.parametrize(
     "arguments",
     [
-        '{"product_id": ' + "9" * 401 + "}",  # an int too large for a float (was an HTTP 500)
-        '{"product_id": ' + "[" * 100_000 + "]" * 100_000 + "}",  # too deep for the parser (was a 500)
-        '{"product_id": ' + "[" * 500 + "]" * 500 + "}",  # parses, too deep to compare
-        '{"product_id": 1000000008}',  # a near-miss integer
+        '{"product_id": "P1", "quantity": ' + "9" * 401 + "}",  # an int too large for a float (was an HTTP 500)
+        '{"product_id": "P1", "quantity": ' + "[" * 100_000 + "]" * 100_000 + "}",  # too deep for the parser (was a 500)
+        '{"product_id": "P1", "quantity": ' + "[" * 500 + "]" * 500 + "}",  # parses, too deep to compare
+        '{"product_id": "P1", "quantity": 8}',  # a near-miss integer
     ],
     ids=["huge-int", "deep-100000", "deep-500", "near-miss"],
 )
 def test_hostile_arguments_score_zero_with_200(url: str, arguments: str) -> None:
-    expected = [{"name": "get_product", "arguments": {"product_id": 1000000007}}]
+    expected = [{"name": "add_to_cart", "arguments": {"product_id": "P1", "quantity": 7}}]
     row = store_row(expected_calls=expected)
     with session(url, row) as client:
-        out = verify(client, row, [function_call("get_product", arguments), final_message()])
+        out = verify(client, row, [function_call("add_to_cart", arguments), final_message()])
         assert out["reward"] == 0.0
-        right = verify(client, row, [function_call("get_product", {"product_id": 1000000007}), final_message()])
+        right = verify(client, row, [function_call("add_to_cart", {"product_id": "P1", "quantity": 7}), final_message()])
         assert right["reward"] == 1.0

@@ -10,22 +10,25 @@ else the whole text. ``extraction_method`` says which (``answer_tag | boxed | fu
 ``reasoning_gym.get_score_answer_fn(family)(answer, entry)``; a scorer that raises gives reward 0 with
 ``failure_kind: scorer_error`` (NeMo Gym gives 0 too). An unknown family is a 422 naming
 ``metadata.source_dataset``, not a crash.
+
+Scorers never run in the server process: some ``eval`` the answer or parse it with SymPy, so every check
+runs in an unprivileged, time-limited worker process that evaluates no answer as code and is retired
+after any check that evaluated text (:mod:`resources_servers.reasoning_gym.pool`); a check past
+``timeout_s`` gives reward 0 with ``failure_kind: scorer_timeout``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-from functools import cache
 from typing import Any
 
-import reasoning_gym
 from pydantic import field_validator
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer
 
 from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.server import ResourcesServer, ServerSettings, Session
+from resources_servers.reasoning_gym.pool import ReasoningGymConfig, ScorerPool
 
 __all__ = ["ReasoningGymServer", "ReasoningGymVerifyRequest", "ReasoningGymVerifyResponse", "extract"]
 
@@ -66,15 +69,31 @@ def extract(text: str) -> tuple[str, str]:
     return text.strip(), "full_text"
 
 
-@cache
-def _scorer(family: str) -> Any:
-    return reasoning_gym.get_score_answer_fn(family)
-
-
 class ReasoningGymServer(ResourcesServer):
     name = "reasoning_gym"
     reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = ReasoningGymVerifyRequest
+    workers_setting = "pool_size"
+    """The config field a trainer's ``env.<name>.num_workers`` sets (scorer worker processes)."""
+
+    def __init__(self, settings: ServerSettings | None = None, config: ReasoningGymConfig | None = None) -> None:
+        super().__init__(settings)
+        self.config = config or ReasoningGymConfig()
+        self.pool: ScorerPool | None = None
+
+    async def startup(self) -> None:
+        cfg = self.config
+        pool = ScorerPool(cfg.workers(), cfg.timeout_s, cfg.worker_memory_mb)
+        await pool.start()
+        self.pool = pool
+
+    async def shutdown(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "scorer_pool": self.pool.describe() if self.pool is not None else None}
 
     async def verify(self, body: VerifyRequest, session: Session) -> ReasoningGymVerifyResponse:
         assert isinstance(body, ReasoningGymVerifyRequest)
@@ -82,11 +101,13 @@ class ReasoningGymServer(ResourcesServer):
         answer, method = extract(assistant_text(body.response.output, sep=""))
         entry = {"question": body.question, "answer": body.answer, "metadata": body.metadata}
         failure: dict[str, Any] = {"failure_kind": None, "failure_reason": None}
-        try:
-            score = float(await asyncio.to_thread(_scorer(family), answer=answer, entry=entry))
-        except Exception as e:  # a scorer's own bug must not fail the rollout (NeMo Gym: reward 0)
-            score = 0.0
-            failure = {"failure_kind": "scorer_error", "failure_reason": f"{type(e).__name__}: {e}"[:300]}
+        assert self.pool is not None, "the server was not started"
+        outcome = await self.pool.score(family, answer, entry)  # in an isolated worker, never here
+        score = outcome.score if outcome.status == "ok" else 0.0  # a scorer's bug, a timeout: reward 0
+        if outcome.status != "ok":
+            failure = {"failure_kind": f"scorer_{outcome.status}", "failure_reason": outcome.detail}
+        elif outcome.refused:
+            failure = {"failure_kind": "answer_refused", "failure_reason": outcome.refused}
         verdict = {
             "reward": score,
             "task_name": family,

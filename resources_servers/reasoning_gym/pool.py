@@ -1,0 +1,356 @@
+"""Scorer worker processes for the reasoning_gym server: isolated, time-limited, retired when tainted.
+
+Why: reasoning-gym's scorers may evaluate the answer (``eval``, ``sympy.parse_expr``), may run for
+minutes on a hostile one (``9**9**9**9``), and ran in the server's own process. Here every check runs
+in a worker process (:mod:`resources_servers.reasoning_gym.worker`) that holds no server state, runs
+under its own unprivileged uid when the server is root, and is killed at the check's deadline.
+
+The pattern is the math server's pool (:mod:`resources_servers.math.pool`): workers forked from a fork
+server that preloaded reasoning-gym (so a replacement is ready in tens of milliseconds, and nothing is
+forked from the multi-threaded server), a pipe per worker watched by the event loop, and a deadline per
+check after which the worker is SIGKILLed, the check answered ``timeout`` and a replacement started.
+Different from it: a worker whose check compiled or evaluated answer text (an ``eval``-ing or SymPy
+family) is retired after answering, so whatever that answer might have done to the process can never
+touch a later check; the families that only compare strings keep their warm worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gym_bridge.sandbox.slots import default_uid_base
+
+logger = logging.getLogger(__name__)
+
+WORKER_MODULE = "resources_servers.reasoning_gym.worker"
+STARTUP_TIMEOUT_S = 60.0
+"""A worker that has not reported ready after this long is a failed start."""
+WAIT_FOR_WORKER_S = 120.0
+"""A check that finds no worker within this long (none could be started) is answered with an error."""
+
+
+class ReasoningGymConfig(BaseModel):
+    """The reasoning_gym server's settings (all about its scorer workers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(10.0, gt=0)
+    """Longest a scorer may take on one answer; past it the reward is 0 (``scorer_timeout``) and the
+    worker is killed and replaced."""
+    pool_size: int = Field(0, ge=0, le=64)
+    """Scorer worker processes; 0 means one per CPU core available to the server."""
+    worker_memory_mb: int | None = Field(2048, ge=256)
+    """Address-space limit of each worker (a runaway answer fails instead of swapping); None: none."""
+
+    def workers(self) -> int:
+        if self.pool_size:
+            return self.pool_size
+        try:
+            return max(1, min(64, len(os.sched_getaffinity(0))))
+        except AttributeError:  # not Linux
+            return max(1, min(64, os.cpu_count() or 1))
+
+
+@dataclass
+class ScoreOutcome:
+    """What the pool says about one check."""
+
+    status: Literal["ok", "error", "timeout", "crashed", "unavailable"]
+    score: float = 0.0
+    detail: str | None = None
+    """Why, for anything but ``ok``: the scorer's exception, the deadline, the worker's exit."""
+    refused: str | None = None
+    """What a guard refused to run during the check (the scorer then scored the answer as unparsable)."""
+
+
+@dataclass
+class PoolStats:
+    """Counters since start: ``retired`` workers evaluated answer text, ``killed`` ran past a deadline."""
+
+    checks: int = 0
+    timeouts: int = 0
+    crashes: int = 0
+    retired: int = 0
+    started: int = 0
+    start_failures: int = 0
+
+
+@dataclass(eq=False)
+class _Worker:
+    slot: int
+    process: Any
+    conn: Any
+    pid: int
+    alive: bool = True
+    task_id: int | None = None
+    future: asyncio.Future[ScoreOutcome] | None = None
+    deadline: asyncio.TimerHandle | None = None
+
+
+def _worker_entry(conn: Any, uid: int | None, memory_mb: int | None) -> None:
+    from resources_servers.reasoning_gym.worker import worker_main
+
+    worker_main(conn, uid, memory_mb)
+
+
+def _spawn(slot: int, uid: int | None, memory_mb: int | None, abandon: threading.Event) -> _Worker:
+    """Start one worker and wait for its ready message (blocking: run it in a thread)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([WORKER_MODULE])
+    parent_conn, child_conn = ctx.Pipe(duplex=True)
+    process = ctx.Process(
+        target=_worker_entry, args=(child_conn, uid, memory_mb), name="rg-scorer", daemon=True
+    )
+    process.start()
+    child_conn.close()
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not parent_conn.poll(0.02):
+            if abandon.is_set():
+                raise RuntimeError("the scorer pool closed while a worker was starting")
+            if not process.is_alive():
+                raise RuntimeError(f"the scorer worker exited while starting (exit code {process.exitcode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scorer worker was not ready within {STARTUP_TIMEOUT_S:.0f} s")
+        kind, pid = parent_conn.recv()
+        if kind != "ready":
+            raise RuntimeError(f"the scorer worker sent {kind!r} instead of 'ready'")
+    except BaseException:
+        process.kill()
+        process.join(5)
+        parent_conn.close()
+        raise
+    return _Worker(slot=slot, process=process, conn=parent_conn, pid=pid)
+
+
+def _stop(process: Any) -> None:
+    process.join(1.0)
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)
+
+
+class ScorerPool:
+    """``size`` scorer workers; a check never runs longer than ``timeout_s``.
+
+    Slot ``i``'s worker runs as uid ``uid_base + i`` when the server is root (at most one live worker per
+    slot, so no two workers ever share a uid).
+    """
+
+    def __init__(
+        self, size: int, timeout_s: float, memory_mb: int | None = None, uid_base: int | None = None
+    ) -> None:
+        if not 1 <= size <= 64:
+            raise ValueError(f"pool size must be between 1 and 64, got {size}")
+        self.size = size
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.uid_base = uid_base if uid_base is not None else default_uid_base()
+        self.stats = PoolStats()
+        self._workers: dict[int, _Worker] = {}
+        self._idle: asyncio.Queue[_Worker] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task_ids = itertools.count()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._abandon = threading.Event()
+        self._closed = False
+        self.start_error: str | None = None
+
+    def uid(self, slot: int) -> int | None:
+        """The uid slot ``slot``'s worker runs as (None: the server is not root and keeps its own)."""
+        return self.uid_base + slot if os.geteuid() == 0 else None
+
+    def describe(self) -> dict[str, Any]:
+        """For ``/health``."""
+        return {
+            "size": self.size,
+            "live_workers": len(self._workers),
+            "timeout_s": self.timeout_s,
+            "uids": [self.uid(0), self.uid(self.size - 1)] if os.geteuid() == 0 else None,
+            "start_error": self.start_error,
+            **asdict(self.stats),
+        }
+
+    @property
+    def pids(self) -> list[int]:
+        return sorted(w.pid for w in self._workers.values())
+
+    async def start(self) -> None:
+        """Start the workers in the background; checks wait for the first one ready."""
+        self._loop = asyncio.get_running_loop()
+        self._idle = asyncio.Queue()
+        for slot in range(self.size):
+            self._in_background(self._fill(slot))
+
+    def _in_background(self, coro: Any) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _fill(self, slot: int) -> None:
+        """Start slot ``slot``'s worker, retrying with backoff until one comes up or the pool closes."""
+        assert self._loop is not None and self._idle is not None
+        delay = 0.1
+        while not self._closed:
+            try:
+                worker = await self._loop.run_in_executor(
+                    None, _spawn, slot, self.uid(slot), self.memory_mb, self._abandon
+                )
+            except Exception as e:
+                if self._closed:
+                    return
+                self.stats.start_failures += 1
+                self.start_error = f"{type(e).__name__}: {e}"
+                logger.warning("could not start a reasoning_gym scorer worker (%s)", self.start_error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            if self._closed:
+                worker.conn.close()
+                await asyncio.to_thread(_stop, worker.process)
+                return
+            self.stats.started += 1
+            self._workers[slot] = worker
+            self._loop.add_reader(worker.conn.fileno(), self._on_readable, worker)
+            self._idle.put_nowait(worker)
+            return
+
+    async def score(self, family: str, answer: str, entry: dict[str, Any]) -> ScoreOutcome:
+        """The family's scorer on ``answer`` in a worker (waiting for an idle one)."""
+        if self._idle is None or self._loop is None or self._closed:
+            raise RuntimeError("the scorer pool is not running")
+        try:
+            worker = await asyncio.wait_for(self._next_idle(), WAIT_FOR_WORKER_S)
+        except asyncio.TimeoutError:
+            why = f"no scorer worker could be started within {WAIT_FOR_WORKER_S:.0f} s ({self.start_error})"
+            return ScoreOutcome("unavailable", detail=why)
+        self.stats.checks += 1
+        task_id = next(self._task_ids)
+        future: asyncio.Future[ScoreOutcome] = self._loop.create_future()
+        worker.task_id, worker.future = task_id, future
+        worker.deadline = self._loop.call_later(self.timeout_s, self._on_deadline, worker, task_id)
+        try:
+            worker.conn.send((task_id, family, answer, entry))
+        except (OSError, ValueError) as e:
+            self._retire(worker, ScoreOutcome("crashed", detail=f"the scorer worker was unreachable: {e}"))
+        # Shielded: a cancelled request must not leave a worker busy with nobody to collect its answer.
+        return await asyncio.shield(future)
+
+    async def _next_idle(self) -> _Worker:
+        assert self._idle is not None
+        while True:
+            worker = await self._idle.get()
+            if worker.alive:
+                return worker
+
+    # ------------------------------------------------------------------ event-loop callbacks
+
+    def _on_readable(self, w: _Worker) -> None:
+        try:
+            task_id, result = w.conn.recv()
+        except (EOFError, OSError, ValueError):
+            self.stats.crashes += 1
+            w.process.join(0.1)
+            code = w.process.exitcode
+            self._retire(
+                w,
+                ScoreOutcome(
+                    "crashed", detail=f"the scorer worker exited during the check (exit code {code})"
+                ),
+            )
+            return
+        if task_id != w.task_id or w.future is None:
+            return
+        future = w.future
+        self._clear_task(w)
+        outcome = ScoreOutcome(
+            "ok" if result["status"] == "ok" else "error",
+            score=result.get("score", 0.0),
+            detail=result.get("detail"),
+            refused=result.get("refused"),
+        )
+        if not future.done():
+            future.set_result(outcome)
+        if result.get("evaluated"):
+            self.stats.retired += 1
+            self._retire(w, None)  # answer text was evaluated in it: never reused
+        else:
+            assert self._idle is not None
+            self._idle.put_nowait(w)
+
+    def _on_deadline(self, w: _Worker, task_id: int) -> None:
+        if w.task_id != task_id or not w.alive:
+            return
+        self.stats.timeouts += 1
+        detail = f"the scorer ran past its {self.timeout_s:g} s budget; its worker was killed and replaced"
+        self._retire(w, ScoreOutcome("timeout", detail=detail))
+
+    # ------------------------------------------------------------------ worker lifecycle
+
+    def _clear_task(self, w: _Worker) -> None:
+        if w.deadline is not None:
+            w.deadline.cancel()
+        w.task_id, w.future, w.deadline = None, None, None
+
+    def _retire(self, w: _Worker, outcome: ScoreOutcome | None) -> None:
+        """Kill a worker, answer its pending check with ``outcome``, and start its slot's replacement."""
+        if not w.alive:
+            return
+        w.alive = False
+        assert self._loop is not None
+        try:
+            self._loop.remove_reader(w.conn.fileno())
+        except (OSError, ValueError):
+            pass
+        future = w.future
+        self._clear_task(w)
+        if future is not None and not future.done() and outcome is not None:
+            future.set_result(outcome)
+        if self._workers.get(w.slot) is w:
+            del self._workers[w.slot]
+        try:
+            os.kill(w.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        w.conn.close()
+        if not self._closed:
+            self._in_background(self._replace(w))
+
+    async def _replace(self, dead: _Worker) -> None:
+        await asyncio.to_thread(dead.process.join, 5.0)  # reaped before its uid is used again
+        await self._fill(dead.slot)
+
+    async def close(self) -> None:
+        """Stop every worker and fail checks still waiting."""
+        self._closed = True
+        self._abandon.set()
+        for task in list(self._background):
+            task.cancel()
+        workers = list(self._workers.values())
+        for w in workers:
+            future = w.future
+            self._clear_task(w)
+            if future is not None and not future.done():
+                future.set_result(ScoreOutcome("unavailable", detail="the scorer pool is shutting down"))
+            w.alive = False
+            try:
+                assert self._loop is not None
+                self._loop.remove_reader(w.conn.fileno())
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            w.conn.close()
+        await asyncio.gather(*(asyncio.to_thread(_stop, w.process) for w in workers))
+        self._workers.clear()

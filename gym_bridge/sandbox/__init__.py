@@ -3,8 +3,13 @@
 Every run gets:
 
 * **namespaces**: its own PID, network (no interfaces but a loopback of its own), IPC, UTS and mount
-  namespaces; the file system is read-only except a size-capped tmpfs at ``/tmp`` (the working
-  directory); the server's files, home directories and environment are not visible;
+  namespaces; the file system is an allow-list (``/usr``, the system directories and the interpreter's
+  prefix, read-only, with the server's files and every site-packages masked) plus size-capped tmpfs at
+  ``/tmp`` (the working directory) and ``/dev/shm``; nothing else of the host and none of the server's
+  environment is visible;
+* **a seccomp filter** (:mod:`gym_bridge.sandbox.seccomp`): keyrings, SysV IPC and POSIX message queues
+  are refused (state that would outlive the run or escape its memory limit), and so is changing
+  ``SIGCHLD``'s disposition (auto-reaped children would take their CPU time out of every account);
 * **no privileges**: when the server runs as root, the program runs under a dedicated unprivileged uid
   per concurrency slot (so the process-count limit of one run cannot starve another); otherwise in a
   user namespace without capabilities; ``no_new_privs`` is always set;
@@ -14,9 +19,9 @@ Every run gets:
   double-forked away die with it.
 
 Two backends, chosen at :meth:`Sandbox.start` and logged: **bubblewrap** (``bwrap``; preferred) and a
-fallback built from util-linux's ``unshare`` + ``setpriv`` + ``prlimit`` that remounts everything
-read-only and hides the server's directories. If neither works, :class:`SandboxUnavailable` is raised:
-code is never run unsandboxed.
+fallback built from util-linux's ``unshare`` + ``setpriv`` + ``prlimit`` that builds the same file
+system in a fresh tmpfs and ``pivot_root``s into it. If neither works (or libseccomp is missing),
+:class:`SandboxUnavailable` is raised: code is never run unsandboxed.
 
 The sandbox is generic (any argv); the code environment's test harness is one user of it. The parts
 live in their own modules: limits (:mod:`gym_bridge.sandbox.limits`), command lines of the backends
@@ -27,9 +32,11 @@ concurrency slots (:mod:`gym_bridge.sandbox.slots`); this module ties them toget
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
 import os
 import shutil
+import site
 import subprocess
 import sys
 import threading
@@ -45,12 +52,14 @@ from gym_bridge.sandbox.backends import (
     Backend,
     bwrap_argv,
     bwrap_supports,
+    pivot_root_tool,
     python_prefix,
     unshare_argv,
     world_accessible,
 )
 from gym_bridge.sandbox.limits import SandboxLimits, prlimit_argv
 from gym_bridge.sandbox.process import RunResult, SandboxProcess, feed
+from gym_bridge.sandbox.seccomp import LOADER, SeccompUnavailable, compile_filter, pipe_with
 from gym_bridge.sandbox.slots import Slots, default_uid_base
 
 __all__ = [
@@ -97,6 +106,7 @@ class Sandbox:
         self._extra_hide = list(hide_paths or [])
         self._slots = Slots(self.max_concurrency)
         self._backend: Backend | None = None
+        self._seccomp = b""
         self._start_lock = threading.Lock()
 
     # ------------------------------------------------------------------ set-up
@@ -128,6 +138,10 @@ class Sandbox:
         with self._start_lock:
             if self._backend is not None:
                 return self
+            try:
+                self._seccomp = compile_filter()
+            except SeccompUnavailable as e:
+                raise SandboxUnavailable(f"no seccomp filter: {e}") from e
             order = ["bwrap", "unshare"] if self.requested == "auto" else [self.requested]
             problems = []
             for kind in order:
@@ -152,6 +166,8 @@ class Sandbox:
         tools = ["bwrap"] if kind == "bwrap" else ["unshare"]
         tools += ["prlimit"] + (["setpriv"] if as_root or kind == "unshare" else [])
         missing = [t for t in tools if shutil.which(t) is None]
+        if kind == "unshare" and pivot_root_tool() is None:
+            missing.append("pivot_root")
         if missing:
             return "not installed: " + ", ".join(missing)
         python = self._python_request or getattr(sys, "_base_executable", None) or sys.executable
@@ -165,46 +181,78 @@ class Sandbox:
                 return f"{python} is not accessible to an unprivileged user and no system python3 is"
             python = str(Path(system).resolve())
         prefix = python_prefix(python)
+        return Backend(
+            kind=kind,  # type: ignore[arg-type]
+            as_root=as_root,
+            python=python,
+            python_prefix=prefix,
+            hide_paths=self._hidden_paths(prefix),
+        )
+
+    def _hidden_paths(self, prefix: str) -> list[str]:
+        """Directories to mask where the visible tree would show them: the project, the working directory,
+        home directories, every site-packages / dist-packages of the server's and the sandbox's
+        interpreters (the code runs with ``-I -S``: it needs only the standard library) and any asked for."""
+        candidates = [
+            str(_PROJECT_ROOT),
+            str(_PROJECT_ROOT.parent / "resources_servers"),
+            os.getcwd(),
+            os.path.expanduser("~"),
+            "/root",
+            "/home",
+            sys.prefix,
+            *site.getsitepackages(),
+            *glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages")),
+            *glob.glob(os.path.join(prefix, "lib", "python3*", "dist-packages")),
+            *glob.glob(os.path.join(prefix, "local", "lib", "python3*", "*-packages")),
+            *glob.glob("/usr/lib/python3*/*-packages"),
+            *glob.glob("/usr/local/lib/python3*/*-packages"),
+            *self._extra_hide,
+        ]
         hide = []
-        if kind == "unshare":
-            candidates = [
-                str(_PROJECT_ROOT),
-                os.getcwd(),
-                os.path.expanduser("~"),
-                "/root",
-                "/home",
-                *self._extra_hide,
-            ]
-            for p in dict.fromkeys(os.path.realpath(c) for c in candidates):
-                if p in ("/", "/usr", "/tmp") or not os.path.isdir(p):
-                    continue
-                if any(p.startswith(t + os.sep) for t in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")):
-                    continue  # already gone: the sandbox mounts fresh tmpfs over these before hiding
-                if prefix == p or prefix.startswith(p + os.sep):
-                    log.warning("code sandbox: cannot hide %s (the interpreter lives there)", p)
-                    continue
-                hide.append(p)
-        return Backend(kind=kind, as_root=as_root, python=python, python_prefix=prefix, hide_paths=hide)  # type: ignore[arg-type]
+        for p in dict.fromkeys(os.path.realpath(c) for c in candidates):
+            if p in ("/", "/usr", "/tmp") or not os.path.isdir(p):
+                continue
+            if prefix == p or prefix.startswith(p + os.sep):
+                continue  # only the interpreter's prefix of it is visible (and never its site-packages)
+            hide.append(p)
+        return hide
 
     def _probe(self, backend: Backend) -> str | None:
         if backend.kind == "bwrap" and not backend.as_root:
             backend.disable_userns = bwrap_supports("--disable-userns")
             backend.as_pid_1 = bwrap_supports("--as-pid-1")
-        argv = self._argv(backend, [backend.python, "-I", "-S", "-c", "print(6*7)"], SandboxLimits(), {}, 0)
+        # 42, and the filter in force (seccomp mode 2) in the command itself
+        probe = "print(6*7, open('/proc/self/status').read().count('Seccomp:\\t2'))"
+        fd = pipe_with(self._seccomp)
         try:
+            argv = self._argv(backend, [backend.python, "-I", "-S", "-c", probe], SandboxLimits(), {}, 0, fd)
             done = subprocess.run(
-                argv, capture_output=True, timeout=30, env=CLEAN_ENV, stdin=subprocess.DEVNULL
+                argv,
+                capture_output=True,
+                timeout=30,
+                env=CLEAN_ENV,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(fd,),
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             return str(e)
-        if done.returncode != 0 or done.stdout.strip() != b"42":
+        finally:
+            os.close(fd)
+        if done.returncode != 0 or done.stdout.strip() != b"42 1":
             return f"probe failed (exit {done.returncode}): {done.stderr.decode(errors='replace')[-500:].strip()}"
         return None
 
     # ------------------------------------------------------------------ command lines
 
     def _argv(
-        self, b: Backend, command: list[str], limits: SandboxLimits, ro_files: Mapping[str, str], slot: int
+        self,
+        b: Backend,
+        command: list[str],
+        limits: SandboxLimits,
+        ro_files: Mapping[str, str],
+        slot: int,
+        seccomp_fd: int,
     ) -> list[str]:
         rlimits = prlimit_argv(limits)
         setpriv = [shutil.which("setpriv") or "setpriv"]
@@ -213,19 +261,31 @@ class Sandbox:
             setpriv += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         setpriv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
         if b.kind == "bwrap":
-            return bwrap_argv(b, limits, ro_files) + (setpriv if b.as_root else []) + rlimits + command
-        return unshare_argv(b, limits, ro_files) + setpriv + rlimits + command
+            head = bwrap_argv(b, limits, ro_files, seccomp_fd)
+            return head + (setpriv if b.as_root else []) + rlimits + command
+        # the fallback has no tool that installs a filter: a small loader does, then execs the command
+        ro_files = {**ro_files, "seccomp_exec.py": str(LOADER)}
+        loader = [b.python, "-I", "-S", f"{RO_DIR}/seccomp_exec.py", str(seccomp_fd)]
+        return unshare_argv(b, limits, ro_files) + setpriv + rlimits + loader + command
 
     def command(
         self,
         command: list[str],
         limits: SandboxLimits | None = None,
         ro_files: Mapping[str, str] | None = None,
+        seccomp_fd: int = 3,
     ) -> list[str]:
-        """The full host argv that runs ``command`` sandboxed in slot 0 (for inspection and probes)."""
+        """The full host argv that runs ``command`` sandboxed in slot 0 (for inspection and probes).
+
+        It reads the seccomp filter from descriptor ``seccomp_fd``: pass :meth:`seccomp_pipe` there."""
         self.start()
         assert self._backend is not None
-        return self._argv(self._backend, command, limits or SandboxLimits(), ro_files or {}, 0)
+        return self._argv(self._backend, command, limits or SandboxLimits(), ro_files or {}, 0, seccomp_fd)
+
+    def seccomp_pipe(self) -> int:
+        """A fresh descriptor holding the compiled seccomp filter (the caller closes it after the start)."""
+        self.start()
+        return pipe_with(self._seccomp)
 
     # ------------------------------------------------------------------ running
 
@@ -248,16 +308,21 @@ class Sandbox:
             if "/" in name or name in ("", ".", ".."):
                 raise ValueError(f"ro_files name must be a plain file name, got {name!r}")
         async with self._slots.acquire() as slot:
-            argv = self._argv(self._backend, command, limits, ro_files or {}, slot)
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=CLEAN_ENV,
-                start_new_session=True,
-                limit=limits.output_bytes + 65536,
-            )
+            fd = pipe_with(self._seccomp)
+            try:
+                argv = self._argv(self._backend, command, limits, ro_files or {}, slot, fd)
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=CLEAN_ENV,
+                    start_new_session=True,
+                    limit=limits.output_bytes + 65536,
+                    pass_fds=(fd,),
+                )
+            finally:
+                os.close(fd)
             running = SandboxProcess(proc, limits)
             try:
                 yield running

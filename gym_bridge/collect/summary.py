@@ -14,12 +14,19 @@ from typing import IO, Any
 
 from gym_bridge.agent import RolloutMetrics
 from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
-from gym_bridge.collect.output import ENV_SERVER
+from gym_bridge.collect.output import ENV_SERVER, FAILURE_CLASS
 from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
 from gym_bridge.retry import Client, SendFailed, post_once
 
-__all__ = ["COUNTED", "AggregateSpool", "RunStats", "env_aggregate_metrics", "reward_component_means"]
+__all__ = [
+    "COUNTED",
+    "AggregateSpool",
+    "RunStats",
+    "env_aggregate_metrics",
+    "failure_causes",
+    "reward_component_means",
+]
 
 COUNTED = ("model_calls", "tool_calls", "input_tokens", "output_tokens", "retries")
 """Per-rollout counts summed over the run (``retries``: extra attempts of any request, model or env)."""
@@ -39,6 +46,27 @@ def reward_component_means(records: list[dict[str, Any]]) -> dict[str, float]:
                 sums[name] = sums.get(name, 0.0) + float(value)
                 counts[name] += 1
     return {name: sums[name] / counts[name] for name in sorted(sums)}
+
+
+def failure_causes(failures: Path, last: int, limit: int = 3) -> list[tuple[str, str, int]]:
+    """The first ``limit`` distinct causes among the last ``last`` entries of a failures file (this run's:
+    a resumed run appends), as ``(failure class, error, how many of those entries had it)``.
+
+    Why: the console says *why* a collection failed, not only how many rollouts did; the per-rollout
+    errors stay in the file. The file is read twice, line by line, so its size costs no memory."""
+    if last <= 0 or not failures.is_file():
+        return []
+    total = sum(1 for _ in iter_jsonl(failures, strict=False))
+    causes: dict[tuple[str, str], int] = {}
+    for i, (_, entry) in enumerate(iter_jsonl(failures, strict=False)):
+        if i < total - last:
+            continue
+        key = (str(entry.get(FAILURE_CLASS)), " ".join(str(entry.get("error")).split())[:500])
+        if key in causes:
+            causes[key] += 1
+        elif len(causes) < limit:
+            causes[key] = 1
+    return [(kind, error, count) for (kind, error), count in causes.items()]
 
 
 @dataclass

@@ -163,6 +163,16 @@ def collect(
     ray: Annotated[
         str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP, show_default=False)
     ] = None,
+    max_failed_fraction: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Exit 1 when more than this share of the run's rollouts failed (as "
+            "grpo.max_failed_rollouts_fraction does in training; 0: any failure). A run in which no rollout "
+            "succeeded exits 1 whatever this is. The rollouts that did succeed are kept either way.",
+        ),
+    ] = 1.0,
 ) -> None:
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
     from rich.console import Console
@@ -214,6 +224,37 @@ def collect(
 
             result = collect_on_ray(config, ray, report=bar.log, **shown)
     _print_summary(console, result)
+    _exit_on_failures(console, result, max_failed_fraction)
+
+
+def _exit_on_failures(console: Any, result: Any, max_failed_fraction: float) -> None:
+    """Print the run's first distinct failure causes; exit 1 when no rollout succeeded or more than
+    ``max_failed_fraction`` of them failed (a run that did not do its job must not exit 0)."""
+    from gym_bridge.collect.summary import failure_causes
+
+    if not result.failed:
+        return
+    for kind, error, count in failure_causes(result.failures_path, result.failed):
+        console.print(f"failure cause ({kind}, {count}x): {error}", highlight=False, markup=False)
+    rollouts_failed = result.failed - result.skipped_rows
+    attempted = result.written + rollouts_failed
+    if result.written == 0:
+        problem = f"no rollout succeeded ({result.failed} failed)"
+    elif attempted and rollouts_failed / attempted > max_failed_fraction:
+        problem = (
+            f"{rollouts_failed} of {attempted} rollouts failed ({rollouts_failed / attempted:.1%}), more than "
+            f"--max-failed-fraction {max_failed_fraction:g}"
+        )
+    else:
+        return
+    console.print(
+        f"error: {problem}; the finished rollouts are kept in {result.output_path}, the failures in "
+        f"{result.failures_path}: fix the cause, then rerun with --resume to make only the missing rollouts",
+        style="bold red",
+        highlight=False,
+        markup=False,
+    )
+    raise typer.Exit(1)
 
 
 class _ProgressBar:

@@ -141,7 +141,8 @@ def test_collect_passes_the_api_key_to_a_policy_server_with_a_token(tmp_path, bo
         with_key = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "ok.jsonl"), "--api-key", "sekrit"])
         from_env = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "env.jsonl")], env={"OPENAI_API_KEY": "sekrit"})
         without = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "no.jsonl")], env={"OPENAI_API_KEY": ""})
-    assert with_key.exit_code == from_env.exit_code == without.exit_code == 0, with_key.output
+    assert with_key.exit_code == from_env.exit_code == 0, with_key.output
+    assert without.exit_code == 1 and "401" in without.output, without.output  # nothing succeeded: not a pass
     assert [r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")] == [1.0]
     assert [r["reward"] for r in read_jsonl(tmp_path / "env.jsonl")] == [1.0]
     assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")
@@ -170,7 +171,8 @@ def test_collect_passes_the_env_api_key_to_an_env_server_with_a_token(tmp_path):
             app, [*base, "-o", str(tmp_path / "env.jsonl")], env={"GYM_BRIDGE_ENV_API_KEY": "env-sekrit"}
         )
         without = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "no.jsonl")], env={"GYM_BRIDGE_ENV_API_KEY": ""})
-    assert with_key.exit_code == from_env.exit_code == without.exit_code == 0, with_key.output
+    assert with_key.exit_code == from_env.exit_code == 0, with_key.output
+    assert without.exit_code == 1 and "401" in without.output, without.output  # nothing succeeded: not a pass
     assert [r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")] == [1.0]
     assert [r["reward"] for r in read_jsonl(tmp_path / "env.jsonl")] == [1.0]
     assert not (tmp_path / "no.jsonl").exists() or not read_jsonl(tmp_path / "no.jsonl")

@@ -1,4 +1,4 @@
-"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``eval``, ``train``, ``view``.
+"""The ``gym-bridge`` command: ``serve``, ``collect``, ``reverify``, ``transform``, ``eval``, ``train``, ``view``, ``audit``.
 
 Start-up is kept cheap: no verb imports torch or transformers until it needs a local model.
 """
@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 import gym_bridge
-from gym_bridge.commands import collect, reverify, serve, train, transform, view
+from gym_bridge.commands import audit, collect, reverify, serve, train, transform, view
 from gym_bridge.commands import eval as eval_command
 from gym_bridge.commands.typer_app import App
 
@@ -22,6 +22,7 @@ app.command("collect", cls=collect.CollectCommand)(collect.collect)
 app.command("reverify")(reverify.reverify)
 app.command("train")(train.train)
 app.command("view")(view.view)
+app.command("audit")(audit.audit)
 
 
 def _print_version(value: bool) -> None:

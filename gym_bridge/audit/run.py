@@ -123,8 +123,11 @@ class _Runner:
         else:
             reward = result.record.get("reward")
             outcome.reward = reward if isinstance(reward, (int, float)) else None
-            if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward) or (
-                not 0.0 <= reward <= 1.0
+            if (
+                not isinstance(reward, (int, float))
+                or isinstance(reward, bool)
+                or not math.isfinite(reward)
+                or (not 0.0 <= reward <= 1.0)
             ):
                 found("wrong-reward", f"reward {reward!r} is not a finite number in [0, 1]")
             elif attack.control and reward < 1.0:
@@ -148,19 +151,24 @@ class _Runner:
             return await self._under_load(attack)
         result, seconds = await self.rollout(attack)
         outcomes = [self.judge(attack, result, seconds)]
-        if attack.then is not None:
-            follow, seconds = await self.rollout(attack.then)
-            after = self.judge(attack.then, follow, seconds)
-            for f in after.findings:  # the attack changed what a later, innocent answer gets
-                outcomes[0].findings.append(Finding(attack.name, "escape/leak", attack.what, f"afterwards: {f.observed}"))
+        for innocent in attack.then:
+            follow, seconds = await self.rollout(innocent)
+            for f in self.judge(
+                innocent, follow, seconds
+            ).findings:  # the attack changed a later answer's reward
+                outcomes[0].findings.append(
+                    Finding(
+                        attack.name, "escape/leak", attack.what, f"afterwards, {innocent.what}: {f.observed}"
+                    )
+                )
         return outcomes
 
     async def _under_load(self, attack: Attack) -> list[Outcome]:
         """``concurrent`` copies of the attack in flight; meanwhile the plain follow-up, timed one by one."""
         load = [asyncio.ensure_future(self.rollout(attack)) for _ in range(attack.concurrent)]
         await asyncio.sleep(0.2)
-        plain = attack.then
-        assert plain is not None, "a load attack needs a plain follow-up to time"
+        assert attack.then, "a load attack needs a plain follow-up to time"
+        plain = attack.then[0]
         latencies = []
         while not all(t.done() for t in load) and len(latencies) < 200:
             result, seconds = await self.rollout(plain)
@@ -170,13 +178,17 @@ class _Runner:
         results = await asyncio.gather(*load)
         outcome = self.judge(attack, *results[0])
         for extra in results[1:]:
-            outcome.findings.extend(f for f in self.judge(attack, *extra).findings if f.attack_class != "stall")
+            outcome.findings.extend(
+                f for f in self.judge(attack, *extra).findings if f.attack_class != "stall"
+            )
         worst = max(latencies) if latencies else 0.0
         outcome.note = f"plain answer under load: {len(latencies)} timed, worst {worst:.2f} s"
         bound = attack.plain_bound_s
         if worst > bound:
             outcome.findings.append(
-                Finding(attack.name, "stall", attack.what, f"a plain answer took {worst:.2f} s (bound {bound} s)")
+                Finding(
+                    attack.name, "stall", attack.what, f"a plain answer took {worst:.2f} s (bound {bound} s)"
+                )
             )
         return [outcome]
 
@@ -191,7 +203,9 @@ class _Runner:
                     headers["cookie"] = cookie
             started = time.perf_counter()
             try:
-                answer = await client.post(f"{self.url}{attack.path}", content=attack.content, headers=headers)
+                answer = await client.post(
+                    f"{self.url}{attack.path}", content=attack.content, headers=headers
+                )
             except httpx.TimeoutException:
                 outcome.findings.append(Finding(attack.name, "stall", attack.what, "no answer"))
                 return outcome
@@ -201,7 +215,9 @@ class _Runner:
             outcome.seconds = round(time.perf_counter() - started, 3)
         if answer.status_code >= 500:
             outcome.findings.append(
-                Finding(attack.name, "crash", attack.what, f"HTTP {answer.status_code}: {answer.text[:160]!r}")
+                Finding(
+                    attack.name, "crash", attack.what, f"HTTP {answer.status_code}: {answer.text[:160]!r}"
+                )
             )
         elif (problem := attack.check(answer.status_code, answer.content)) is not None:
             outcome.findings.append(Finding(attack.name, attack.attack_class, attack.what, problem))

@@ -23,9 +23,11 @@ class ScriptedModel:
 
     def _turn_for(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         items = request.get("input")
-        made = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "function_call") if (
-            isinstance(items, list)
-        ) else 0
+        made = (
+            sum(1 for item in items if isinstance(item, dict) and item.get("type") == "function_call")
+            if (isinstance(items, list))
+            else 0
+        )
         seen = 0
         for turn in self.turns:
             if seen >= made:
@@ -49,6 +51,10 @@ class ScriptedModel:
         response = Response(model="gym-bridge-audit", output=self._turn_for(request)).model_dump(mode="json")
         payload = json.dumps(response).encode()
         await send(
-            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
         )
         await send({"type": "http.response.body", "body": payload})

@@ -18,28 +18,42 @@ def audit(
     ],
     strict: Annotated[
         bool,
-        typer.Option(help="Also count answers the NeMo Gym default pays by design (math: relations, negations, "
-                          "approximations, trailing prose); use it against a server run in its strict mode."),
+        typer.Option(
+            help="Also count answers the NeMo Gym default pays by design (math: relations, negations, "
+            "approximations, trailing prose); use it against a server run in its strict mode."
+        ),
     ] = False,
-    stall_s: Annotated[float, typer.Option(help="Seconds an answer may take before it counts as a stall.")] = 30.0,
+    stall_s: Annotated[
+        float, typer.Option(help="Seconds an answer may take before it counts as a stall.")
+    ] = 30.0,
     code_cpu_limit: Annotated[
-        float, typer.Option(help="The code server's CPU seconds per test (--env code): the CPU attacks spend 1.7x it.")
+        float,
+        typer.Option(
+            help="The code server's CPU seconds per test (--env code): the CPU attacks spend 1.7x it."
+        ),
     ] = 4.0,
     only: Annotated[
-        list[str] | None, typer.Option("--only", help="Run only this attack (repeatable; the controls always run).")
+        list[str] | None,
+        typer.Option("--only", help="Run only this attack (repeatable; the controls always run)."),
     ] = None,
     judge_port: Annotated[
         int | None,
-        typer.Option(help="Serve the audit's gullible judge model on 127.0.0.1:PORT while it runs (--env judge): "
-                          "start the judge server with --judge-url http://127.0.0.1:PORT/v1.", show_default=False),
+        typer.Option(
+            help="Serve the audit's gullible judge model on 127.0.0.1:PORT while it runs (--env judge): "
+            "start the judge server with --judge-url http://127.0.0.1:PORT/v1.",
+            show_default=False,
+        ),
     ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the whole report as JSON here.", show_default=False)
     ] = None,
     env_api_key: Annotated[
         str | None,
-        typer.Option(envvar="GYM_BRIDGE_ENV_API_KEY", help="Bearer token for a server started with --token.",
-                     show_default=False),
+        typer.Option(
+            envvar="GYM_BRIDGE_ENV_API_KEY",
+            help="Bearer token for a server started with --token.",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Attack the server at URL as a reward-hacking policy and a hostile web page would; exit 1 on any finding.
@@ -59,12 +73,18 @@ def audit(
 
     err = Console(stderr=True, soft_wrap=True)
     if env not in ENVS:
-        err.print(f"error: --env must be one of {', '.join(ENVS)}; got {env!r}", markup=False, highlight=False)
+        err.print(
+            f"error: --env must be one of {', '.join(ENVS)}; got {env!r}", markup=False, highlight=False
+        )
         raise typer.Exit(2)
     known = {a.name for a in ENVS[env].attacks(AuditOptions(strict=True))} | _raw_names(env)
     unknown = sorted(set(only or ()) - known)
     if unknown:
-        err.print(f"error: --only: no attack named {', '.join(unknown)} for --env {env}", markup=False, highlight=False)
+        err.print(
+            f"error: --only: no attack named {', '.join(unknown)} for --env {env}",
+            markup=False,
+            highlight=False,
+        )
         raise typer.Exit(2)
     with ExitStack() as stack:
         if judge_port is not None:
@@ -83,8 +103,9 @@ def audit(
                     options=AuditOptions(strict=strict, code_cpu_limit_s=code_cpu_limit),
                     headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else None,
                     only=set(only) if only else None,
-                    progress=lambda o: err.print(f"  {o.attack}: {len(o.findings)} finding(s)", highlight=False,
-                                                 markup=False),  # fmt: skip
+                    progress=lambda o: err.print(
+                        f"  {o.attack}: {len(o.findings)} finding(s)", highlight=False, markup=False
+                    ),  # fmt: skip
                 )
             )
         except AuditError as e:

@@ -122,7 +122,9 @@ while any(alive(p) for p in pids):
 
 LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
 SHM_KEY = 0x6A0D17 + uuid.uuid4().int % 1000
-SHM_MAKE = LIBC + f"""
+SHM_MAKE = (
+    LIBC
+    + f"""
 libc.shmat.restype = ctypes.c_void_p
 for i in range(8):
     shm = libc.shmget({SHM_KEY} + i, 64 << 20, 0o1666)
@@ -132,25 +134,35 @@ for i in range(8):
             ctypes.memset(at, 1, 64 << 20)
 {SUM_PROGRAM}
 """
-SHM_LOOK = LIBC + f"""
+)
+SHM_LOOK = (
+    LIBC
+    + f"""
 if libc.shmget({SHM_KEY}, 0, 0) >= 0:
     print("a segment of an earlier task is still here")
 else:
 {textwrap.indent(SUM_PROGRAM, "    ")}
 """
+)
 KEY_NAME = f"gym-bridge-audit-{uuid.uuid4().hex[:8]}"
-KEY_ADD = LIBC + f"""
+KEY_ADD = (
+    LIBC
+    + f"""
 libc.syscall.restype = ctypes.c_long
 libc.syscall(248, b"user", {KEY_NAME.encode()!r}, b"secret", 6, -4)  # add_key(..., KEY_SPEC_USER_KEYRING)
 {SUM_PROGRAM}
 """
-KEY_LOOK = LIBC + f"""
+)
+KEY_LOOK = (
+    LIBC
+    + f"""
 libc.syscall.restype = ctypes.c_long
 if libc.syscall(250, 10, -4, b"user", {KEY_NAME.encode()!r}, 0) >= 0:  # keyctl(KEYCTL_SEARCH, @u, ...)
     print("a key of an earlier task is still here")
 else:
 {textwrap.indent(SUM_PROGRAM, "    ")}
 """
+)
 
 
 def attacks(options: AuditOptions) -> list[Attack]:
@@ -196,12 +208,12 @@ def attacks(options: AuditOptions) -> list[Attack]:
                program(_cpu_burn(cpu, setsid=True))),
         Attack("sysv_shared_memory", "escape/leak", "8 x 64 MB of SysV shared memory, left for the next task",
                SUM, program(SHM_MAKE), max_reward=1.0,
-               then=Attack("shm_seen_later", "escape/leak", "a later task looks for the segments", SUM,
-                           program(SHM_LOOK), max_reward=1.0, control=True)),
+               then=(Attack("shm_seen_later", "escape/leak", "a later task looks for the segments", SUM,
+                           program(SHM_LOOK), max_reward=1.0, control=True),)),
         Attack("kernel_keyring", "escape/leak", "a key in the user keyring, left for the next task", SUM,
                program(KEY_ADD), max_reward=1.0,
-               then=Attack("key_seen_later", "escape/leak", "a later task looks for the key", SUM, program(KEY_LOOK),
-                           max_reward=1.0, control=True)),
+               then=(Attack("key_seen_later", "escape/leak", "a later task looks for the key", SUM, program(KEY_LOOK),
+                           max_reward=1.0, control=True),)),
         Attack("litter_then_honest", "escape/leak", "write files on the host, then answer honestly", SUM,
-               program(litter + SUM_PROGRAM), max_reward=1.0, markers=markers, then=honest),
+               program(litter + SUM_PROGRAM), max_reward=1.0, markers=markers, then=(honest,)),
     ]  # fmt: skip

@@ -23,7 +23,9 @@ GOLD = "Charles Darwin"
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
 ROW = {
     "responses_create_params": {
-        "input": [{"role": "user", "content": f"Answer; put the final answer inside \\boxed{{}}.\n\n{QUESTION}"}]
+        "input": [
+            {"role": "user", "content": f"Answer; put the final answer inside \\boxed{{}}.\n\n{QUESTION}"}
+        ]
     },
     "question": QUESTION,
     "expected_answer": GOLD,
@@ -92,7 +94,13 @@ class GullibleJudge:
             payload = {"id": "resp_audit_judge", "object": "response", "model": "gullible-judge", "status": "completed",
                        "output": [{"type": "message", "role": "assistant", "id": "msg_judge", "status": "completed",
                                    "content": [{"type": "output_text", "text": reply, "annotations": []}]}]}  # fmt: skip
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
     template_marks: int | None = None

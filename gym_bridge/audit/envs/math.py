@@ -9,7 +9,9 @@ from gym_bridge.audit.attacks import Attack, AuditOptions, answer, marker_path
 
 __all__ = ["attacks"]
 
-PROMPT = "Solve the following math problem. Make sure to put the answer (and only answer) inside \\boxed{}.\n\n"
+PROMPT = (
+    "Solve the following math problem. Make sure to put the answer (and only answer) inside \\boxed{}.\n\n"
+)
 
 
 def row(question: str, expected: str) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def attacks(options: AuditOptions) -> list[Attack]:
                cls="crash"),
         _wrong("huge_integer", "a 200,000-digit integer", "\\boxed{" + "9" * 200_000 + "}", cls="crash"),
         Attack("power_towers", "stall", "8 answers that run a verifier into its time limit, then a plain one",
-               FOUR, [answer("\\boxed{9^{9^{9^9}}}")], concurrent=8, then=plain),
+               FOUR, [answer("\\boxed{9^{9^{9^9}}}")], concurrent=8, then=(plain,)),
     ]  # fmt: skip
     if options.strict:
         found += [

@@ -46,7 +46,9 @@ def row(check: dict[str, Any]) -> dict[str, Any]:
 
 BY_ARGUMENTS = row({"expected_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P125", "quantity": 2}}],
                     "match": "strict"})  # fmt: skip
-BY_OUTCOME = row({"reference_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P125", "quantity": 2}}]})
+BY_OUTCOME = row(
+    {"reference_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P125", "quantity": 2}}]}
+)
 DONE = answer("Done: 2 x P125 are in your cart.")
 
 

@@ -52,7 +52,7 @@ root=""
 for d in /mnt /media /srv /opt /var; do
     if [ -d "$d" ]; then root=$d; break; fi
 done
-mount -t tmpfs -o size=1m,nr_inodes=4096,mode=755 sandbox-root "$root"
+mount -t tmpfs -o size=1m,nr_inodes=4096,mode=755,nosuid,nodev sandbox-root "$root"
 while [ "$1" != "--" ]; do
     case "$1" in
         bind)
@@ -65,7 +65,7 @@ while [ "$1" != "--" ]; do
             ln -s "$2" "$root$3"
             shift 3 ;;
         mask)
-            mount -t tmpfs -o size=4k,nr_inodes=8,mode=755,ro sandbox-mask "$root$2"
+            mount -t tmpfs -o size=4k,nr_inodes=8,mode=755,ro,nosuid,nodev,noexec sandbox-mask "$root$2"
             shift 2 ;;
         file)
             : > "$root/tmp/.sandbox/$2"
@@ -82,9 +82,12 @@ while [ "$1" != "--" ]; do
     esac
 done
 shift
+# the read-only files' directory itself read-only too (in a user namespace the program owns it)
+mount --rbind "$root/tmp/.sandbox" "$root/tmp/.sandbox"
+mount -o remount,bind,ro,nosuid,nodev "$root/tmp/.sandbox"
 mkdir -p "$root/proc" "$root/dev"
 mount --rbind /proc "$root/proc"
-mount -t tmpfs -o size=64k,nr_inodes=64,mode=755,nosuid,noexec sandbox-dev "$root/dev"
+mount -t tmpfs -o size=64k,nr_inodes=64,mode=755,nosuid,nodev,noexec sandbox-dev "$root/dev"
 for dev in null zero full random urandom tty; do
     [ -e "/dev/$dev" ] || continue
     : > "$root/dev/$dev"
@@ -96,8 +99,9 @@ ln -s /proc/self/fd/1 "$root/dev/stdout"
 ln -s /proc/self/fd/2 "$root/dev/stderr"
 mkdir "$root/dev/shm"
 mount -t tmpfs -o "size=$tmp_size,nr_inodes=$tmp_inodes,mode=1777,nosuid,nodev" sandbox-shm "$root/dev/shm"
-mount -o remount,ro,nosuid,noexec "$root/dev"
-mount -o remount,ro "$root"
+# (nodev: a user namespace's mounts are always nodev, and a remount may not clear it)
+mount -o remount,bind,ro,nosuid,nodev,noexec "$root/dev"
+mount -o remount,bind,ro,nosuid,nodev "$root"
 cd "$root"
 "$pivot" . .
 umount -l .

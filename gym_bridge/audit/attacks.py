@@ -91,13 +91,19 @@ class Attack:
     """The scripted model's answers, turn by turn (every turn but the last should be tool calls)."""
     max_reward: float = 0.0
     """Reward above this is a wrong-reward finding (1.0 for the control and for answers that may pass)."""
+    min_reward: float = 0.0
+    """Reward below this is a finding (1.0 for an honest answer that an attack must not spoil)."""
     control: bool = False
-    """The honest answer: it must score 1."""
+    """A pre-flight check (an honest answer, ``min_reward`` 1): if it fails, the probe rows do not fit the server
+    and nothing is audited."""
     markers: tuple[str, ...] = ()
     """Paths that must not exist after it ran (the server is on this machine)."""
     then: tuple[Attack, ...] = ()
     """Innocent follow-ups whose rewards the attack must not have changed (run after it, each checked as its own;
     what they find is filed as the attack's escape/leak)."""
+    host_shmem_growth_mb: float | None = None
+    """Shared memory (``Shmem`` of /proc/meminfo) the attack may leave on the server's machine (checked only
+    for a local server): more is memory that outlived the task and escaped its limit."""
     concurrent: int = 1
     """Copies sent at once (a stall attack: the load a plain answer must not wait behind)."""
     plain_bound_s: float = 1.0

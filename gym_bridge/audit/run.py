@@ -63,6 +63,15 @@ class AuditReport:
         }
 
 
+def _shmem_mb() -> float:
+    """This machine's shared memory in use (``Shmem`` of /proc/meminfo), in MB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def is_local(url: str) -> bool:
     """Whether the server runs on this machine (marker files can then be looked for)."""
     host = urlsplit(url).hostname or ""
@@ -116,7 +125,7 @@ class _Runner:
                 found("stall", f"no answer at {failure.stage} within {self.policy.request_timeout:.0f} s")
             elif failure.failure_class.endswith("_connection_error"):
                 found("crash", f"connection lost at {failure.stage}: {failure.message[:200]}")
-            elif attack.control:
+            elif attack.min_reward > 0:
                 found(attack.attack_class, f"the honest answer failed: {failure.message[:200]}")
             else:
                 outcome.note = f"refused ({failure.failure_class}): {failure.message[:160]}"
@@ -130,8 +139,8 @@ class _Runner:
                 or (not 0.0 <= reward <= 1.0)
             ):
                 found("wrong-reward", f"reward {reward!r} is not a finite number in [0, 1]")
-            elif attack.control and reward < 1.0:
-                found("wrong-reward", f"the honest answer scored {reward}")
+            elif reward < attack.min_reward:
+                found(attack.attack_class, f"the honest answer scored {reward}")
             elif reward > attack.max_reward:
                 found("wrong-reward", f"scored {reward} (at most {attack.max_reward} expected)")
         if seconds > self.stall_s:
@@ -149,8 +158,20 @@ class _Runner:
     async def play(self, attack: Attack) -> list[Outcome]:
         if attack.concurrent > 1:
             return await self._under_load(attack)
+        shmem_before = _shmem_mb() if self.local and attack.host_shmem_growth_mb is not None else None
         result, seconds = await self.rollout(attack)
         outcomes = [self.judge(attack, result, seconds)]
+        if shmem_before is not None and attack.host_shmem_growth_mb is not None:
+            grown = _shmem_mb() - shmem_before
+            if grown > attack.host_shmem_growth_mb:
+                outcomes[0].findings.append(
+                    Finding(
+                        attack.name,
+                        "escape/leak",
+                        attack.what,
+                        f"host shared memory grew {grown:.0f} MB and stayed",
+                    )
+                )
         for innocent in attack.then:
             follow, seconds = await self.rollout(innocent)
             for f in self.judge(

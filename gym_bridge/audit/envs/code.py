@@ -91,40 +91,42 @@ def _litter(tag: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _cpu_burn(limit_s: float, setsid: bool) -> str:
-    """Spend 1.7 x the CPU limit in children nobody waits for (SIGCHLD ignored: the kernel reaps them),
-    about 0.85 x the limit in wall time on two cores, then answer honestly: only a sandbox that charges
-    every task's CPU refuses it."""
-    children = max(4, round(limit_s * 1.7 / 0.2))
+    """Spend 1.7 x the CPU limit in 0.4 s children nobody waits for (SIGCHLD ignored: the kernel reaps them),
+    four alive at a time (under any process cap), about 0.85 x the limit in wall time on two cores, then
+    answer honestly: only a sandbox that charges every task's CPU refuses it."""
+    children = max(4, round(limit_s * 1.7 / 0.4))
     detach = "os.setsid()\n        " if setsid else ""
     return f"""
 import os, signal, time
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-pids = []
-for _ in range({children}):
-    pid = os.fork()
-    if pid == 0:
-        {detach}end = time.process_time() + 0.2
-        while time.process_time() < end:
-            pass
-        os._exit(0)
-    pids.append(pid)
 def alive(pid):
     try:
         os.kill(pid, 0)
         return True
     except OSError:
         return False
-while any(alive(p) for p in pids):
-    time.sleep(0.02)
+pids = []
+for _ in range({children}):
+    while sum(map(alive, pids)) >= 4:
+        time.sleep(0.01)
+    pid = os.fork()
+    if pid == 0:
+        {detach}end = time.process_time() + 0.4
+        while time.process_time() < end:
+            pass
+        os._exit(0)
+    pids.append(pid)
+while any(map(alive, pids)):
+    time.sleep(0.01)
 {SUM_PROGRAM}
 """
 
 
 LIBC = "import ctypes, ctypes.util\nlibc = ctypes.CDLL(ctypes.util.find_library('c'), use_errno=True)\n"
 SHM_KEY = 0x6A0D17 + uuid.uuid4().int % 1000
-SHM_MAKE = (
-    LIBC
-    + f"""
+SHM_MB = 8 * 64
+SHM_SEEN = f"libc.shmget({SHM_KEY}, 0, 0) >= 0"
+SHM_MAKE = f"""
 libc.shmat.restype = ctypes.c_void_p
 for i in range(8):
     shm = libc.shmget({SHM_KEY} + i, 64 << 20, 0o1666)
@@ -132,48 +134,39 @@ for i in range(8):
         at = libc.shmat(shm, None, 0)
         if at not in (None, ctypes.c_void_p(-1).value):
             ctypes.memset(at, 1, 64 << 20)
-{SUM_PROGRAM}
+            libc.shmdt(ctypes.c_void_p(at))
 """
-)
-SHM_LOOK = (
-    LIBC
-    + f"""
-if libc.shmget({SHM_KEY}, 0, 0) >= 0:
-    print("a segment of an earlier task is still here")
-else:
-{textwrap.indent(SUM_PROGRAM, "    ")}
-"""
-)
 KEY_NAME = f"gym-bridge-audit-{uuid.uuid4().hex[:8]}"
-KEY_ADD = (
-    LIBC
-    + f"""
-libc.syscall.restype = ctypes.c_long
+KEY_SEEN = (
+    f"libc.syscall(250, 10, -4, b'user', {KEY_NAME.encode()!r}, 0) >= 0"  # keyctl(KEYCTL_SEARCH, @u, ...)
+)
+KEY_MAKE = f"""
 libc.syscall(248, b"user", {KEY_NAME.encode()!r}, b"secret", 6, -4)  # add_key(..., KEY_SPEC_USER_KEYRING)
-{SUM_PROGRAM}
 """
-)
-KEY_LOOK = (
-    LIBC
-    + f"""
-libc.syscall.restype = ctypes.c_long
-if libc.syscall(250, 10, -4, b"user", {KEY_NAME.encode()!r}, 0) >= 0:  # keyctl(KEYCTL_SEARCH, @u, ...)
-    print("a key of an earlier task is still here")
-else:
-{textwrap.indent(SUM_PROGRAM, "    ")}
-"""
-)
+
+
+def _leave_and_look(seen: str, make: str | None) -> str:
+    """The sum, honestly, unless ``seen`` (something an earlier test or task left) is true; ``make`` leaves it
+    on the first test. x86-64 system call numbers."""
+    leave = f"if a == 1:\n{textwrap.indent(make, '    ')}" if make else ""
+    return (
+        LIBC
+        + f"""libc.syscall.restype = ctypes.c_long
+a, b = map(int, input().split())
+print("something an earlier test left is still here" if {seen} else a + b)
+{leave}"""
+    )
 
 
 def attacks(options: AuditOptions) -> list[Attack]:
     cpu = options.code_cpu_limit_s
     honest = Attack("honest_after", "escape/leak", "an honest program after the attack", SUM, program(SUM_PROGRAM),
-                    max_reward=1.0, control=True)  # fmt: skip
+                    max_reward=1.0, min_reward=1.0)  # fmt: skip
     litter, markers = _litter("code")
     eq_object = "class Any:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n    __hash__ = object.__hash__\n"
     return [
         Attack("control", "wrong-reward", "the honest program", SUM, program(SUM_PROGRAM), max_reward=1.0,
-               control=True),
+               min_reward=1.0, control=True),
         Attack("exit_zero", "wrong-reward", "sys.exit(0) before any output", UNKNOWABLE,
                program(litter + "import sys\nsys.exit(0)"), markers=markers),
         Attack("os_exit_zero", "wrong-reward", "os._exit(0) at once", UNKNOWABLE, program(litter + "os._exit(0)"),
@@ -206,14 +199,15 @@ def attacks(options: AuditOptions) -> list[Attack]:
                SUM, program(_cpu_burn(cpu, setsid=False))),
         Attack("setsid_children_cpu", "escape/leak", "the same CPU in children that leave the session", SUM,
                program(_cpu_burn(cpu, setsid=True))),
-        Attack("sysv_shared_memory", "escape/leak", "8 x 64 MB of SysV shared memory, left for the next task",
-               SUM, program(SHM_MAKE), max_reward=1.0,
+        Attack("sysv_shared_memory", "escape/leak", f"{SHM_MB} MB of SysV shared memory left by test 1 for test 2",
+               SUM, program(_leave_and_look(SHM_SEEN, SHM_MAKE)), max_reward=1.0, min_reward=1.0,
+               host_shmem_growth_mb=SHM_MB / 2,
                then=(Attack("shm_seen_later", "escape/leak", "a later task looks for the segments", SUM,
-                           program(SHM_LOOK), max_reward=1.0, control=True),)),
-        Attack("kernel_keyring", "escape/leak", "a key in the user keyring, left for the next task", SUM,
-               program(KEY_ADD), max_reward=1.0,
-               then=(Attack("key_seen_later", "escape/leak", "a later task looks for the key", SUM, program(KEY_LOOK),
-                           max_reward=1.0, control=True),)),
+                            program(_leave_and_look(SHM_SEEN, None)), max_reward=1.0, min_reward=1.0),)),
+        Attack("kernel_keyring", "escape/leak", "a key in the user keyring left by test 1 for test 2", SUM,
+               program(_leave_and_look(KEY_SEEN, KEY_MAKE)), max_reward=1.0, min_reward=1.0,
+               then=(Attack("key_seen_later", "escape/leak", "a later task looks for the key", SUM,
+                            program(_leave_and_look(KEY_SEEN, None)), max_reward=1.0, min_reward=1.0),)),
         Attack("litter_then_honest", "escape/leak", "write files on the host, then answer honestly", SUM,
                program(litter + SUM_PROGRAM), max_reward=1.0, markers=markers, then=(honest,)),
     ]  # fmt: skip

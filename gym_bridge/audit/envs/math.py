@@ -33,10 +33,10 @@ def _wrong(name: str, what: str, text: str, task: dict[str, Any] = FOUR, cls: st
 def attacks(options: AuditOptions) -> list[Attack]:
     marker = marker_path("math")
     plain = Attack("plain_answer", "stall", "an honest answer needing the full verifier",
-                   FOUR, [answer("So \\boxed{\\sqrt{4^2}}.")], max_reward=1.0, control=True)  # fmt: skip
+                   FOUR, [answer("So \\boxed{\\sqrt{4^2}}.")], max_reward=1.0, min_reward=1.0)  # fmt: skip
     found = [
         Attack("control", "wrong-reward", "the honest answer", FOUR, [answer("So \\boxed{4}.")],
-               max_reward=1.0, control=True),
+               max_reward=1.0, min_reward=1.0, control=True),
         _wrong("tiny_excess", "4 + 10^-31: within a float tolerance, but not 4", "\\boxed{4+10^{-31}}"),
         _wrong("tiny_deficit", "4 - 10^-100", "\\boxed{4-10^{-100}}"),
         _wrong("near_fraction", "(4*10^40 + 1) / 10^40", "\\boxed{\\frac{4\\cdot10^{40}+1}{10^{40}}}"),

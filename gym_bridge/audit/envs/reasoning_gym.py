@@ -56,14 +56,15 @@ def attacks(options: AuditOptions) -> list[Attack]:
         plain,
         _tagged(plain["answer"]),
         max_reward=1.0,
+        min_reward=1.0,
         control=True,
     )
     banana = Attack("wrong_after", "escape/leak", "a wrong answer after the attack", plain, _tagged("banana"))
     found = [
         Attack("control", "wrong-reward", "the honest answer", plain, _tagged(plain["answer"]), max_reward=1.0,
-               control=True),
+               min_reward=1.0, control=True),
         Attack("spiral_matrix_control", "wrong-reward", "the honest answer to an eval-scored family",
-               by_family["spiral_matrix"], _tagged(by_family["spiral_matrix"]["answer"]), max_reward=1.0, control=True),
+               by_family["spiral_matrix"], _tagged(by_family["spiral_matrix"]["answer"]), max_reward=1.0, min_reward=1.0, control=True),
         Attack("read_expected_answer", "escape/leak", "an answer that evaluates to the expected one",
                by_family["spiral_matrix"], _tagged("entry['answer'].split()"), max_reward=PARTIAL_CREDIT),
     ]  # fmt: skip

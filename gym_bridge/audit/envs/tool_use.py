@@ -61,9 +61,9 @@ def attacks(options: AuditOptions) -> list[Attack]:
     right = {"product_id": "P125", "quantity": 2}
     return [
         Attack("control", "wrong-reward", "the expected call", BY_ARGUMENTS, [calls(("add_to_cart", right)), DONE],
-               max_reward=1.0, control=True),
+               max_reward=1.0, min_reward=1.0, control=True),
         Attack("control_outcome", "wrong-reward", "the expected call, checked by outcome", BY_OUTCOME,
-               [calls(("add_to_cart", right)), DONE], max_reward=1.0, control=True),
+               [calls(("add_to_cart", right)), DONE], max_reward=1.0, min_reward=1.0, control=True),
         _call("near_integer", "quantity 2.0000000001 (the tool refuses it)", {"product_id": "P125", "quantity": 2.0000000001}),
         _call("extra_null_key", "an extra key the tool's schema forbids", {**right, "note": None}),
         _call("quantity_as_text", "quantity as a string", {"product_id": "P125", "quantity": "2"}),

@@ -104,6 +104,9 @@ class Route:
     raw_json: bool = False
     open: bool = False
     """Answered without the bearer token and without a context (``/health``)."""
+    with_context: bool = True
+    """False: the handler gets no context (``/close_session`` names its session in the body, so a call
+    without a cookie starts no session)."""
     summary: str | None = None
     max_body_bytes: int | None = None
     """This route's body limit; None: the app's. ``/aggregate_metrics`` carries a whole run's rollouts."""
@@ -343,6 +346,9 @@ class JsonApp:
 
     ``not_found(method, path)`` answers a request no route matches (default: 404 ``Not Found``, or
     405 when the path exists under another method). ``startup``/``shutdown`` run on the ASGI lifespan.
+    ``mounts``: ASGI apps that serve a path and everything under it themselves (a resources server's
+    ``/mcp``), after the bearer-token check. A handler's answer that sets a cookie itself replaces the
+    cookie the context hook set (a caller-assigned session found by its id, not by the cookie).
     """
 
     def __init__(
@@ -359,8 +365,10 @@ class JsonApp:
         not_found: Callable[[str, str], Answer | None] | None = None,
         startup: Callable[[], Awaitable[None]] | None = None,
         shutdown: Callable[[], Awaitable[None]] | None = None,
+        mounts: dict[str, Callable[[Any, Any, Any], Awaitable[None]]] | None = None,
     ) -> None:
         self.routes = {(r.method, r.path): r for r in routes}
+        self.mounts = dict(mounts or {})
         self.paths = {r.path for r in routes}
         self.title = title
         self.errors = errors or ErrorStyle()
@@ -419,9 +427,13 @@ class JsonApp:
         if route is None:
             if method == "GET" and path in ("/openapi.json", "/docs"):
                 return self._docs(path), []
+            mount = self._mount(path) if self.mounts else None
+            if mount is not None:
+                await mount(scope, receive, send)
+                return None, []
             return self._unmatched(method, path), []
         context, extra = (None, [])
-        if not route.open and self.context is not None:
+        if not route.open and route.with_context and self.context is not None:
             context, extra = self.context(cookies)
         value: Any = _NO_BODY
         if method in ("POST", "PUT", "PATCH"):
@@ -470,6 +482,8 @@ class JsonApp:
                 await self._stream(result, send, extra)
                 return None
             if isinstance(result, Answer):
+                if extra and any(k == b"set-cookie" for k, _ in result.headers):
+                    extra[:] = [h for h in extra if h[0] != b"set-cookie"]
                 return result
             if route.raw_json:
                 return json_answer(200, result)
@@ -499,6 +513,12 @@ class JsonApp:
             await send({"type": "http.response.body", "body": f"{head}data: {json.dumps(error)}\n\n".encode(), "more_body": True})
         tail = b"data: [DONE]\n\n" if stream.done else b""
         await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _mount(self, path: str) -> Callable[[Any, Any, Any], Awaitable[None]] | None:
+        for prefix, app in self.mounts.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return app
+        return None
 
     def _unmatched(self, method: str, path: str) -> Answer:
         if path in self.paths:

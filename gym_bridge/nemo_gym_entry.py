@@ -15,6 +15,7 @@ entry and serves the gym-bridge server of that directory there. An entry::
           port: 8001
           num_workers: 2             # optional: the server's worker pool (math: verifier processes,
                                      # code: sandboxes); refused for tool_use, which has none
+          expose_tools_over_mcp: true  # optional, NeMo Gym 0.7.0's key: the tools also at /mcp
           gym_bridge:                # optional, ours:
             config: {extraction: boxed}   # the server's own settings over its config.yaml
             already_running: false   # true: start nothing, use the server already serving host:port
@@ -76,6 +77,7 @@ class ServerPlan:
     port: int
     already_running: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
+    expose_tools_over_mcp: bool = False
 
 
 def plan_server(config_dict: dict[str, Any], top_level: str, server: str) -> ServerPlan:
@@ -90,11 +92,11 @@ def plan_server(config_dict: dict[str, Any], top_level: str, server: str) -> Ser
     where = f"{where}.{name}"
     if name != server or not isinstance(entry, dict):
         raise EntryError(f"{where}: this entrypoint runs resources_servers/{server}; name the entry '{server}'")
-    unknown = sorted(set(entry) - NEMO_GYM_KEYS - {"num_workers", "gym_bridge"})
+    unknown = sorted(set(entry) - NEMO_GYM_KEYS - {"num_workers", "gym_bridge", "expose_tools_over_mcp"})
     if unknown:
         raise EntryError(
-            f"{where}.{unknown[0]}: unknown key (gym-bridge reads host, port, num_workers and gym_bridge.config / "
-            "gym_bridge.already_running; NeMo Gym's own keys are left to it)"
+            f"{where}.{unknown[0]}: unknown key (gym-bridge reads host, port, num_workers, expose_tools_over_mcp and "
+            "gym_bridge.config / gym_bridge.already_running; NeMo Gym's own keys are left to it)"
         )
     for key in ("host", "port"):
         if entry.get(key) in (None, ""):
@@ -117,9 +119,12 @@ def plan_server(config_dict: dict[str, Any], top_level: str, server: str) -> Ser
         if setting is None:
             raise EntryError(f"{where}.num_workers: the {server} server has no worker pool to size")
         overrides[setting] = entry["num_workers"]
-    if ours.already_running and overrides:
+    mcp = entry.get("expose_tools_over_mcp", False)
+    if not isinstance(mcp, bool):
+        raise EntryError(f"{where}.expose_tools_over_mcp: expected true or false, got {mcp!r}")
+    if ours.already_running and (overrides or mcp):
         raise EntryError(f"{where}.gym_bridge.already_running: a running server's settings cannot be changed here")
-    return ServerPlan(server, str(entry["host"]), port, ours.already_running, overrides)
+    return ServerPlan(server, str(entry["host"]), port, ours.already_running, overrides, mcp)
 
 
 def plan_from_env(server: str, environ: dict[str, str] | None = None) -> ServerPlan:
@@ -137,7 +142,7 @@ def build_server(plan: ServerPlan) -> Any:
     from gym_bridge.server import ServerSettings
 
     server_class = load_server_class(plan.server)
-    settings = ServerSettings(host=plan.host, port=plan.port)
+    settings = ServerSettings(host=plan.host, port=plan.port, expose_tools_over_mcp=plan.expose_tools_over_mcp)
     server = server_class(settings)
     if plan.overrides:
         try:

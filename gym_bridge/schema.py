@@ -15,22 +15,31 @@ here. They mirror the OpenAI Responses API objects that NeMo Gym uses, with two 
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator
 
 __all__ = [
     "AgentRef",
+    "EpisodeId",
     "FunctionCall",
     "FunctionCallOutput",
+    "MCPServerMetadata",
     "OutputMessage",
     "OutputText",
     "Reasoning",
+    "ResourcesCloseSessionRequest",
+    "ResourcesCloseSessionResponse",
+    "ResourcesSeedSessionRequest",
+    "ResourcesSeedSessionResponse",
+    "ResourcesVerifyRequest",
     "Response",
     "ResponsesCreateParams",
     "RolloutRecord",
+    "TaskId",
     "TaskRow",
     "Usage",
     "VerifyRequest",
@@ -308,3 +317,86 @@ def assistant_text(output: list[Any], sep: str = " ") -> str:
         if d is not None and d.get("type") == "message" and d.get("role", "assistant") == "assistant":
             texts.append(content_text(d.get("content")))
     return sep.join(texts)
+
+
+# --------------------------------------------------------------------------- Environment Server sessions
+
+
+class _Closed(BaseModel):
+    """Base for NeMo Gym 0.7.0's Environment Server session models: unknown fields are refused, as there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EpisodeId(_Closed):
+    """One physical attempt of a logical rollout (``nemo_gym.episode_types.EpisodeId``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    attempt: int = Field(default=0, ge=0)
+
+    @field_validator("rollout_id")
+    @classmethod
+    def _no_attempt_suffix(cls, rollout_id: str) -> str:
+        # NeMo Gym reserves ``-a<N>`` for the attempt-qualified capture key (``<rollout_id>-a<attempt>``).
+        if re.search(r"-a[1-9][0-9]*$", rollout_id):
+            raise ValueError("rollout_id must not end with the reserved attempt suffix '-a<N>'")
+        return rollout_id
+
+
+class TaskId(_Closed):
+    """One task of a run-qualified taskset (``nemo_gym.episode_types.TaskId``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    taskset: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
+
+
+class MCPServerMetadata(BaseModel):
+    """How an agent reaches one session's tools over MCP: ``url_path`` on the server, with ``headers``
+    (the session's signed token) on every request."""
+
+    server_name: str
+    url_path: str = "/mcp"
+    transport: str = "http"
+    headers: dict[str, str]
+
+
+class ResourcesSeedSessionRequest(_Closed):
+    """``POST /seed_session`` from an Environment Server: state under a caller-assigned id; the task row
+    (without ``responses_create_params``) is ``task_data``. Repeating it returns the existing session."""
+
+    resources_session_id: str = Field(min_length=1)
+    episode_id: EpisodeId
+    task_id: TaskId
+    task_data: dict[str, JsonValue]
+
+
+class ResourcesSeedSessionResponse(_Closed):
+    """The seeded session's id, and the session's MCP access when the server exposes its tools over MCP."""
+
+    resources_session_id: str
+    resources_tools: MCPServerMetadata | None = None
+    sandbox_access: dict[str, Any] | None = None
+
+
+class ResourcesVerifyRequest(_Closed):
+    """``POST /verify`` from an Environment Server: the episode's identity and the server's own verify
+    body as ``verification_input``; the session is the one the seed's cookie names."""
+
+    episode_id: EpisodeId
+    task_id: TaskId
+    verification_input: dict[str, Any]
+
+
+class ResourcesCloseSessionRequest(_Closed):
+    """``POST /close_session``: release the session; idempotent, and it keeps a later seed of the id out."""
+
+    resources_session_id: str
+    episode_id: EpisodeId
+
+
+class ResourcesCloseSessionResponse(_Closed):
+    resources_session_id: str

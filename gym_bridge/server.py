@@ -12,9 +12,16 @@ An environment defines ``verify`` and, if it has tools, methods marked with :fun
         async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
             ...
 
-The base serves ``POST /seed_session``, ``POST /verify``, ``POST /aggregate_metrics``, one
-``POST /<tool>`` per tool, ``GET /health`` and FastAPI's OpenAPI docs. State is per session, keyed by a
-session cookie that the server sets on first contact and NeMo Gym's agent (and ours) sends back.
+The base serves ``POST /seed_session``, ``POST /verify``, ``POST /close_session``,
+``POST /aggregate_metrics``, ``GET /reverify_mode``, one ``POST /<tool>`` per tool, ``GET /health`` and
+FastAPI's OpenAPI docs. State is per session, keyed by a session cookie that the server sets on first
+contact and NeMo Gym's agent (and ours) sends back.
+
+Two ways to seed: an agent's legacy ``/seed_session`` with the task row, and NeMo Gym 0.7.0's
+Environment Server seed (``ResourcesSeedSessionRequest``: a caller-assigned ``resources_session_id`` with
+the row as ``task_data``), which is idempotent, closed by ``/close_session`` and verified by a
+``ResourcesVerifyRequest`` or the flat body (see :mod:`gym_bridge.resources_sessions`). With
+``expose_tools_over_mcp`` the tools are also served over MCP at ``/mcp`` (:mod:`gym_bridge.mcp_tools`).
 Bad input never crashes the server: it is answered with a 4xx whose ``detail`` names the problem.
 """
 
@@ -33,15 +40,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
 from gym_bridge.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
 from gym_bridge.deadlines import Deadlines
-from gym_bridge.json_http import Answer, JsonApp, Route, json_answer
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
+from gym_bridge.jsonl import compact_json
+from gym_bridge.mcp_tools import check_tool_names, normalized_calls, restore_names
+from gym_bridge.resources_sessions import Binding, ResourcesSessions
+from gym_bridge.schema import (
+    ResourcesCloseSessionRequest,
+    ResourcesCloseSessionResponse,
+    ResourcesSeedSessionRequest,
+    ResourcesVerifyRequest,
+    VerifyRequest,
+    VerifyResponse,
+    dump,
+)
 
 SESSION_COOKIE = "gym_bridge_session"
 
@@ -57,6 +75,9 @@ class ServerSettings(BaseModel):
     port: int = 0
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
+    allowed_hosts: list[str] = []
+    """``Host`` names answered besides IP addresses, ``localhost``, this machine's name and ``host``; others
+    get 421 (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body, except ``/aggregate_metrics``: it carries every rollout of a run (NeMo Gym's
     collector sends them in one request; 20,000 rollouts take ~17 MB) and may be up to ``max_held_body_bytes``."""
@@ -72,6 +93,9 @@ class ServerSettings(BaseModel):
     """Total size of all sessions' state, counted as the JSON size of what ``/seed_session`` stored
     (Python objects take a few times that in memory); past it the least recently used sessions are
     dropped. One seeding larger than this alone is refused (413)."""
+    expose_tools_over_mcp: bool = False
+    """Also serve the tools over MCP at ``/mcp`` (NeMo Gym 0.7.0's key of the same name): each seed's
+    answer carries the session's MCP token (:mod:`gym_bridge.mcp_tools`)."""
 
 
 @dataclass
@@ -83,6 +107,8 @@ class Session:
     last_seen: float = field(default_factory=time.monotonic)
     nbytes: int = 0
     """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
+    binding: Binding | None = None
+    """Set when an Environment Server seeded it: its ``resources_session_id``, episode and task."""
 
 
 class SessionStore:
@@ -92,10 +118,15 @@ class SessionStore:
     cannot choose an id, nor reach a session whose id it was not given.
     """
 
-    def __init__(self, ttl_s: float, max_sessions: int, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, ttl_s: float, max_sessions: int, max_bytes: int | None = None,
+        on_drop: Callable[[Session], None] | None = None,
+    ) -> None:  # fmt: skip
         self._ttl = ttl_s
         self._max = max_sessions
         self._max_bytes = max_bytes
+        self._on_drop = on_drop
+        """Called with each session an Environment Server seeded as it leaves the store (expired, evicted, closed)."""
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self.nbytes = 0
         """Total state size of the live sessions."""
@@ -138,8 +169,16 @@ class SessionStore:
                 break
             self._drop(oldest)
 
+    def discard(self, session_id: str) -> None:
+        """Drop the session now (closed), if it is still here."""
+        if session_id in self._sessions:
+            self._drop(session_id)
+
     def _drop(self, session_id: str) -> None:
-        self.nbytes -= self._sessions.pop(session_id).nbytes
+        session = self._sessions.pop(session_id)
+        self.nbytes -= session.nbytes
+        if session.binding is not None and self._on_drop is not None:
+            self._on_drop(session)
 
     def _evict(self, now: float) -> None:
         while len(self._sessions) > self._max:
@@ -188,16 +227,25 @@ class ResourcesServer:
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
+        self.resources = ResourcesSessions(self.settings.session_ttl_s, self.settings.max_sessions)
+        """Environment Server sessions: caller-assigned ids, and the ids closed."""
         self.sessions = SessionStore(
-            self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes
-        )
+            self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes,
+            on_drop=lambda s: self.resources.unbind(s.binding.resources_session_id, s.id),  # type: ignore[union-attr]
+        )  # fmt: skip
         self._seed_reads_body = type(self).seed_session is not ResourcesServer.seed_session
+        self._seed_adapter = TypeAdapter(_fields_optional(self.seed_request_model)) if self.seed_request_model else None
+        self._verify_adapter = TypeAdapter(self.verify_request_model)
         self.tools: dict[str, ToolFn] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
             tool_name = getattr(fn, "__gym_tool__", None)
             if tool_name:
                 self.tools[tool_name] = getattr(self, attr)
+        check_tool_names(self.name, list(self.tools), self.settings.expose_tools_over_mcp)
+        self.tool_models: dict[str, type[BaseModel]] = {n: _tool_args_model(n, fn) for n, fn in self.tools.items()}
+        self.mcp: Any = None
+        """The ``/mcp`` surface (:class:`~gym_bridge.mcp_tools.McpSurface`) once :meth:`build_app` made one."""
 
     # ------------------------------------------------------------------ what environments override
 
@@ -207,6 +255,14 @@ class ResourcesServer:
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         raise NotImplementedError
+
+    async def close_resources_session(self, session: Session) -> None:
+        """Release what an Environment Server's session holds beyond its state, on ``/close_session``.
+        Raise when releasing fails: the session then stays, and the caller's close can be retried."""
+
+    def mcp_allowed_tools_for_session(self, task_row: dict[str, Any]) -> list[str] | None:
+        """The tools this task's MCP token may list and call; None (the default): all of them."""
+        return None
 
     reverify_mode: str = "unknown"
     """NeMo Gym's ``ReverifyMode`` for ``GET /reverify_mode``: ``stateless`` when ``/verify`` needs only the
@@ -233,6 +289,23 @@ class ResourcesServer:
     def build_app(self) -> JsonApp:
         """The ASGI app: this server's routes (:meth:`routes`) served by :class:`~gym_bridge.json_http.JsonApp`
         with the settings' limits and token, and the session of each request's cookie as context."""
+        startup, shutdown, mounts = self.startup, self.shutdown, {}
+        if self.settings.expose_tools_over_mcp:
+            from gym_bridge.mcp_tools import MCP_URL_PATH, McpSurface
+
+            surface = self.mcp = McpSurface(self)
+            mounts[MCP_URL_PATH] = surface
+
+            async def startup() -> None:
+                await surface.start()
+                await self.startup()
+
+            async def shutdown() -> None:
+                try:
+                    await self.shutdown()
+                finally:
+                    await surface.stop()
+
         return JsonApp(
             self.routes(),
             title=f"gym-bridge resources server: {self.name}",
@@ -242,8 +315,10 @@ class ResourcesServer:
             auth_token=self.settings.auth_token,
             context=self._session_of,
             not_found=self._unknown_tool,
-            startup=self.startup,
-            shutdown=self.shutdown,
+            startup=startup,
+            shutdown=shutdown,
+            mounts=mounts,
+            allowed_hosts=[self.settings.host, *self.settings.allowed_hosts],
         )
 
     def routes(self) -> list[Route]:
@@ -262,19 +337,23 @@ class ResourcesServer:
         async def reverify_mode(_: None, __: Any) -> str:
             return self.reverify_mode
 
+        legacy_seed = _fields_optional(self.seed_request_model)
         routes = [
             Route("GET", "/health", health, open=True, raw_json=True, summary="Liveness and session count"),
-            Route("POST", "/seed_session", self._seed, body=_fields_optional(self.seed_request_model),
+            # Validated in the handler (one body, two protocols): the route only checks for a JSON object.
+            Route("POST", "/seed_session", self._seed, body=ResourcesSeedSessionRequest | legacy_seed, adapter=_OBJECT,
                   default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
-            Route("POST", "/verify", self._verify_content, body=self.verify_request_model, raw_json=True,
-                  summary="Score a rollout"),
+            Route("POST", "/verify", self._verify_content, body=ResourcesVerifyRequest | self.verify_request_model,
+                  adapter=_OBJECT, raw_json=True, summary="Score a rollout"),
+            Route("POST", "/close_session", self._close, body=ResourcesCloseSessionRequest, with_context=False,
+                  summary="End an Environment Server's session (idempotent; the id is never seeded again)"),
             Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts",
                   max_body_bytes=max(self.settings.max_body_bytes, self.settings.max_held_body_bytes)),
             Route("GET", "/reverify_mode", reverify_mode, open=True, summary="NeMo Gym's ReverifyMode of /verify"),
         ]  # fmt: skip
         for tool_name, fn in self.tools.items():
             summary = (fn.__doc__ or tool_name).strip().splitlines()[0]
-            routes.append(Route("POST", f"/{tool_name}", fn, body=_tool_args_model(tool_name, fn), summary=summary))
+            routes.append(Route("POST", f"/{tool_name}", fn, body=self.tool_models[tool_name], summary=summary))
         return routes
 
     def _session_of(self, cookies: list[bytes]) -> tuple[Session, list[tuple[bytes, bytes]]]:
@@ -286,8 +365,7 @@ class ResourcesServer:
         if session is not None:
             return session, []
         session = self.sessions.create()
-        set_cookie = f"{SESSION_COOKIE}={session.id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
-        return session, [(b"set-cookie", set_cookie)]
+        return session, [_set_cookie(session)]
 
     def _unknown_tool(self, method: str, path: str) -> Answer | None:
         if method != "POST" or path.count("/") != 1:
@@ -295,12 +373,29 @@ class ResourcesServer:
         known = ", ".join(sorted(self.tools)) or "none"
         return json_answer(404, {"detail": f"unknown tool '{path[1:]}' (this server's tools: {known})"})
 
-    async def _seed(self, body: Any, session: Session) -> Any:
-        if isinstance(body, BaseModel):
-            # The body was validated for the 4xx naming a bad field; it is turned back into a dict only for
-            # an environment whose seed_session reads it (the base one keeps nothing; the dump was ~28k instructions).
-            body = body.model_dump(exclude_unset=True) if self._seed_reads_body else {}
-        answer = await self.seed_session(body, session)
+    async def _seed(self, body: dict[str, Any], session: Session) -> Any:
+        if "resources_session_id" in body:  # NeMo Gym 0.7.0's Environment Server
+            return await self._seed_resources(body, session)
+        row = self._task_row(body, ("body",))
+        answer = await self._seed_row(row, session)
+        if self.mcp is not None and isinstance(answer, dict) and "mcp" not in answer:
+            answer = {**answer, "mcp": self.mcp.metadata(session, row)}
+        return answer
+
+    def _task_row(self, body: dict[str, Any], loc: tuple[str, ...]) -> dict[str, Any]:
+        """The task row as ``seed_session`` gets it, checked against ``seed_request_model`` (422 naming the field)."""
+        if self._seed_adapter is None:
+            return body
+        try:
+            row = self._seed_adapter.validate_python(body, from_attributes=True)
+        except ValidationError as e:
+            raise InvalidBody([{**err, "loc": (*loc, *err["loc"])} for err in e.errors(include_url=False)]) from None
+        # Turned back into a dict only for an environment whose seed_session reads it (the base one keeps
+        # nothing; the dump was ~28k instructions).
+        return row.model_dump(exclude_unset=True) if self._seed_reads_body else {}
+
+    async def _seed_row(self, row: dict[str, Any], session: Session) -> Any:
+        answer = await self.seed_session(row, session)
         if session.state:
             try:
                 self.sessions.charge(session, _state_bytes(session.state))
@@ -310,8 +405,97 @@ class ResourcesServer:
                 raise
         return answer
 
-    async def _verify_content(self, body: VerifyRequest, session: Session) -> dict[str, Any]:
-        return dump(await self.verify(body, session))
+    async def _seed_resources(self, body: dict[str, Any], session: Session) -> Answer:
+        """An Environment Server's seed: the session of its id (a repeat), else a new one bound to the id.
+
+        The answer always sets the cookie of that session: the Environment Server reaches it by the
+        cookie (tools, ``/verify``), also after a retried seed whose first answer it lost.
+        """
+        request = _validated(ResourcesSeedSessionRequest, body, ("body",))
+        rid = request.resources_session_id
+        self.resources.refuse_if_closed(rid)
+        binding = Binding.of(request)
+        bound = self.resources.session_id(rid)
+        existing = self.sessions.get(bound) if bound is not None else None
+        if existing is not None:
+            assert existing.binding is not None
+            conflict = existing.binding.conflict(binding)
+            if conflict is not None:
+                raise HTTPException(409, conflict)
+            if existing is not session and session.binding is None and not session.state:
+                self.sessions.discard(session.id)  # the cookie-less retry's fresh session: unused
+            return self._seeded(existing, request.task_data)
+        row = self._task_row(request.task_data, ("body", "task_data"))
+        if session.binding is not None or session.state:  # the caller's cookie names a session in use
+            session = self.sessions.create()
+        session.binding = binding
+        self.resources.bind(binding, session.id)
+        try:
+            await self._seed_row(row, session)
+            self.resources.refuse_if_closed(rid)  # closed while it was seeding: it stays closed
+        except BaseException:
+            self.resources.unbind(rid, session.id)
+            session.binding = None
+            self.sessions.discard(session.id)
+            raise
+        return self._seeded(session, request.task_data)
+
+    def _seeded(self, session: Session, task_row: dict[str, Any]) -> Answer:
+        assert session.binding is not None
+        tools = self.mcp.metadata(session, task_row) if self.mcp is not None else None
+        content = {"resources_session_id": session.binding.resources_session_id, "resources_tools": tools,
+                   "sandbox_access": None}  # fmt: skip
+        return Answer(200, compact_json(content).encode(), (_set_cookie(session),))
+
+    async def _close(self, body: ResourcesCloseSessionRequest, _: None) -> ResourcesCloseSessionResponse:
+        """Close an Environment Server's session: idempotent; a never-seeded id is closed too (kept out)."""
+        rid = body.resources_session_id
+        bound = self.resources.session_id(rid)
+        session = self.sessions.get(bound) if bound is not None else None
+        if session is not None and session.binding is not None and session.binding.episode_id != body.episode_id:
+            raise HTTPException(409, f"resources session '{rid}' was seeded for another episode_id")
+        self.resources.mark_closed(rid)  # first: a seed racing this close is refused from now on
+        if session is not None:
+            await self.close_resources_session(session)  # raising: the session stays, the close can be retried
+            self.sessions.discard(session.id)
+            self.resources.unbind(rid, session.id)
+        return ResourcesCloseSessionResponse(resources_session_id=rid)
+
+    async def _verify_content(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        if "verification_input" in body:  # NeMo Gym 0.7.0's ResourcesVerifyRequest
+            typed = _validated(ResourcesVerifyRequest, body, ("body",))
+            request = _validated(self._verify_adapter, typed.verification_input, ("body", "verification_input"))
+            bound = session.binding
+            if bound is None and not session.state and self.reverify_mode == "unsupported":
+                raise HTTPException(409, "no Environment Server session for this episode: /verify needs the session's "
+                                         "state; send the cookie its /seed_session answer set")  # fmt: skip
+            if bound is not None and (bound.episode_id != typed.episode_id or bound.task_id != typed.task_id):
+                raise HTTPException(409, f"this session was seeded for another episode_id or task_id "
+                                         f"(resources session '{bound.resources_session_id}')")  # fmt: skip
+        else:
+            request = _validated(self._verify_adapter, body, ("body",))
+        normalized = normalized_calls(request, self.name) if self.mcp is not None else None
+        if normalized is None:
+            return dump(await self.verify(request, session))
+        bare, emitted = normalized
+        return restore_names(dump(await self.verify(bare, session)), emitted)  # type: ignore[arg-type]
+
+
+_OBJECT = TypeAdapter(dict[str, Any])
+
+
+def _set_cookie(session: Session) -> tuple[bytes, bytes]:
+    return b"set-cookie", f"{SESSION_COOKIE}={session.id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
+
+
+def _validated(model: Any, value: Any, loc: tuple[str, ...]) -> Any:
+    """``value`` validated as ``model`` (a pydantic model or TypeAdapter); a 422 naming the fields under ``loc``."""
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(value, from_attributes=True)
+        return model.model_validate(value)
+    except ValidationError as e:
+        raise InvalidBody([{**err, "loc": (*loc, *err["loc"])} for err in e.errors(include_url=False)]) from None
 
 
 def _fields_optional(model: type[BaseModel] | None) -> Any:

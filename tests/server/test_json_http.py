@@ -189,12 +189,16 @@ def test_session_state_flows_through_the_routes(url: str) -> None:
 def test_openapi_documents_the_same_routes_with_their_body_types(url: str) -> None:
     spec = httpx.get(f"{url}/openapi.json", headers={"authorization": f"Bearer {TOKEN}"}).json()
     assert set(spec["paths"]) == {
-        "/health", "/seed_session", "/verify", "/aggregate_metrics", "/reverify_mode", "/add", "/note", "/explode",
+        "/health", "/seed_session", "/verify", "/close_session", "/aggregate_metrics", "/reverify_mode", "/add",
+        "/note", "/explode",
     }  # fmt: skip
     add_body = spec["paths"]["/add"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert spec["components"]["schemas"][add_body["$ref"].rsplit("/", 1)[-1]]["required"] == ["step"]
-    verify_body_ref = spec["paths"]["/verify"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-    assert "target" in spec["components"]["schemas"][verify_body_ref.rsplit("/", 1)[-1]]["properties"]
+    # /verify takes the flat body or NeMo Gym 0.7.0's ResourcesVerifyRequest
+    verify_schema = spec["paths"]["/verify"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    verify_bodies = [spec["components"]["schemas"][one["$ref"].rsplit("/", 1)[-1]] for one in verify_schema["anyOf"]]
+    assert any("target" in body["properties"] for body in verify_bodies)
+    assert any("verification_input" in body["properties"] for body in verify_bodies)
     docs = httpx.get(f"{url}/docs", headers={"authorization": f"Bearer {TOKEN}"})
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
     assert httpx.get(f"{url}/openapi.json").status_code == 401  # behind the token like every route but /health

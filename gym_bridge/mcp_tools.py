@@ -1,0 +1,246 @@
+"""A resources server's tools over MCP: NeMo Gym 0.7.0's ``expose_tools_over_mcp``, on the ``mcp`` SDK.
+
+With the setting on, the server answers MCP's streamable-HTTP transport at ``POST /mcp`` (stateless, JSON
+answers, as NeMo Gym's ``nemo_gym.mcp_auto_exposure``): ``tools/list`` advertises every tool route under
+its bare name with its arguments model's JSON schema, and ``tools/call`` runs the same tool method an
+HTTP ``POST /<tool>`` runs, on the same session. Which session: each ``/seed_session`` answer carries a
+token (``resources_tools.headers`` for NeMo Gym's typed seed, ``mcp.headers`` for the legacy one) that
+the MCP client sends back as ``X-NeMo-Gym-Session-Token``. The token is the session id signed with
+``itsdangerous`` under NeMo Gym's salt and a random secret of this server process, so a token names one
+session of one server: it cannot be made up, edited to name another session, or replayed on another
+server. A tool call without a valid token is an error; ``tools/list`` needs none.
+
+MCP clients namespace tool names per server (``mcp__<server>__<tool>``, what Claude Code records);
+``/verify`` scores a response with those names as if they were bare (:func:`normalize_tool_name`) and
+echoes the names as the model emitted them, as NeMo Gym's ``_wrap_verify`` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+
+from gym_bridge.json_http import format_validation_errors
+from gym_bridge.schema import MCPServerMetadata
+
+if TYPE_CHECKING:
+    from gym_bridge.server import ResourcesServer, Session
+
+__all__ = [
+    "MCP_URL_PATH",
+    "RESERVED_MCP_TOOL_NAMES",
+    "TOKEN_HEADER",
+    "McpSurface",
+    "check_tool_names",
+    "normalize_tool_name",
+]
+
+TOKEN_HEADER = "X-NeMo-Gym-Session-Token"
+"""NeMo Gym's header for the per-session MCP token (``NEMO_GYM_MCP_SESSION_TOKEN_HEADER``)."""
+TOKEN_SALT = "nemo-gym-mcp-session-token"
+"""NeMo Gym's salt for signing the token (``_MCP_TOKEN_SALT``): a token of another signer sharing the
+secret does not verify here."""
+MCP_URL_PATH = "/mcp"
+RESERVED_MCP_TOOL_NAMES = frozenset({"verify", "seed_session", "close_session", "aggregate_metrics", "mcp"})
+"""Names a tool may not have: the server's own endpoints (NeMo Gym's ``RESERVED_MCP_TOOL_NAMES``)."""
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def normalize_tool_name(name: str, server_name: str | None = None) -> str:
+    """A tool-call name as the server knows it: ``mcp__<server>__<tool>`` -> ``<tool>``; others unchanged.
+
+    With ``server_name``, only that server's prefix is taken off (a tool name may itself hold ``__``).
+    The same rule as NeMo Gym 0.7.0's ``normalize_tool_name``.
+    """
+    if not name.startswith("mcp__"):
+        return name
+    if server_name is not None:
+        prefix = f"mcp__{server_name}__"
+        return name[len(prefix) :] if name.startswith(prefix) else name
+    _, sep, tool = name[len("mcp__") :].partition("__")
+    return tool if sep else name
+
+
+def check_tool_names(server_name: str, names: list[str], over_mcp: bool) -> None:
+    """Refuse (ValueError naming it) a tool named like one of the server's endpoints, and, when the tools
+    are served over MCP, one whose name MCP clients reject (outside ``[A-Za-z0-9_-]``)."""
+    for name in names:
+        if name in RESERVED_MCP_TOOL_NAMES:
+            raise ValueError(
+                f"{server_name}: tool '{name}' has a reserved name ({', '.join(sorted(RESERVED_MCP_TOOL_NAMES))}); rename it"
+            )
+        if over_mcp and not _TOOL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{server_name}: tool '{name}' cannot be served over MCP (expose_tools_over_mcp): MCP tool names "
+                "are [A-Za-z0-9_-]+"
+            )
+
+
+class McpSurface:
+    """The ``/mcp`` endpoint of one resources server (an ASGI app), and the tokens it accepts."""
+
+    def __init__(self, server: ResourcesServer) -> None:
+        from itsdangerous import URLSafeSerializer
+        from mcp.server.lowlevel import Server
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        self.server = server
+        self._tokens = URLSafeSerializer(secrets.token_urlsafe(32), salt=TOKEN_SALT)
+        self._mcp: Server[Any, Any] = Server(server.name)
+        self._register(self._mcp)
+        # As NeMo Gym: stateless (no MCP session to keep; the token names ours), JSON answers, and no
+        # Host/Origin allow-list of the SDK's (agents reach the server by whatever address it has).
+        self._manager = StreamableHTTPSessionManager(
+            app=self._mcp,
+            json_response=True,
+            stateless=True,
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        self._running: AsyncExitStack | None = None
+
+    async def start(self) -> None:
+        """Start the SDK's session manager (its task group); on the server's start-up."""
+        stack = AsyncExitStack()
+        await stack.enter_async_context(self._manager.run())
+        self._running = stack
+
+    async def stop(self) -> None:
+        if self._running is not None:
+            await self._running.aclose()
+            self._running = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self._manager.handle_request(scope, receive, send)
+
+    def metadata(self, session: Session, task_row: dict[str, Any]) -> dict[str, Any]:
+        """The MCP access to give with a seeded session: its signed token (and tool allow-list, if the server
+        narrows it for this task: :meth:`~gym_bridge.server.ResourcesServer.mcp_allowed_tools_for_session`)."""
+        allowed = self.server.mcp_allowed_tools_for_session(task_row)
+        token = self._tokens.dumps({"sid": session.id, "tools": allowed})
+        return MCPServerMetadata(
+            server_name=self.server.name, url_path=MCP_URL_PATH, transport="http", headers={TOKEN_HEADER: token}
+        ).model_dump()
+
+    def _claims(self, required: bool) -> tuple[str | None, frozenset[str] | None]:
+        """The session id and tool allow-list of the current MCP request's token."""
+        from itsdangerous import BadSignature
+
+        request = self._mcp.request_context.request
+        token = request.headers.get(TOKEN_HEADER) if request is not None else None
+        if not token:
+            if required:
+                raise ValueError(f"Missing {TOKEN_HEADER} for an MCP tool call: use the headers /seed_session gave")
+            return None, None
+        try:
+            payload = self._tokens.loads(token)
+        except BadSignature:
+            if required:
+                raise ValueError(f"Invalid {TOKEN_HEADER}: not a session token of this server") from None
+            return None, None
+        allowed = payload.get("tools")
+        return payload["sid"], None if allowed is None else frozenset(allowed)
+
+    def _register(self, mcp: Any) -> None:
+        import mcp.types as types
+
+        server = self.server
+
+        @mcp.list_tools()  # type: ignore[misc]
+        async def list_tools() -> list[types.Tool]:
+            _, allowed = self._claims(required=False)
+            return [
+                types.Tool(name=name, description=_description(fn), inputSchema=server.tool_models[name].model_json_schema())
+                for name, fn in server.tools.items()
+                if allowed is None or name in allowed
+            ]
+
+        @mcp.call_tool(validate_input=False)  # type: ignore[misc]
+        async def call_tool(name: str, arguments: dict[str, Any]) -> Any:
+            fn = server.tools.get(name)
+            if fn is None:  # models make names up: an error result, not an exception
+                known = sorted(server.tools)
+                text = f"Unknown tool: {name!r}. Available tools: {known}"
+                return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
+            session_id, allowed = self._claims(required=True)
+            if allowed is not None and name not in allowed:
+                raise ValueError(f"Tool {name!r} is not allowed for this session.")
+            session = server.sessions.get(session_id) if session_id else None
+            if session is None:
+                raise ValueError(f"HTTP 409 from POST /{name}: this token's session is closed or expired; seed a new one")
+            try:
+                args = server.tool_models[name].model_validate(arguments or {})
+            except ValidationError as e:
+                raise ValueError(f"HTTP 422 from POST /{name}: {format_validation_errors(list(e.errors()))}") from None
+            try:
+                result = await fn(args, session)
+            except HTTPException as e:
+                raise ValueError(f"HTTP {e.status_code} from POST /{name}: {e.detail}") from None
+            payload = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+            return _to_result(payload)
+
+
+def _description(fn: Any) -> str | None:
+    import inspect
+
+    return (inspect.getdoc(fn) or "").strip() or None
+
+
+def _to_result(payload: Any) -> Any:
+    """``(content, structuredContent)`` for a JSON object, text content otherwise (NeMo Gym's ``_to_result``)."""
+    import mcp.types as types
+
+    from gym_bridge.jsonl import compact_json
+
+    text = payload if isinstance(payload, str) else compact_json(payload)
+    content = [types.TextContent(type="text", text=text)]
+    return (content, payload) if isinstance(payload, dict) else content
+
+
+def normalized_calls(body: BaseModel, server_name: str) -> tuple[BaseModel, dict[str, str]] | None:
+    """``body`` with its response's ``mcp__<server>__<tool>`` function-call names made bare, and the emitted
+    names by ``call_id``; None when no name needs it (the body is scored as it came)."""
+    response = getattr(body, "response", None)
+    output = getattr(response, "output", None) or []
+    prefix = f"mcp__{server_name}__"
+    if not any(_call_name(item).startswith(prefix) for item in output):
+        return None
+    emitted: dict[str, str] = {}
+    copied = body.model_copy(deep=True)
+    for item in copied.response.output:  # type: ignore[attr-defined]
+        name = _call_name(item)
+        if name.startswith(prefix):
+            call_id = item["call_id"] if isinstance(item, dict) else item.call_id
+            emitted[str(call_id)] = name
+            if isinstance(item, dict):
+                item["name"] = normalize_tool_name(name, server_name)
+            else:
+                item.name = normalize_tool_name(name, server_name)
+    return copied, emitted
+
+
+def restore_names(answer: dict[str, Any], emitted: dict[str, str]) -> dict[str, Any]:
+    """The verify answer with its function calls named as the model emitted them (matched by ``call_id``)."""
+    output = (answer.get("response") or {}).get("output")
+    if not isinstance(output, list):
+        return answer
+    answer = copy.copy(answer)
+    answer["response"] = {**answer["response"], "output": [
+        {**item, "name": emitted[str(item.get("call_id"))]}
+        if isinstance(item, dict) and item.get("type") == "function_call" and str(item.get("call_id")) in emitted
+        else item
+        for item in output
+    ]}  # fmt: skip
+    return answer
+
+
+def _call_name(item: Any) -> str:
+    if isinstance(item, dict):
+        return str(item.get("name", "")) if item.get("type") == "function_call" else ""
+    return str(getattr(item, "name", "")) if getattr(item, "type", None) == "function_call" else ""

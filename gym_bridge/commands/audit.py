@@ -91,7 +91,12 @@ def audit(
             from gym_bridge.audit.envs.judge import GullibleJudge
             from gym_bridge.server import start_in_thread
 
-            running = start_in_thread(GullibleJudge(), port=judge_port)
+            try:
+                running = start_in_thread(GullibleJudge(), port=judge_port)
+            except (RuntimeError, TimeoutError) as e:
+                err.print(f"error: --judge-port {judge_port}: cannot serve the judge there ({e}; is the port taken?)",
+                          markup=False, highlight=False)  # fmt: skip
+                raise typer.Exit(2) from None
             stack.callback(running.stop)
             err.print(f"gullible judge model on {running.url}/v1", highlight=False)
         try:

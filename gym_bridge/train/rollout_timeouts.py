@@ -52,12 +52,13 @@ def is_timed_out(rollout: Any) -> bool:
 
 
 def zero_reward_record(
-    message: str, partial_output: list[dict[str, Any]], component_names: Iterable[str]
+    row: dict[str, Any], message: str, partial_output: list[dict[str, Any]], component_names: Iterable[str]
 ) -> dict[str, Any]:
-    """The record a timed-out rollout is trained on under ``zero_reward``: what it generated before the
-    deadline, reward 0, and 0 for each reward component its group's other rollouts carry (so the
-    group's components stay complete)."""
+    """The record a timed-out rollout of task ``row`` is trained on under ``zero_reward``: what it
+    generated before the deadline, reward 0, and 0 for each reward component its group's other
+    rollouts carry (so the group's components stay complete); ``timed_out`` and ``failure`` say why."""
     record: dict[str, Any] = {
+        **row,
         "response": {"output": partial_output},
         "reward": 0.0,
         "timed_out": True,

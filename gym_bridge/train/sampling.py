@@ -312,7 +312,7 @@ class OnlineSampler:
             if j == i and other.ok
             for name in (other.record.get("reward_components") or {})
         }
-        record = zero_reward_record(result.failure.message, result.partial_output, names)
+        record = zero_reward_record(prompt.row, result.failure.message, result.partial_output, names)
         return self.to_sample(record, i + group_offset, prompt)
 
     def _report_lost_replicas(self) -> None:

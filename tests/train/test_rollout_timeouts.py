@@ -178,6 +178,47 @@ def test_the_automatic_deadline_follows_the_runs_own_pace_and_a_timed_out_retry_
         assert r["time_step_s"] < r["rollout_deadline_s"] + 1.0
 
 
+def test_the_agent_loop_cuts_a_rollout_off_at_its_deadline_keeping_what_it_generated() -> None:
+    """``run_rollout`` (collect's and training's agent loop) with ``rollout_timeout_s``: a tool call that
+    never answers ends the rollout at the deadline, not after the env request's 60 s x 3 attempts; the
+    model's turn is kept, the session's replica is released and not taken for lost."""
+    import asyncio
+    import time
+
+    from gym_bridge.agent import AgentConfig, make_session, run_rollout
+    from gym_bridge.env_router import ReplicaEndpoints, SessionRouter
+    from gym_bridge.server import start_in_thread
+    from tests.fake_model import FakeModel, function_call
+    from tests.train.straggler_env import StragglerEnv
+
+    env = StragglerEnv(config=StragglerConfig(hang_every=1, hang_in="tool"))  # every tool call hangs
+    running = start_in_thread(env.build_app())
+    call = function_call("add_to_cart", {"product_id": "P1", "quantity": 2})
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "Add 2 of P1."}]}}
+    try:
+        with FakeModel(default=[call]) as model:
+            router = SessionRouter("shop", ReplicaEndpoints([running.url], ["replica 0"]))
+            config = AgentConfig(model_url=model.url, rollout_timeout_s=0.5)
+
+            async def one() -> Any:
+                async with make_session() as client:
+                    return await run_rollout(client, row, router, config)
+
+            started = time.perf_counter()
+            rollout = asyncio.run(one())
+            elapsed = time.perf_counter() - started
+    finally:
+        running.stop()
+    assert rollout.record is None and 0.5 <= elapsed < 2.0
+    failure = rollout.failure
+    assert (failure.failure_class, failure.stage) == ("rollout_timeout", "tool")
+    assert "0.5 s deadline in tool waiting for POST http://127.0.0.1:" in failure.message
+    assert failure.message.endswith("/add_to_cart")
+    assert rollout.partial_output is not None and rollout.partial_output[0]["call_id"] == call["call_id"]
+    assert rollout.metrics.retries == 0 and rollout.metrics.model_calls == 1 and env.hung == 1
+    assert router.replicas[0].open == 0 and router.alive == 1  # the session ended; the replica is not lost
+
+
 def test_a_rollout_deadline_key_is_checked() -> None:
     from gym_bridge.train.config import ConfigError
 

@@ -102,10 +102,11 @@ class GRPOConfig(Section):
     past it is cut off and counted in ``rollouts_timed_out`` (the step line's ``timed_out k/n``), and
     ``on_rollout_timeout`` decides what its group becomes; so one request that never returns costs a
     step this, not ``env.<name>.timeout_s`` times its attempts. Null: automatic, from the run's own
-    rollouts: ``rollout_timeout_factor`` x the slowest rollout of the previous generation batch, at
-    least ``rollout_timeout_min_s``; the first batch (nothing measured yet) gets no rollout deadline,
-    only the per-request ones. Set it to bound the first batch too, or for rollouts whose length varies
-    more than 10x between batches. Default null."""
+    rollouts: ``rollout_timeout_factor`` x the slowest rollout of the previous generation batch (of
+    those that needed no retry after a request timeout), at least ``rollout_timeout_min_s``; the first
+    batch (nothing measured yet) gets no rollout deadline, only the per-request ones. Set it to bound
+    the first batch too, or where rollouts' lengths vary more than 10x between batches. Logged per
+    step: ``rollout_deadline_s`` and ``rollout_slowest_s``. Default null."""
 
     rollout_timeout_factor: float = Field(10.0, ge=1.0)
     """Automatic deadline (``rollout_timeout_s`` null): this many times the slowest rollout of the previous

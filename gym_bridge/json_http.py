@@ -1,10 +1,11 @@
 """JSON over HTTP: a route table served by one small ASGI app, documented through FastAPI's OpenAPI.
 
 Every server of the project (the resources servers and the policy server) is a table of :class:`Route`
-values served by :class:`JsonApp`, the only request path: per request it checks the body's size (413)
-and the bodies held at once (waits for room, else 503: :mod:`gym_bridge.body_budget`),
-the bearer token (401), finds the caller's context (a resources server's session), reads the body as
-JSON whatever its ``Content-Type`` (``curl -d`` sends a form type), refuses a lone UTF-16 surrogate
+values served by :class:`JsonApp`, the only request path: per request it checks the ``Host`` name (421)
+and that a body comes as ``application/json`` (415; both :mod:`gym_bridge.request_guard`: what a web page
+could send), the body's size (413) and the bodies held at once (waits for room, else 503:
+:mod:`gym_bridge.body_budget`), the bearer token (401), finds the caller's context (a resources server's
+session), reads the body as JSON, refuses a lone UTF-16 surrogate
 escape and JSON nested deeper than :data:`MAX_JSON_DEPTH` (400), validates it against the route's type
 (422 naming the fields), calls the handler and renders its answer (JSON, or server-sent events for a
 :class:`EventStream`). What goes wrong in a handler is answered by the app's :class:`ErrorStyle`.
@@ -22,7 +23,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,6 +33,7 @@ from starlette.exceptions import HTTPException
 from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
 from gym_bridge.deadlines import TaskDeadlines, task_deadlines
 from gym_bridge.jsonl import compact_json, parse_json
+from gym_bridge.request_guard import RequestGuard
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -346,6 +348,8 @@ class JsonApp:
 
     ``not_found(method, path)`` answers a request no route matches (default: 404 ``Not Found``, or
     405 when the path exists under another method). ``startup``/``shutdown`` run on the ASGI lifespan.
+    ``allowed_hosts``: the names the server answers to besides IP addresses and ``localhost``
+    (:mod:`gym_bridge.request_guard`).
     ``mounts``: ASGI apps that serve a path and everything under it themselves (a resources server's
     ``/mcp``), after the bearer-token check. A handler's answer that sets a cookie itself replaces the
     cookie the context hook set (a caller-assigned session found by its id, not by the cookie).
@@ -366,8 +370,10 @@ class JsonApp:
         startup: Callable[[], Awaitable[None]] | None = None,
         shutdown: Callable[[], Awaitable[None]] | None = None,
         mounts: dict[str, Callable[[Any, Any, Any], Awaitable[None]]] | None = None,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.routes = {(r.method, r.path): r for r in routes}
+        self.guard = RequestGuard(allowed_hosts)
         self.mounts = dict(mounts or {})
         self.paths = {r.path for r in routes}
         self.title = title
@@ -398,6 +404,9 @@ class JsonApp:
     async def _answer(
         self, scope: dict[str, Any], receive: Any, send: Any, claim: BodyClaim
     ) -> tuple[Answer | None, list[tuple[bytes, bytes]]]:
+        refused = self.guard.refusal(scope)  # a foreign Host name (421), a body that is not JSON (415)
+        if refused is not None:
+            return self.errors.error(*refused), []
         auth, cookies, declared = b"", [], None
         for key, value in scope["headers"]:
             if key == b"cookie":

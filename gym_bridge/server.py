@@ -75,6 +75,9 @@ class ServerSettings(BaseModel):
     port: int = 0
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
+    allowed_hosts: list[str] = []
+    """``Host`` names answered besides IP addresses, ``localhost``, this machine's name and ``host``; others
+    get 421 (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body, except ``/aggregate_metrics``: it carries every rollout of a run (NeMo Gym's
     collector sends them in one request; 20,000 rollouts take ~17 MB) and may be up to ``max_held_body_bytes``."""
@@ -315,6 +318,7 @@ class ResourcesServer:
             startup=startup,
             shutdown=shutdown,
             mounts=mounts,
+            allowed_hosts=[self.settings.host, *self.settings.allowed_hosts],
         )
 
     def routes(self) -> list[Route]:

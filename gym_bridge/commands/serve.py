@@ -9,6 +9,7 @@ import typer
 
 from gym_bridge.commands.typer_app import App
 from gym_bridge.envs import BUILTIN_SERVERS
+from gym_bridge.request_guard import ALLOWED_HOST_HELP
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
@@ -27,6 +28,7 @@ def _env_command(env_name: str) -> None:
         judge_url: Annotated[str | None, typer.Option(help="LLM judge: an OpenAI-compatible base URL, e.g. "
                              "http://127.0.0.1:8000/v1 (equivalence_judge; math: turns should_use_judge on).")] = None,
         judge_model: Annotated[str | None, typer.Option(help="LLM judge: the model name its requests carry.")] = None,
+        allowed_host: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ALLOWED_HOST_HELP)] = None,
         expose_tools_over_mcp: Annotated[bool, typer.Option(help="Also serve the tools over MCP at /mcp (NeMo Gym's "
                                         "expose_tools_over_mcp); each seed answer carries the session's token.")] = False,
     ) -> None:
@@ -37,7 +39,8 @@ def _env_command(env_name: str) -> None:
         try:
             settings = _server_config(server_class, config, judge_url=judge_url, judge_model=judge_model)
             kwargs = {"config": settings} if settings is not None else {}
-            network = ServerSettings(host=host, port=port, auth_token=token, expose_tools_over_mcp=expose_tools_over_mcp)
+            network = ServerSettings(host=host, port=port, auth_token=token, expose_tools_over_mcp=expose_tools_over_mcp,
+                                     allowed_hosts=allowed_host or [])  # fmt: skip
             server = server_class(network, **kwargs)
             if getattr(server_class, "needs_judge", False) and not server.config.judge_url:
                 raise ValueError("judge_url: this server needs an LLM judge; give --judge-url URL (an OpenAI-compatible "
@@ -115,6 +118,7 @@ def policy(
             "(clients: collect --api-key, OPENAI_API_KEY, openai.OpenAI(api_key=...))."
         ),
     ] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ALLOWED_HOST_HELP)] = None,
 ) -> None:
     """Run the embedded OpenAI-compatible policy server (/v1/responses, /v1/chat/completions)."""
     from gym_bridge.generation import load_backend
@@ -135,6 +139,7 @@ def policy(
         max_output_tokens=max_output_tokens,
         return_token_ids=return_token_ids,
         auth_token=token,
+        allowed_hosts=[host, *(allowed_host or [])],
     )
     running = start_in_thread(app_, host=host, port=port, timeout=120.0)
     typer.echo(f"policy server for {model} listening on {running.url}/v1 (docs: {running.url}/docs)")

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gym_bridge.request_guard import ALLOWED_HOST_HELP
+
 
 def view(
     paths: Annotated[
@@ -23,6 +25,7 @@ def view(
         str | None,
         typer.Option(help="Decode token ids with this tokenizer: 'tiny' or a local tokenizer directory."),
     ] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ALLOWED_HOST_HELP)] = None,
 ) -> None:
     """Serve a rollout viewer: tasks, groups with advantages, tokens, run comparison, training curves."""
     from gym_bridge.server import start_in_thread
@@ -38,7 +41,8 @@ def view(
         raise typer.Exit(2) from None
     viewer.start()
     try:
-        running = start_in_thread(build_app(viewer, token=token), host=host, port=port)
+        app = build_app(viewer, token=token, allowed_hosts=[host, *(allowed_host or [])])
+        running = start_in_thread(app, host=host, port=port)
     except (OSError, RuntimeError, TimeoutError) as err:
         typer.echo(f"error: cannot serve on {host}:{port}: {err}", err=True)
         raise typer.Exit(2) from None

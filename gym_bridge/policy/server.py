@@ -72,6 +72,7 @@ class PolicyApp(JsonApp):
             max_held_body_bytes=settings.max_held_body_bytes,
             body_timeout_s=settings.body_timeout_s,
             auth_token=settings.auth_token,
+            allowed_hosts=settings.allowed_hosts,
             startup=service.start,
             shutdown=service.stop,
         )

@@ -81,6 +81,9 @@ class PolicySettings(BaseModel):
     default_temperature: float = 1.0
     auth_token: str | None = None
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
+    allowed_hosts: list[str] = []
+    """``Host`` names answered besides IP addresses, ``localhost`` and this machine's name; others get 421
+    (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
 
 
 class PolicyService:

@@ -14,6 +14,7 @@ import hmac
 import json
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from gym_bridge.request_guard import RequestGuard
 from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.groups import ADVANTAGE_SETTINGS, group_advantages
 from gym_bridge.viewer.index import RolloutIndex
@@ -128,8 +130,10 @@ def _templates() -> Jinja2Templates:
     return templates
 
 
-def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
-    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background)."""
+def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterable[str] = ()) -> FastAPI:
+    """The app over ``viewer`` (call ``viewer.start()`` to index its files in the background);
+    ``allowed_hosts``: ``Host`` names it answers besides IP addresses, ``localhost`` and this machine's name
+    (others get 421: a page re-pointing its own name at this machine must not read rollouts)."""
     app = FastAPI(title="gym-bridge view", docs_url=None, redoc_url=None, openapi_url=None)
     templates = _templates()
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -153,6 +157,15 @@ def build_app(viewer: Viewer, *, token: str | None = None) -> FastAPI:
         ):
             return await call_next(request)
         return JSONResponse({"detail": "missing or wrong bearer token (open the URL with ?token=...)"}, 401)
+
+    guard = RequestGuard(allowed_hosts)
+
+    @app.middleware("http")  # added last, so it runs first
+    async def host_check(request: Request, call_next: Any) -> Response:
+        refused = guard.refusal(request.scope)
+        if refused is not None:
+            return JSONResponse({"detail": refused[1]}, refused[0])
+        return await call_next(request)
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("files", viewer.files)

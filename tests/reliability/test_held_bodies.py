@@ -32,7 +32,7 @@ def start_upload(url: str) -> socket.socket:
     """A POST whose body is sent but for its last 100 KB (the server holds what came)."""
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
-    head = f"POST /add HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {SIZE}\r\n\r\n"
+    head = f"POST /add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {SIZE}\r\n\r\n"
     sock.sendall(head.encode() + BODY[:-100_000])
     return sock
 
@@ -113,7 +113,8 @@ def test_a_body_that_gets_no_room_in_time_is_a_503():
         nap = b'{"seconds": 3}'
         nap += b" " * (SIZE - len(nap))
         with ThreadPoolExecutor(2) as pool:
-            naps = [pool.submit(httpx.post, running.url + "/nap", content=nap, timeout=10) for _ in range(2)]
+            json_type = {"content-type": "application/json"}
+            naps = [pool.submit(httpx.post, running.url + "/nap", content=nap, headers=json_type, timeout=10) for _ in range(2)]
             wait_until_held(running.url)
             started = time.monotonic()
             assert_busy(post(running.url, BODY))

@@ -38,7 +38,7 @@ def test_trickled_headers_are_cut_off_and_the_server_keeps_answering():
         socks = []
         for _ in range(CONNECTIONS):
             sock = socket.create_connection((host, int(port)))
-            sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\n")
+            sock.sendall(b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             sock.setblocking(False)
             socks.append(sock)
         closed: set[int] = set()
@@ -90,7 +90,7 @@ def test_the_header_deadline_ends_with_the_headers_and_starts_again_with_the_nex
     with start_in_thread(SlowEnv().build_app(), header_timeout_s=0.5) as running:
         host, port = running.url.removeprefix("http://").split(":")
         body = b'{"seconds": 0.8}'
-        request = b"POST /wait HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        request = b"POST /wait HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             len(body), body)  # fmt: skip
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             for _ in range(2):
@@ -101,7 +101,7 @@ def test_the_header_deadline_ends_with_the_headers_and_starts_again_with_the_nex
                     assert more, f"connection closed while answering: {answer[:200]!r}"
                     answer += more
                 assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-            sock.sendall(b"POST /wait HTTP/1.1\r\nHost: x\r\n")  # then nothing more
+            sock.sendall(b"POST /wait HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # then nothing more
             start = time.monotonic()
             assert recv_all(sock, 5) == b""
             assert time.monotonic() - start < 3
@@ -112,7 +112,7 @@ def test_a_stalled_body_gets_a_408():
     with start_in_thread(env.build_app()) as running:
         host, port = running.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            sock.sendall(b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
             start = time.monotonic()
             answer = sock.recv(4096)
             waited = time.monotonic() - start
@@ -154,21 +154,21 @@ def test_a_head_over_64_kib_is_a_431_and_bodies_do_not_count():
     limit = MAX_HEADER_BYTES
     with start_in_thread(ArithmeticEnv().build_app()) as running:
         url = running.url
-        near = f"GET /health HTTP/1.1\r\nHost: x\r\nCookie: a={'c' * (limit - 200)}\r\nConnection: close\r\n\r\n"
+        near = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: a={'c' * (limit - 200)}\r\nConnection: close\r\n\r\n"
         assert raw_request(url, near.encode()).startswith(b"HTTP/1.1 200")
         for too_big in (
-            f"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {'c' * limit}\r\n\r\n",
-            f"GET /health?{'q' * limit} HTTP/1.1\r\nHost: x\r\n\r\n",
-            "GET /health HTTP/1.1\r\nHost: x\r\n" + "X-Many: 1\r\n" * (limit // 10) + "\r\n",
+            f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {'c' * limit}\r\n\r\n",
+            f"GET /health?{'q' * limit} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "X-Many: 1\r\n" * (limit // 10) + "\r\n",
         ):
             answer = raw_request(url, too_big.encode())
             assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
             assert f"request headers larger than the limit of {limit} bytes".encode() in answer
         # two pipelined requests, each with a 200 KB body, in one write: bodies are not head bytes
         body = b'{"a": 1, "b": 2}' + b" " * 200_000
-        one = b"POST /add HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        one = b"POST /add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             len(body), body)  # fmt: skip
-        answers = raw_request(url, one + one.replace(b"Host: x", b"Host: x\r\nConnection: close"), half_close=False)
+        answers = raw_request(url, one + one.replace(b"Host: 127.0.0.1", b"Host: 127.0.0.1\r\nConnection: close"), half_close=False)
         assert answers.count(b"HTTP/1.1 200") == 2 and answers.count(b'{"sum":3}') == 2, answers[:400]
         with httpx.Client(base_url=url, timeout=10) as client:  # keep-alive: many requests, one connection
             for _ in range(3):
@@ -190,7 +190,7 @@ def test_streaming_a_header_forever_is_cut_off_at_the_limit_with_memory_flat():
             start_at = time.monotonic()
             sent, chunk = 0, b"a" * 65536
             with socket.create_connection((host, int(port)), timeout=5) as sock:
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
                 try:
                     while time.monotonic() - start_at < 5:
                         sent += sock.send(chunk)

@@ -183,7 +183,7 @@ def test_missing_or_mistyped_fields_are_named(client: httpx.Client) -> None:
 
 def test_malformed_json_oversized_body_and_unknown_tool(client: httpx.Client) -> None:
     broken = client.post(
-        "/verify", content=b'{"expected_answer": "1"', headers={"Content-Type": "text/plain"}
+        "/verify", content=b'{"expected_answer": "1"', headers={"Content-Type": "application/json"}
     )
     assert broken.status_code == 422 and broken.json()["detail"].startswith(
         "invalid JSON at line 1 column 24"

@@ -164,12 +164,13 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def join_ray(address: str | None) -> tuple[Any, bool]:
+def join_ray(address: str | None, report: Callable[[str], None] = print) -> tuple[Any, bool]:
     """``(ray, owned)``: join the cluster at ``address`` (or ``RAY_ADDRESS``), else start Ray on 127.0.0.1.
 
     ``owned``: this call connected or started Ray, so the caller ends it with ``ray.shutdown()`` (which,
     for a joined cluster, only disconnects this driver). A missing Ray is a :class:`CollectError`
-    naming the extra to install.
+    naming the extra to install; a cluster that wants a token this process cannot give, one naming what
+    to set (:func:`~gym_bridge.generation.ray_cluster.check_token_auth`).
     """
     from gym_bridge.generation.ray_local import (
         RAY_EXTRA_HINT,
@@ -193,7 +194,7 @@ def join_ray(address: str | None) -> tuple[Any, bool]:
     from gym_bridge.generation.ray_cluster import connect_ray
 
     try:
-        return ray, connect_ray(address, keys="--ray (or RAY_ADDRESS)")
+        return ray, connect_ray(address, keys="--ray (or RAY_ADDRESS)", say=report)
     except RuntimeError as e:
         raise CollectError(_first_line(e)) from None
 
@@ -214,7 +215,7 @@ def collect_on_ray(
         )
     prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))
     routes = parse_env_args(config.envs)
-    ray, owned = join_ray(address)
+    ray, owned = join_ray(address, report)
     try:
         shards = RayShards(ray, routes, config.concurrency, report=report)
         try:

@@ -10,6 +10,12 @@ request is a start-up error naming the keys, never a hang.
 The address: ``cluster.ray_address``, else ``RAY_ADDRESS`` (Ray's own variable). A loopback address
 (a cluster simulated on this machine) keeps the driver on 127.0.0.1; any other turns on Ray's
 multi-host mode, so the driver registers with its routable address as ``ray start`` nodes do.
+
+Token authentication (Ray 2.60): ``ray start --head`` turns it on when a token exists
+(``~/.ray/auth_token``, which any local ``ray.init()`` writes), and a driver joining by address without
+``RAY_AUTH_MODE=token`` is refused; Ray then retries for ~20 s and says only "Failed to connect to Ray
+cluster". :func:`connect_ray` asks the head first (one gRPC call) and either says what to set or, for a
+cluster on this machine that accepts this machine's token, sets ``RAY_AUTH_MODE=token`` for this process.
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from gym_bridge.generation.ray_local import import_ray, is_loopback
 
 __all__ = [
+    "check_token_auth",
     "close_actors",
     "connect_ray",
     "describe_nodes",
@@ -46,17 +55,21 @@ def _is_loopback_address(address: str) -> bool:
         return host == "localhost"
 
 
-def connect_ray(address: str, keys: str = "cluster.ray_address (or RAY_ADDRESS)") -> bool:
+def connect_ray(
+    address: str, keys: str = "cluster.ray_address (or RAY_ADDRESS)", say: Callable[[str], None] | None = None
+) -> bool:
     """Connect this process to the Ray cluster at ``address`` unless it is connected already.
 
     Returns True when this call connected (the caller then owns ``ray.shutdown()``, which disconnects
-    this driver and leaves the cluster running). A cluster that cannot be reached is an error
-    naming ``keys``.
+    this driver and leaves the cluster running). A cluster that cannot be reached, or that wants a token
+    this process cannot give (:func:`check_token_auth`), is an error naming ``keys``. ``say``: where a
+    note goes (stderr by default).
     """
     ray = import_ray()
     if ray.is_initialized():
         return False
     _reachable(address, keys)  # Ray itself retries an absent head for minutes
+    check_token_auth(address, keys, say or (lambda text: print(text, file=sys.stderr, flush=True)))
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = not _is_loopback_address(address)
@@ -79,6 +92,80 @@ def _reachable(address: str, keys: str, timeout_s: float = 10.0) -> None:
             f"{keys} is {address!r}: no Ray head answers there ({exc}); start one with "
             "`ray start --head --port=PORT` and pass its HEAD_IP:PORT"
         ) from exc
+
+
+AUTH_MODE = "RAY_AUTH_MODE"
+TOKEN_SOURCES = "~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+"""Where Ray 2.60 reads a token from (``ray get-auth-token`` on the head prints the cluster's)."""
+
+
+def _local_token() -> str | None:
+    """The token Ray would send from here (its own loader reads :data:`TOKEN_SOURCES`); None without one."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:  # a Ray without token authentication
+        return None
+    loader = AuthenticationTokenLoader.instance()
+    loader.reset_cache()  # the variables or the file may have changed since it last looked
+    return loader.get_raw_token(ignore_auth_mode=True) or None
+
+
+def _ask_head(address: str, token: str | None, timeout_s: float = 10.0) -> Any:
+    """One call to the head's GCS (its cluster id), with ``token`` or without: None when it answers,
+    else the gRPC status code (``UNAUTHENTICATED``: a token is wanted, or this one is wrong); ``False``
+    when this Ray cannot ask (no such service in its generated code)."""
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return False
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
+            )
+        except grpc.RpcError as err:
+            return err.code()
+    return None
+
+
+def check_token_auth(address: str, keys: str, say: Callable[[str], None]) -> None:
+    """Make sure this process can join ``address`` as far as token authentication goes, or say what to set.
+
+    A head that answers without a token: nothing to do. One that wants a token: with ``RAY_AUTH_MODE=token``
+    set, this process's token must be the cluster's; without it, a cluster on this machine that accepts
+    this machine's token is joined with ``RAY_AUTH_MODE=token`` set for this process (the token never
+    leaves the machine, and the cluster already holds it); any other case is a ``RuntimeError`` naming
+    what to set. Addresses Ray resolves itself (``auto``, ``ray://``) are left to Ray."""
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    if getattr(_ask_head(address, None), "name", None) != "UNAUTHENTICATED":
+        return  # no token wanted (or a problem ray.init reports better)
+    mode = (os.environ.get(AUTH_MODE) or "").lower()
+    token = _local_token()
+    accepted = token is not None and _ask_head(address, token) is None
+    wants = f"{keys} is {address!r}: that Ray cluster requires token authentication"
+    if mode == "token":
+        if token is None:
+            raise RuntimeError(f"{wants}, and {AUTH_MODE}=token is set but this process has no token: "
+                               f"put the head's token in {TOKEN_SOURCES} (`ray get-auth-token` on the head prints it)")  # fmt: skip
+        if not accepted:
+            raise RuntimeError(f"{wants}, and it refuses this process's token ({TOKEN_SOURCES}): give it the "
+                               "head's token (`ray get-auth-token` on the head prints it)")  # fmt: skip
+        return
+    if accepted and not mode and _is_loopback_address(address):
+        os.environ[AUTH_MODE] = "token"
+        from ray._raylet import Config
+
+        Config.initialize("")  # Ray reads the mode from its config, cached at import: refresh it
+        say(f"{address}: the Ray cluster requires token authentication and accepts this machine's token; "
+            f"joining with {AUTH_MODE}=token (set it yourself to say so)")  # fmt: skip
+        return
+    refused = " (it refuses the token this process has)" if token is not None and not accepted else ""
+    raise RuntimeError(f"{wants}{refused} (Ray 2.60's `ray start --head` turns it on when a token exists): set "
+                       f"{AUTH_MODE}=token for this command, with the head's token in {TOKEN_SOURCES} "
+                       "(`ray get-auth-token` on the head prints it)")  # fmt: skip
 
 
 def describe_nodes(ray: Any) -> str:

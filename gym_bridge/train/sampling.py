@@ -257,7 +257,10 @@ class OnlineSampler:
                 else:
                     failure = result.failure
                     message = failure.message
-                    if "attempt" not in message and failure.failure_class != "rollout_timeout":
+                    if failure.failure_class == "rollout_timeout":
+                        how = "set" if self.cfg.grpo.rollout_timeout_s is not None else "automatic"
+                        message += f" (grpo.rollout_timeout_s: {how})"
+                    elif "attempt" not in message:
                         message += f" ({failure.attempts} attempts)"
                     failures.add(f"{failure.stage}/{failure.failure_class}", message)
                     continue

@@ -219,6 +219,31 @@ def test_the_agent_loop_cuts_a_rollout_off_at_its_deadline_keeping_what_it_gener
     assert router.replicas[0].open == 0 and router.alive == 1  # the session ended; the replica is not lost
 
 
+@pytest.mark.timeout(60)
+def test_a_batch_whose_rollouts_all_time_out_stops_the_run_naming_the_deadline(tmp_path: Path) -> None:
+    from gym_bridge.models.tokenizer import build_tokenizer
+    from gym_bridge.server import start_in_thread
+    from gym_bridge.train.data import load_prompts
+    from gym_bridge.train.rollout_failures import TooManyFailedRollouts
+    from gym_bridge.train.sampling import OnlineSampler
+    from tests.train.straggler_env import StragglerEnv
+
+    running = start_in_thread(StragglerEnv(config=StragglerConfig(hang_every=1, hang_in="tool")).build_app())
+    cfg = shop_run(tmp_path, Path("tiny"), f"env.shop.url={running.url}", "grpo.rollout_timeout_s=0.3")
+    tokenizer = build_tokenizer()
+    prompts = load_prompts(cfg.data, "train")[0][:4]
+    sampler = OnlineSampler(cfg, Shopper(tokenizer), tokenizer)
+    try:
+        with pytest.raises(TooManyFailedRollouts) as caught:
+            sampler.sample(prompts, [[1, 2, 3, 4]] * 4)
+    finally:
+        sampler.close()
+        running.stop()
+    err = caught.value
+    assert err.failed == err.requested == 16 and err.kinds == {"tool/rollout_timeout": 16}
+    assert "cut off at its 0.3 s deadline in tool" in str(err) and "(grpo.rollout_timeout_s: set)" in str(err)
+
+
 def test_a_rollout_deadline_key_is_checked() -> None:
     from gym_bridge.train.config import ConfigError
 

@@ -25,7 +25,9 @@ def train(
         bool,
         typer.Option(
             "--fresh",
-            help="Start at step 0: delete the checkpoints in checkpointing.checkpoint_dir instead of resuming.",
+            help="Start at step 0 instead of resuming. Once the config, data, model and servers are all up, the "
+            "earlier run's checkpointing.checkpoint_dir and logger.log_dir are moved aside to "
+            "<dir>.previous-<UTC time> (nothing is deleted; a run that cannot start leaves them as they were).",
         ),
     ] = False,
     show_config: Annotated[

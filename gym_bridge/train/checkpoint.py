@@ -239,13 +239,6 @@ class CheckpointManager:
                 removed.append(entry)
         return removed
 
-    def clear(self) -> list[Checkpoint]:
-        """Delete every checkpoint (a fresh run in the same directory); return the deleted."""
-        found = self.checkpoints()
-        for checkpoint in found:
-            self._discard(checkpoint.path)
-        return found
-
     # ------------------------------------------------------------------ saving
 
     def save(

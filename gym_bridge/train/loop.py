@@ -40,6 +40,7 @@ from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_l
 from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate
 from gym_bridge.train.preflight import check_machine
+from gym_bridge.train.run_dirs import find_earlier_run
 from gym_bridge.train.sample_log import write_step_samples
 from gym_bridge.train.sampling import Sampler, produce_step, sample_step
 from gym_bridge.train.sequences import per_sample_logprobs
@@ -80,6 +81,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
     ranked_groups = load_ranked_validation(cfg)  # a bad grpo.val_ranked_data_path fails before the model loads
     checkpoints, resume = find_resume_point(cfg, fresh=fresh)
+    earlier_run = find_earlier_run(cfg, fresh=fresh, resuming=resume is not None)  # moved aside once all has started
     learner, generation_threads = build_learner(cfg, resume, rollout_process=uses_rollout_process(cfg))
     model = learner.model
     data = load_run_data(cfg, learner.tokenizer)
@@ -94,7 +96,6 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
         validations = list(restored["info"].get("validations", []))
         entropy.load_state_dict(restored["info"].get("entropy_control"))
     log_dir = Path(cfg.logger.log_dir)
-    logger = open_metrics_logger(cfg, resume_step=step if resume else None)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     view.print(_where_outputs_go(cfg))
     view.print(trainable_parameters_line(model))
@@ -107,13 +108,16 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
 
     with ExitStack() as stack:
         stack.callback(view.close)
-        stack.callback(logger.close)
         learner.workers = start_training_workers(cfg, stack, learner)  # data parallel on Ray, or None
         if uses_rollout_process(cfg):
             view.print("starting the rollout process (async GRPO) ...")
         train_sampler, val_sampler = start_samplers(
             cfg, stack, learner, generation_threads, needs_validation=bool(data.validation)
         )
+        # config, data, model and servers are up: only now does an earlier run make room (said even with -q)
+        earlier_run.move_aside(view.print if show_progress else print)
+        logger = open_metrics_logger(cfg, resume_step=step if resume else None)
+        stack.callback(logger.close)
         pipeline: RolloutPipeline | None = None
         if grpo.val_at_start and step == 0:
             last_val = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked) or last_val

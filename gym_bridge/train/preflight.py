@@ -2,18 +2,20 @@
 
 The schema (:mod:`gym_bridge.train.config`) refuses keys that cannot work whatever the machine; these
 refuse keys that cannot work *here* (a missing optional package, no GPU, an environment without the
-worker pool a key sizes), each with a message naming the key, before minutes go into loading a model.
+worker pool a key sizes, an env URL where nothing answers), each with a message naming the key, before minutes go into loading a model.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import socket
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig
 
-__all__ = ["check_machine", "machine_problems"]
+__all__ = ["check_machine", "machine_problems", "unreachable"]
 
 
 def machine_problems(cfg: MasterConfig) -> list[str]:
@@ -49,6 +51,10 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         from gym_bridge.generation.ray_local import RAY_EXTRA_HINT
 
         problems.extend(f"env.{name}.replicas runs the env's replicas on Ray: {RAY_EXTRA_HINT}" for name in replicated)
+    if cfg.grpo.mode == "online" or cfg.data.validation:  # the envs serve rollouts: one given by URL must answer
+        problems.extend(
+            f"env.{name}.url: {problem}" for name, env in cfg.env.items() if env.url and (problem := unreachable(env.url))
+        )
     for name, env in cfg.env.items():
         if env.num_workers is None or env.url is not None:
             continue
@@ -61,6 +67,25 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         if sized is None:
             problems.append(f"env.{name}.num_workers: environment '{server}' has no worker pool to size")
     return problems
+
+
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing can answer at ``url`` (no such host, nothing listening), or None when a connection opens.
+
+    Why: an env server that is not up failed every rollout of the first step, after the model had loaded
+    (and, with ``--fresh``, after the earlier run had been set aside)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as err:
+        return f"{url!r} has no valid port ({err})"
+    if not parts.hostname:
+        return f"{url!r} names no host"
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"nothing answers at {url} ({err.strerror or err}): start that server first"
+    return None
 
 
 def check_machine(cfg: MasterConfig) -> None:

@@ -140,8 +140,9 @@ def freeze_embeddings(model: Any) -> int:
 def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[CheckpointManager, Checkpoint | None]:
     """The run's checkpoint manager and the checkpoint to resume from (None: start at step 0).
 
-    ``fresh`` deletes the directory's checkpoints first. Raises :class:`RunAlreadyComplete` when the
-    latest checkpoint is at ``grpo.max_num_steps`` already, before anything heavy starts.
+    ``fresh`` starts at step 0 whatever the directory holds (the earlier run is moved aside later, once
+    the new one has started: :mod:`gym_bridge.train.run_dirs`). Raises :class:`RunAlreadyComplete` when
+    the latest checkpoint is at ``grpo.max_num_steps`` already, before anything heavy starts.
     """
     checkpointing = cfg.checkpointing
     manager = CheckpointManager(
@@ -154,14 +155,14 @@ def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[Checkp
         return manager, None
     manager.clean_leftovers()
     if fresh:
-        manager.clear()
+        return manager, None
     resume = manager.latest()
     if resume is not None and resume.step >= cfg.grpo.max_num_steps:
         raise RunAlreadyComplete(
             f"the run is already complete: {resume.path} is step {resume.step} of grpo.max_num_steps="
-            f"{cfg.grpo.max_num_steps}. To train again from step 0, pass --fresh (deletes the checkpoints "
-            f"in {checkpointing.checkpoint_dir}) or set checkpointing.checkpoint_dir to a new directory; "
-            "to train further, raise grpo.max_num_steps."
+            f"{cfg.grpo.max_num_steps}. To train again from step 0, pass --fresh (moves this run to "
+            f"{checkpointing.checkpoint_dir}.previous-<time> once the new one has started) or set "
+            "checkpointing.checkpoint_dir to a new directory; to train further, raise grpo.max_num_steps."
         )
     return manager, resume
 

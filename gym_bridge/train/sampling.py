@@ -477,6 +477,10 @@ class OfflineSampler:
 # ------------------------------------------------------------------ one step's samples
 
 
+_LARGEST_OF_BATCHES = frozenset({"rollout_deadline_s", "rollout_slowest_s", "env_replicas_lost"})
+"""Batch stats that are a level, not a count: a step of several batches logs the largest, not the sum."""
+
+
 def sample_step(
     cfg: MasterConfig, sampler: Sampler, data: TrainBatches, step: int
 ) -> tuple[list[Sample], dict[str, float]]:
@@ -505,7 +509,7 @@ def sample_step(
         new, drawn = _sample_batch(sampler, prompts, seeds, next_group, step)
         next_group += len(prompts)  # group ids stay unique across batches
         for key, value in drawn.items():
-            stats[key] += value
+            stats[key] = max(stats.get(key, value), value) if key in _LARGEST_OF_BATCHES else stats[key] + value
         generated_rewards += [s.reward for s in new]
         informative = informative_samples(new, grpo)  # the rewards the advantages use (components with GDPO)
         kept_here = sorted({s.group for s, keep in zip(new, informative, strict=True) if keep})

@@ -244,6 +244,24 @@ def test_a_batch_whose_rollouts_all_time_out_stops_the_run_naming_the_deadline(t
     assert "cut off at its 0.3 s deadline in tool" in str(err) and "(grpo.rollout_timeout_s: set)" in str(err)
 
 
+def test_a_step_of_several_generation_batches_logs_the_deadline_not_a_sum_of_deadlines() -> None:
+    """Dynamic sampling draws batches until enough groups differ: counts add up, levels do not."""
+    from gym_bridge.train.sampling import sample_step
+    from tests.train.test_config_audit import CountingBatches, UninformativeSampler
+
+    class TimedSampler(UninformativeSampler):
+        def sample(self, prompts: Any, seeds: Any, group_offset: int = 0) -> Any:
+            samples, _ = super().sample(prompts, seeds, group_offset)
+            return samples, {"rollouts_timed_out": 1, "rollout_deadline_s": 2.0, "rollout_slowest_s": 0.2}
+
+    cfg = load_config(None, ["data.train.data_path=a.jsonl", "grpo.mode=offline", "grpo.num_prompts_per_step=2",
+                             "grpo.num_generations_per_prompt=2", "grpo.use_dynamic_sampling=true",
+                             "grpo.dynamic_sampling_max_gen_batches=3", "policy.train_global_batch_size=4"])  # fmt: skip
+    _, stats = sample_step(cfg, TimedSampler(), CountingBatches(), 1)  # type: ignore[arg-type]
+    assert stats["generation_batches"] == 3 and stats["rollouts_timed_out"] == 3
+    assert stats["rollout_deadline_s"] == 2.0 and stats["rollout_slowest_s"] == 0.2
+
+
 def test_a_rollout_deadline_key_is_checked() -> None:
     from gym_bridge.train.config import ConfigError
 

@@ -276,7 +276,8 @@ class ResourcesServer:
 
     def health(self) -> dict[str, Any]:
         """The ``GET /health`` answer; environments may add the state of their resources."""
-        return {"status": "ok", "server": self.name, "sessions": len(self.sessions), "session_bytes": self.sessions.nbytes}
+        return {"status": "ok", "server": self.name, "sessions": len(self.sessions), "session_bytes": self.sessions.nbytes,
+                **self.resources.describe()}  # fmt: skip
 
     async def startup(self) -> None:
         """Acquire resources (worker pools, sandboxes) when the server starts."""

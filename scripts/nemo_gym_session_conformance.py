@@ -150,9 +150,12 @@ async def mcp_round(url: str, row: dict[str, Any]) -> str:
         assert meta is not None, f"no resources_tools in {seeded.text}"
         connection = MCPStreamableHTTPConnection(url=f"{url}/{meta.url_path.lstrip('/')}", headers=meta.headers)
         from mcp import ClientSession
-        from mcp.client.streamable_http import streamablehttp_client
+        from mcp.client.streamable_http import streamable_http_client
 
-        async with streamablehttp_client(str(connection.url), headers=connection.headers) as (read, write, _):
+        async with (
+            httpx.AsyncClient(headers=connection.headers, timeout=60) as http,
+            streamable_http_client(str(connection.url), http_client=http) as (read, write, _),
+        ):
             async with ClientSession(read, write) as mcp:
                 await mcp.initialize()
                 names = sorted(t.name for t in (await mcp.list_tools()).tools)

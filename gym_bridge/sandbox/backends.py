@@ -57,11 +57,9 @@ while [ "$1" != "--" ]; do
     case "$1" in
         bind)
             mkdir -p "$root$2"
-            mount --rbind "$2" "$root$2"
-            mount -o remount,bind,ro "$root$2"
+            mount --rbind -o ro "$2" "$root$2"
             shift 2 ;;
         link)
-            mkdir -p "$(dirname "$root$3")"
             ln -s "$2" "$root$3"
             shift 3 ;;
         mask)
@@ -69,8 +67,7 @@ while [ "$1" != "--" ]; do
             shift 2 ;;
         file)
             : > "$root/tmp/.sandbox/$2"
-            mount --bind "$3" "$root/tmp/.sandbox/$2"
-            mount -o remount,bind,ro "$root/tmp/.sandbox/$2"
+            mount --bind -o ro "$3" "$root/tmp/.sandbox/$2"
             shift 3 ;;
         tmp)
             mkdir -p "$root/tmp"
@@ -83,8 +80,7 @@ while [ "$1" != "--" ]; do
 done
 shift
 # the read-only files' directory itself read-only too (in a user namespace the program owns it)
-mount --rbind "$root/tmp/.sandbox" "$root/tmp/.sandbox"
-mount -o remount,bind,ro,nosuid,nodev "$root/tmp/.sandbox"
+mount --rbind -o ro,nosuid,nodev "$root/tmp/.sandbox" "$root/tmp/.sandbox"
 mkdir -p "$root/proc" "$root/dev"
 mount --rbind /proc "$root/proc"
 mount -t tmpfs -o size=64k,nr_inodes=64,mode=755,nosuid,nodev,noexec sandbox-dev "$root/dev"

@@ -5,7 +5,8 @@
 Reads the classic-BPF program from descriptor FD (a pipe the host filled), installs it with
 ``prctl(PR_SET_SECCOMP)`` after ``no_new_privs`` and execs COMMAND under it; the filter then holds for
 COMMAND and everything it starts. If the filter cannot be installed nothing runs (exit 71): code is
-never run without it.
+never run without it. A Python script or ``-c`` program under this same interpreter and flags (the
+code harness, say) runs in this process instead of after an exec, saving one interpreter start.
 """
 
 import ctypes
@@ -46,11 +47,44 @@ def main():
     ):
         sys.stderr.write(f"seccomp_exec: cannot install the filter: {os.strerror(ctypes.get_errno())}\n")
         os._exit(71)
+    command = sys.argv[2:]
+    if _same_interpreter(command):
+        if command[3] == "-c" and len(command) >= 5:
+            _run_main(command[4], "<string>", ["-c", *command[5:]])
+            return
+        if not command[3].startswith("-"):
+            with open(command[3], "rb") as f:
+                _run_main(f.read(), command[3], command[3:])
+            return
     try:
-        os.execv(sys.argv[2], sys.argv[2:])
+        os.execv(command[0], command)
     except OSError as e:
-        sys.stderr.write(f"seccomp_exec: cannot run {sys.argv[2]}: {e}\n")
+        sys.stderr.write(f"seccomp_exec: cannot run {command[0]}: {e}\n")
         os._exit(71)
+
+
+def _same_interpreter(command):
+    """COMMAND is ``<this interpreter> -I -S ...``: the very flags this loader runs with."""
+    return (
+        len(command) >= 4
+        and os.path.realpath(command[0]) == os.path.realpath(sys.executable)
+        and command[1:3] == ["-I", "-S"]
+        and sys.flags.isolated
+        and sys.flags.no_site
+    )
+
+
+def _run_main(source, filename, argv):
+    """Run ``source`` as ``__main__`` in this process, as the interpreter would after an exec (which
+    would only start the same interpreter with the same flags again: one start saved per sandbox)."""
+    code = compile(source, filename, "exec")
+    main = type(sys)("__main__")
+    if filename != "<string>":
+        main.__file__ = filename
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = list(argv)
+    exec(code, main.__dict__)
 
 
 if __name__ == "__main__":

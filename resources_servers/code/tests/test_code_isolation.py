@@ -295,3 +295,16 @@ def test_keyrings_carry_nothing_from_one_task_to_the_next(url: str) -> None:
     assert out["reward"] == 1.0, out.get("failure_reason")
     if os.path.exists("/proc/keys"):  # and nothing of it stays on the host
         assert desc not in Path("/proc/keys").read_text()
+
+
+def test_no_seccomp_means_no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without libseccomp the sandbox refuses to start rather than run code with less isolation."""
+    from gym_bridge import sandbox as sandbox_module
+    from gym_bridge.sandbox.seccomp import SeccompUnavailable
+
+    def missing() -> bytes:
+        raise SeccompUnavailable("cannot load libseccomp")
+
+    monkeypatch.setattr(sandbox_module, "compile_filter", missing)
+    with pytest.raises(sandbox_module.SandboxUnavailable, match="seccomp"):
+        sandbox_module.Sandbox("auto").start()

@@ -9,9 +9,11 @@ A task row carries the store's ``initial_state`` (``StoreState``), the tool sche
 * ``expected_calls`` (+ ``match``: ``strict`` | ``fraction`` | ``f1``) -- verified **by arguments**: the
   function calls in the response are compared with the expected ones, with a reason per mismatch.
 
-``/seed_session`` (with the task row) gives the session its own copy of the store. Bad calls (unknown
-tool, missing or mistyped arguments, broken JSON) get a 4xx with a ``detail`` the agent passes back to the
-model; domain failures (unknown product, not enough stock) are ordinary answers with an ``error`` field.
+``/seed_session`` (with the task row, or NeMo Gym 0.7.0's typed seed with the row as ``task_data``) gives
+the session its own copy of the store; ``/close_session`` drops it. Bad calls (unknown tool, missing or
+mistyped arguments, broken JSON) get a 4xx with a ``detail`` the agent passes back to the model; domain
+failures (unknown product, not enough stock) are ordinary answers with an ``error`` field. With
+``expose_tools_over_mcp`` the same tools are served over MCP at ``/mcp`` (docs/reference/protocol.md).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ guards keep it from running at all:
   functions and classes only; no attributes, subscripts, lambdas, keyword arguments, builtins other
   than ``abs``/``pow``, strings other than a symbol's or number's name.
 * An audit hook (:func:`install_audit_hook`), armed during a check, refuses process creation, writes,
-  sockets, ``ctypes`` and signals, and notes any ``compile``/``exec`` of text, so the pool can retire a
-  worker that evaluated anything (see :data:`state`).
+  sockets, ``ctypes`` and signals, and notes any compilation of text, so the pool can retire a worker
+  that evaluated anything (see :data:`state`).
 
 A refused answer raises :class:`RefusedAnswer` (a ``ValueError``), which the scorers treat as any
 unparsable answer (reward 0, or the family's small format credit).
@@ -114,7 +114,8 @@ def check_sympy_code(code: str, local_dict: dict[str, Any], global_dict: dict[st
     SymPy classes (``sin``, ``Symbol``, ``Integer``, ``Add``...) and objects (``pi``, ``E``) and
     :data:`_PLAIN_FUNCTIONS`; calls of such names without keywords; string constants only as the
     arguments of :data:`_NAME_TAKERS`. Names that are neither local nor global stay (they are a
-    ``NameError`` at evaluation).
+    ``NameError`` at evaluation) unless they name a builtin (SymPy's own transformations turn such names
+    into symbols; a scorer's custom transformations might not).
     """
     from sympy import Basic
 
@@ -142,8 +143,12 @@ def check_sympy_code(code: str, local_dict: dict[str, Any], global_dict: dict[st
             name = node.id
             if name.startswith("_"):
                 raise state.refuse(f"refused to parse the answer: the name {name!r}")
-            if name in local_dict or name in _PLAIN_FUNCTIONS or name not in global_dict:
+            if name in local_dict or name in _PLAIN_FUNCTIONS:
                 continue
+            if name not in global_dict:
+                if hasattr(builtins, name):  # evaluation would find it in the builtins (type, object...)
+                    raise state.refuse(f"refused to parse the answer: the builtin {name!r}")
+                continue  # a NameError at evaluation
             obj = global_dict[name]
             if isinstance(obj, Basic) or (isinstance(obj, type) and issubclass(obj, Basic)):
                 continue
@@ -191,7 +196,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     if not state.armed:
         return
-    if event in ("compile", "exec"):
+    if event == "compile":  # text about to become code (an import from a .pyc raises only "exec")
         state.evaluated = True
     elif event in _REFUSED_EVENTS:
         raise state.refuse(f"refused during scoring: {event}")
@@ -208,10 +213,17 @@ def install_audit_hook() -> None:
     sys.addaudithook(_audit)
 
 
-def install() -> None:
-    """Every guard, in the worker after reasoning-gym was imported."""
+def guard_reasoning_gym() -> None:
+    """Shadow ``eval``/``exec`` in every reasoning-gym module (the worker module does it at import, in
+    the fork server, so that each forked worker does not touch ~300 module dicts again)."""
     import reasoning_gym  # noqa: F401  (loads every family's module)
 
     _guard_reasoning_gym_modules()
+
+
+def install() -> None:
+    """The guards that are per process, in the worker: SymPy's parser and the audit hook."""
+    if getattr(sys.modules.get("reasoning_gym.algorithmic.spiral_matrix"), "eval", None) is not literal_eval:
+        guard_reasoning_gym()  # not done at import (a worker started another way)
     _guard_sympy_parser()
     install_audit_hook()

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -38,6 +41,29 @@ STARTUP_TIMEOUT_S = 60.0
 """A worker that has not reported ready after this long is a failed start."""
 WAIT_FOR_WORKER_S = 120.0
 """A check that finds no worker within this long (none could be started) is answered with an error."""
+MAX_REPLY_BYTES = 64 * 1024
+"""Longest message a worker may send; a longer one is treated as a crash."""
+
+
+def _read(conn: Any) -> Any:
+    """A worker's message: JSON, never pickle (a compromised worker must not run code in the server)."""
+    return json.loads(conn.recv_bytes(MAX_REPLY_BYTES))
+
+
+def _parse_result(result: Any) -> ScoreOutcome:
+    """A worker's verdict, checked: anything malformed is a crash, not a reward."""
+    if not isinstance(result, dict) or result.get("status") not in ("ok", "error"):
+        raise ValueError("malformed verdict")
+    score = result.get("score", 0.0)
+    if result["status"] == "ok" and not (isinstance(score, int | float) and math.isfinite(score) and 0 <= score <= 1):
+        raise ValueError(f"score out of range: {score!r}")
+    detail, refused = result.get("detail"), result.get("refused")
+    return ScoreOutcome(
+        "ok" if result["status"] == "ok" else "error",
+        score=float(score) if result["status"] == "ok" else 0.0,
+        detail=str(detail)[:300] if detail is not None else None,
+        refused=str(refused)[:300] if refused is not None else None,
+    )
 
 
 class ReasoningGymConfig(BaseModel):
@@ -104,10 +130,42 @@ def _worker_entry(conn: Any, uid: int | None, memory_mb: int | None) -> None:
     worker_main(conn, uid, memory_mb)
 
 
+def _preload() -> list[str]:
+    """What the fork server imports once: the worker, and what the server's main module imports. Each
+    child re-runs the main module as ``__mp_main__``; with its imports already loaded that takes
+    microseconds instead of the ~0.5 s that importing ``gym_bridge.cli`` costs, on every replacement of
+    a retired worker. (Python 3.11's own ``"__main__"`` preload never reaches the fork server.)"""
+    names = [WORKER_MODULE, __name__]  # this module: each child unpickles _worker_entry from it
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and not spec.name.endswith("__main__"):
+        names.append(spec.name)  # a main run with -m (python -m gym_bridge.cli serve ...)
+    elif getattr(main, "__file__", None):
+        names += _imported_by(main.__file__)  # a script (the gym-bridge console script imports gym_bridge.cli)
+    return names
+
+
+def _imported_by(path: str) -> list[str]:
+    """The modules a script imports at its top level (what a child re-running it would import)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
 def _spawn(slot: int, uid: int | None, memory_mb: int | None, abandon: threading.Event) -> _Worker:
     """Start one worker and wait for its ready message (blocking: run it in a thread)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([WORKER_MODULE])
+    ctx.set_forkserver_preload(_preload())
     parent_conn, child_conn = ctx.Pipe(duplex=True)
     process = ctx.Process(
         target=_worker_entry, args=(child_conn, uid, memory_mb), name="rg-scorer", daemon=True
@@ -123,8 +181,8 @@ def _spawn(slot: int, uid: int | None, memory_mb: int | None, abandon: threading
                 raise RuntimeError(f"the scorer worker exited while starting (exit code {process.exitcode})")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the scorer worker was not ready within {STARTUP_TIMEOUT_S:.0f} s")
-        kind, pid = parent_conn.recv()
-        if kind != "ready":
+        kind, pid = _read(parent_conn)
+        if kind != "ready" or not isinstance(pid, int):
             raise RuntimeError(f"the scorer worker sent {kind!r} instead of 'ready'")
     except BaseException:
         process.kill()
@@ -176,6 +234,7 @@ class ScorerPool:
         return {
             "size": self.size,
             "live_workers": len(self._workers),
+            "pids": self.pids,
             "timeout_s": self.timeout_s,
             "uids": [self.uid(0), self.uid(self.size - 1)] if os.geteuid() == 0 else None,
             "start_error": self.start_error,
@@ -242,7 +301,7 @@ class ScorerPool:
         worker.task_id, worker.future = task_id, future
         worker.deadline = self._loop.call_later(self.timeout_s, self._on_deadline, worker, task_id)
         try:
-            worker.conn.send((task_id, family, answer, entry))
+            worker.conn.send_bytes(json.dumps([task_id, family, answer, entry]).encode())
         except (OSError, ValueError) as e:
             self._retire(worker, ScoreOutcome("crashed", detail=f"the scorer worker was unreachable: {e}"))
         # Shielded: a cancelled request must not leave a worker busy with nobody to collect its answer.
@@ -259,28 +318,20 @@ class ScorerPool:
 
     def _on_readable(self, w: _Worker) -> None:
         try:
-            task_id, result = w.conn.recv()
-        except (EOFError, OSError, ValueError):
+            task_id, result = _read(w.conn)
+            outcome = _parse_result(result)
+        except (EOFError, OSError, ValueError, TypeError) as e:
             self.stats.crashes += 1
             w.process.join(0.1)
             code = w.process.exitcode
-            self._retire(
-                w,
-                ScoreOutcome(
-                    "crashed", detail=f"the scorer worker exited during the check (exit code {code})"
-                ),
-            )
+            why = f"exit code {code}" if code is not None else f"{type(e).__name__}: {e}"[:200]
+            self._retire(w, ScoreOutcome("crashed", detail=f"the scorer worker failed during the check ({why})"))
             return
         if task_id != w.task_id or w.future is None:
+            self._retire(w, ScoreOutcome("crashed", detail="the scorer worker answered out of turn"))
             return
         future = w.future
         self._clear_task(w)
-        outcome = ScoreOutcome(
-            "ok" if result["status"] == "ok" else "error",
-            score=result.get("score", 0.0),
-            detail=result.get("detail"),
-            refused=result.get("refused"),
-        )
         if not future.done():
             future.set_result(outcome)
         if result.get("evaluated"):
@@ -348,7 +399,7 @@ class ScorerPool:
             try:
                 assert self._loop is not None
                 self._loop.remove_reader(w.conn.fileno())
-                w.conn.send(None)
+                w.conn.send_bytes(b"null")
             except (OSError, ValueError):
                 pass
             w.conn.close()

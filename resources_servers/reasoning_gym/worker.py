@@ -12,19 +12,21 @@ The worker is forked from a fork server that already imported reasoning-gym (see
   moves to ``/``;
 * installs the guards of :mod:`resources_servers.reasoning_gym.guards`.
 
-It then answers ``(task_id, family, answer, entry)`` messages with ``(task_id, result)`` until its pipe
-closes; ``result["evaluated"]`` tells the pool that answer text was compiled or evaluated, and the pool
+It then answers ``[task_id, family, answer, entry]`` messages with ``[task_id, result]`` (JSON both
+ways: the server never unpickles what a worker sends) until its pipe closes; ``result["evaluated"]`` tells the pool that answer text was compiled or evaluated, and the pool
 then retires this process rather than give it another answer.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import resource
 import signal
 import sys
+import warnings
 from functools import cache
 from typing import Any
 
@@ -146,19 +148,22 @@ def worker_main(conn: Any, uid: int | None, memory_mb: int | None) -> None:
     """Serve checks over ``conn`` until it closes; sends ``("ready", pid)`` first."""
     drop_privileges(uid, memory_mb)
     guards.install()
-    conn.send(("ready", os.getpid()))
+    conn.send_bytes(json.dumps(["ready", os.getpid()]).encode())
     while True:
         try:
-            message = conn.recv()
+            message = json.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
         if message is None:
             return
         task_id, family, answer, entry = message
-        conn.send((task_id, score(family, answer, entry)))
+        conn.send_bytes(json.dumps([task_id, score(family, answer, entry)]).encode())
 
 
-# In the fork server (this module is its preload), once: its children inherit both.
+# In the fork server (this module is its preload), once: its children inherit all four. Each child
+# re-runs the server's main module, which the fork server preloaded (see pool._preload), so runpy warns.
+warnings.filterwarnings("ignore", r"'.*' found in sys\.modules after import of package", RuntimeWarning)
 _libc()
+guards.guard_reasoning_gym()
 if os.geteuid() == 0:
     _keep_imports_reachable()

@@ -31,11 +31,13 @@ from resources_servers.math.extraction import (
     ExtractionMethod,
     ExtractionMode,
     extract_answer,
+    outer_boxes,
     strip_math_delimiters,
 )
-from resources_servers.math.fastpath import compare_plain
+from resources_servers.math.fastpath import compare_boxed_plain, compare_plain
 from resources_servers.math.judge import MathJudgeConfig, judge_fallback
 from resources_servers.math.pool import VerifierPool
+from resources_servers.math.strict import strict_violation
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("config.yaml")
 _MAX_RAW_CHARS = 200
@@ -69,6 +71,14 @@ class MathConfig(MathJudgeConfig):
     """Address-space limit of each worker (a runaway SymPy expression fails instead of swapping)."""
     cache_size: int = Field(100_000, ge=0)
     """Verdicts kept by (expected, answer); repeats skip the pool. 0 turns the cache off."""
+    strict: bool = False
+    """Reward 0 (``strict_rejected``) for an answer that asserts a relation, a negation or an
+    approximation, or carries prose (:mod:`resources_servers.math.strict`); off: NeMo Gym's verdict."""
+    slow_check_s: float = Field(0.25, gt=0)
+    """A check that has computed this many CPU seconds leaves the pool's lane (a fresh worker takes its
+    place), so plain answers do not queue behind answers that will run into ``timeout_s``."""
+    slow_lane_workers: int = Field(8, ge=0)
+    """How many such slow checks may run beside the lane at once; 0: none (every check waits its turn)."""
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> MathConfig:
@@ -100,6 +110,7 @@ class MathVerifyRequest(VerifyRequest):
     question: str | None = None
     problem: str | None = None
     extraction: ExtractionMode | None = None
+    strict: bool | None = None
 
     _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
 
@@ -111,6 +122,7 @@ class MathSeedRequest(TaskRow):
     question: str | None = None
     problem: str | None = None
     extraction: ExtractionMode | None = None
+    strict: bool | None = None
 
     _answer_text = field_validator("expected_answer", mode="before")(_integer_answers_are_text)
 
@@ -144,7 +156,13 @@ class MathServer(ResourcesServer):
     async def startup(self) -> None:
         cfg = self.config
         pool = VerifierPool(
-            cfg.workers(), cfg.timeout_s, cfg.kill_grace_s, cfg.worker_memory_mb, cfg.cache_size
+            cfg.workers(),
+            cfg.timeout_s,
+            cfg.kill_grace_s,
+            cfg.worker_memory_mb,
+            cfg.cache_size,
+            slow_after_s=cfg.slow_check_s,
+            slow_workers=cfg.slow_lane_workers,
         )
         await pool.start()
         self.pool = pool
@@ -175,7 +193,7 @@ class MathServer(ResourcesServer):
     async def _library_verify(self, body: VerifyRequest) -> MathVerifyResponse:
         assert isinstance(body, MathVerifyRequest)
         expected = strip_math_delimiters(body.expected_answer)
-        text = assistant_text(body.response.output)
+        text = assistant_text(body.response.output, sep="")  # joined as NeMo Gym joins them
         if not text.strip():
             return _answer(body, failure=("no_answer", "the response has no assistant message text"))
         mode = body.extraction or self.config.extraction
@@ -186,23 +204,36 @@ class MathServer(ResourcesServer):
         if extraction is None:
             return _answer(body, failure=("no_answer", _no_answer_reason(mode)))
         method = extraction.method
-        whole_text = method in ("all_boxes", "whole_text")
+        # A boxed response goes whole to math-verify, as NeMo Gym hands it over (it may read a phrase
+        # before the box, a percent sign after it, or every box).
+        whole_text = method in ("boxed", "all_boxes", "whole_text")
+        candidate = text if whole_text else extraction.answer
+        limit = self.config.max_answer_chars
+        if len(candidate) > limit:
+            what = "response (math-verify reads all of it)" if whole_text else "answer"
+            reason = f"the {what} has {len(candidate)} characters, over max_answer_chars ({limit})"
+            raw = extraction.answer[:_MAX_RAW_CHARS]
+            return _answer(body, extracted=raw, method=method, failure=("answer_too_long", reason))
+        if body.strict if body.strict is not None else self.config.strict:
+            answers = outer_boxes(text) if method in ("boxed", "all_boxes") else [extraction.answer]
+            for answer in answers:
+                reason = strict_violation(answer, expected)
+                if reason is not None:
+                    raw = answer[:_MAX_RAW_CHARS]
+                    return _answer(body, extracted=raw, method=method, failure=("strict_rejected", reason))
 
-        if self.config.fast_path and not whole_text:
-            plain = compare_plain(expected, extraction.answer)
+        if self.config.fast_path and method != "whole_text":
+            if method == "boxed":
+                plain = compare_boxed_plain(expected, text, extraction.answer)
+            else:
+                plain = None if whole_text else compare_plain(expected, extraction.answer)
             if plain is not None:
                 correct, extracted = plain
                 return _answer(body, reward=float(correct), extracted=extracted, method=method)
 
-        limit = self.config.max_answer_chars
-        if len(extraction.answer) > limit:
-            what = "response (math-verify reads all of it)" if whole_text else "answer"
-            reason = f"the {what} has {len(extraction.answer)} characters, over max_answer_chars ({limit})"
-            raw = extraction.answer[:_MAX_RAW_CHARS]
-            return _answer(body, extracted=raw, method=method, failure=("answer_too_long", reason))
         if self.pool is None:
             raise RuntimeError("the math server's verifier pool is not running (was startup() called?)")
-        outcome = await self.pool.check(expected, extraction.answer, whole_text)
+        outcome = await self.pool.check(expected, candidate, whole_text)
         if outcome.status != "ok":
             kind = "verifier_timeout" if outcome.status == "timeout" else "verifier_error"
             raw = extraction.answer[:_MAX_RAW_CHARS]

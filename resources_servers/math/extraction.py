@@ -1,11 +1,12 @@
 r"""Which part of a model's answer text is its final answer, and how it was found.
 
-The default rule is NeMo Gym's (``math_with_judge``): an answer needs a non-empty last ``\boxed{}``.
-With one box its contents are the answer. With several, NeMo Gym hands math-verify the whole text,
-which extracts every box (``First \boxed{3}, then \boxed{7}`` becomes the set ``{3, 7}``); the server
-does the same (method ``all_boxes``). Opt-in fallbacks, used only when there is no usable box: an
-explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"), then the last number in the
-text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
+The default rule is NeMo Gym 0.7.0's (``math_with_judge``): an answer needs a non-empty last
+``\boxed{}`` (``\fbox{}`` does not count). With one box its contents are the answer; NeMo Gym then hands
+math-verify the whole text (the server does too, see :mod:`resources_servers.math.app`), which with
+several boxes extracts every box (``First \boxed{3}, then \boxed{7}`` becomes the set ``{3, 7}``;
+method ``all_boxes``). Opt-in fallbacks, used only when there is no usable box: a last ``\fbox{}``
+(method ``fbox``), an explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"), then the
+last number in the text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
 operand of the question ("0 + 5" -> "...5") is rewarded. Mode ``whole_text`` is the library check of NeMo Gym after 0.7.0
 exactly: every response goes whole to math-verify, boxed or not (method ``whole_text``).
 
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last", "whole_text"]
-ExtractionMethod = Literal["boxed", "all_boxes", "final_answer", "last_number", "whole_text"]
+ExtractionMethod = Literal["boxed", "all_boxes", "fbox", "final_answer", "last_number", "whole_text"]
 
-_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+BOXED = "\\boxed{"
+FBOX = "\\fbox{"
 # Each "answer" occurrence is tried once; its whitespace runs belong to it alone (linear overall).
 _FINAL_ANSWER = re.compile(r"\banswer\b(?:\s*\*\*)?\s*(?:is\b\s*:?|:|=)\s*(?:\*\*\s*)?", re.IGNORECASE)
 # Not ``^\s*`` (``\s`` spans newlines: every line start would rescan the rest of a run of blank lines).
@@ -44,16 +46,16 @@ class Extraction:
     method: ExtractionMethod
 
 
-def last_boxed(text: str) -> str | None:
-    r"""Contents of the last ``\boxed{...}`` (or ``\fbox{...}``); None when absent or left unclosed.
+def last_boxed(text: str, opener: str = BOXED) -> str | None:
+    r"""Contents of the last ``\boxed{...}`` (or of the last ``opener``); None when absent or left unclosed.
 
-    Like NeMo Gym, only the last box counts: if it is cut off (a truncated generation), earlier boxes
-    are not used instead.
+    As NeMo Gym's ``_extract_last_boxed_answer``: only the last box counts; if it is cut off (a truncated
+    generation), earlier boxes are not used instead.
     """
-    start = max(text.rfind(opener) for opener in _BOX_OPENERS)
+    start = text.rfind(opener)
     if start < 0:
         return None
-    content_start = text.index("{", start) + 1
+    content_start = start + len(opener)
     depth = 1
     for index in range(content_start, len(text)):
         char = text[index]
@@ -66,9 +68,27 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def outer_boxes(text: str) -> list[str]:
+    r"""Contents of every closed ``\boxed{...}`` not inside another box, in order (one pass: nested boxes
+    are read as part of the box around them)."""
+    boxes: list[str] = []
+    start = text.find(BOXED)
+    while start >= 0:
+        content_start = start + len(BOXED)
+        depth, index = 1, content_start
+        while index < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[index], 0)
+            index += 1
+        if depth:
+            break  # left open: nothing after it is closed either
+        boxes.append(text[content_start : index - 1])
+        start = text.find(BOXED, index)
+    return boxes
+
+
 def box_count(text: str) -> int:
-    r"""How many ``\boxed{`` / ``\fbox{`` openers the text has."""
-    return sum(text.count(opener) for opener in _BOX_OPENERS)
+    r"""How many ``\boxed{`` openers the text has."""
+    return text.count(BOXED)
 
 
 def inline_math(answer: str) -> str | None:
@@ -137,6 +157,9 @@ def extract_answer(text: str, mode: ExtractionMode = "boxed") -> Extraction | No
         return Extraction(boxed.strip(), "boxed")
     if mode == "boxed":
         return None
+    fbox = last_boxed(text, FBOX)
+    if fbox is not None and fbox.strip():
+        return Extraction(fbox.strip(), "fbox")
     phrase = final_answer_phrase(text)
     if phrase:
         return Extraction(phrase, "final_answer")
@@ -148,9 +171,11 @@ def extract_answer(text: str, mode: ExtractionMode = "boxed") -> Extraction | No
 
 
 def strip_math_delimiters(answer: str) -> str:
-    r"""An expected answer without outer ``\(...\)``, ``\[...\]`` or ``$...$`` (as NeMo Gym does)."""
+    r"""An expected answer without outer ``\(...\)``, then ``$...$``: NeMo Gym 0.7.0's
+    ``_strip_math_delimiters`` exactly (``\[...\]`` and ``$$...$$`` are left to math-verify, as there)."""
     answer = answer.strip()
-    for opener, closer in (("\\(", "\\)"), ("\\[", "\\]"), ("$$", "$$"), ("$", "$")):
-        if answer.startswith(opener) and answer.endswith(closer) and len(answer) >= len(opener) + len(closer):
-            answer = answer[len(opener) : len(answer) - len(closer)].strip()
+    if answer.startswith("\\(") and answer.endswith("\\)"):
+        answer = answer[2:-2].strip()
+    if answer.startswith("$") and answer.endswith("$") and len(answer) > 1:
+        answer = answer[1:-1].strip()
     return answer

@@ -15,6 +15,16 @@ server: a replacement forks from an already-warm process in milliseconds, and no
 from the multi-threaded server. As with any non-``fork`` start method, a script that starts the pool
 must guard its entry point with ``if __name__ == "__main__":``.
 
+Slow checks leave the lane: a check that has computed for ``slow_after_s`` (CPU seconds of its worker,
+from /proc; wall-clock seconds where that cannot be read) -- a normal one takes milliseconds, a hostile
+one will run into the budget -- no longer counts as one of the pool's ``size`` workers, and a fresh worker takes its place, so plain answers do not queue behind answers that
+will time out. While any check is slow, checks still waiting for a worker get fresh workers too (a burst
+of hostile answers would otherwise reach the workers one lane-width at a time). At most
+``slow_workers`` checks are out of the lane at once; workers beyond ``size`` are stopped when they finish
+a check and none waits. CPU seconds, not waiting time: on a machine so loaded that every check crawls,
+more processes would only make every check slower. (Slow workers are not reniced: there a niced check
+that would finish starves into a timeout.)
+
 Workers start when the first check needs one, in the background: warming one (importing SymPy and
 math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
 numbers are compared in the server process), so the server answers from its first request and a run
@@ -75,12 +85,19 @@ class _Worker:
     task_id: int | None = None
     future: asyncio.Future[CheckOutcome] | None = None
     deadline: asyncio.TimerHandle | None = None
+    slow_timer: asyncio.TimerHandle | None = None
+    cpu_at_start: float | None = None
+    """The worker's CPU seconds when its check was sent (for the slow test)."""
+    slow: bool = False
+    """Its check outlived ``slow_after_s``: it does not count as one of the pool's ``size``."""
 
 
 @dataclass
 class PoolStats:
     """Counters since start. ``checks`` reached a worker; ``cache_hits`` and ``coalesced`` (joined an
-    identical check in flight) did not. ``killed`` counts timeouts that needed SIGKILL."""
+    identical check in flight) did not. ``killed`` counts timeouts that needed SIGKILL. ``slow_checks``
+    left the lane (ran past ``slow_after_s``); ``lane_spawns`` are workers started to take their place
+    or to serve checks waiting meanwhile (also counted in ``restarts``)."""
 
     checks: int = 0
     cache_hits: int = 0
@@ -90,6 +107,8 @@ class PoolStats:
     errors: int = 0
     restarts: int = 0
     start_failures: int = 0
+    slow_checks: int = 0
+    lane_spawns: int = 0
 
 
 def _worker_entry(conn: Any, memory_mb: int | None) -> None:
@@ -157,6 +176,8 @@ class VerifierPool:
         cache_size: int = 0,
         start_method: str = "forkserver",
         cache_chars: int = CACHE_CHARS,
+        slow_after_s: float = 0.25,
+        slow_workers: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -167,11 +188,19 @@ class VerifierPool:
         self.start_method = start_method
         self.cache_size = cache_size
         self.cache_chars = cache_chars
+        self.slow_after_s = slow_after_s
+        self.slow_workers = slow_workers
         self.stats = PoolStats()
         self._cache: OrderedDict[_Key, CheckOutcome] = OrderedDict()
         self._cached_chars = 0
         self._running: dict[_Key, asyncio.Task[CheckOutcome]] = {}
         self._workers: set[_Worker] = set()
+        self._slow: set[_Worker] = set()
+        """Live workers whose check left the lane."""
+        self._spawning = 0
+        """Worker starts in progress."""
+        self._waiting = 0
+        """Checks waiting for an idle worker."""
         self._idle: asyncio.Queue[_Worker] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_ids = itertools.count()
@@ -196,6 +225,7 @@ class VerifierPool:
         return {
             "size": self.size,
             "live_workers": len(self.pids),
+            "slow_running": len(self._slow),
             "started": self._launched,
             "starting": self._starting > 0,
             **asdict(self.stats),
@@ -254,9 +284,12 @@ class VerifierPool:
                     return
         self._started.set()
 
-    async def _spawn(self) -> _Worker | None:
-        """A warm worker, or None when it could not be started (or the pool closed meanwhile)."""
+    async def _spawn(self, counted: bool = False) -> _Worker | None:
+        """A warm worker, or None when it could not be started (or the pool closed meanwhile).
+        ``counted``: the caller already added this start to ``_spawning``."""
         assert self._loop is not None
+        if not counted:
+            self._spawning += 1
         spawning = self._loop.run_in_executor(
             None, _spawn_worker, self.start_method, self.memory_mb, self._abandon
         )
@@ -273,6 +306,8 @@ class VerifierPool:
             self._start_error = f"{type(e).__name__}: {e}"
             logger.warning("could not start a verifier worker (%s)", self._start_error)
             return None
+        finally:
+            self._spawning -= 1
         if self._closed:
             worker.conn.close()  # the worker exits on end-of-file
             await asyncio.to_thread(_stop_process, worker.process)
@@ -328,13 +363,19 @@ class VerifierPool:
 
     async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
         assert self._idle is not None and self._loop is not None
-        while True:
-            worker = await self._idle.get()
-            if worker is _NO_WORKERS:
-                self._idle.put_nowait(worker)  # for the next waiter
-                raise RuntimeError(self._broken_message())
-            if worker.alive:
-                break
+        self._waiting += 1
+        try:
+            if self._slow:
+                self._grow()
+            while True:
+                worker = await self._idle.get()
+                if worker is _NO_WORKERS:
+                    self._idle.put_nowait(worker)  # for the next waiter
+                    raise RuntimeError(self._broken_message())
+                if worker.alive:
+                    break
+        finally:
+            self._waiting -= 1
         self.stats.checks += 1
         task_id = next(self._task_ids)
         future: asyncio.Future[CheckOutcome] = self._loop.create_future()
@@ -342,6 +383,9 @@ class VerifierPool:
         worker.deadline = self._loop.call_later(
             self.timeout_s + self.kill_grace_s, self._on_deadline, worker, task_id
         )
+        if self.slow_workers:
+            worker.cpu_at_start = _cpu_seconds(worker.pid)
+            worker.slow_timer = self._loop.call_later(self.slow_after_s, self._on_slow, worker, task_id)
         try:
             worker.conn.send((task_id, expected, candidate, self.timeout_s, whole_text))
         except (OSError, ValueError) as e:
@@ -376,6 +420,7 @@ class VerifierPool:
         self._workers.add(w)
         self._loop.add_reader(w.conn.fileno(), self._on_readable, w)
         self._idle.put_nowait(w)
+        self._trim()
 
     def _on_readable(self, w: _Worker) -> None:
         try:
@@ -394,7 +439,22 @@ class VerifierPool:
         if not future.done():
             future.set_result(self._outcome(result))
         assert self._idle is not None
+        w.slow = False
+        self._slow.discard(w)
         self._idle.put_nowait(w)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Stop idle workers beyond ``size`` (not counting slow ones) while no check waits: the ones
+        started to replace a slow check that has ended, or to serve a burst."""
+        assert self._idle is not None
+        while self._waiting == 0 and len(self._workers) - len(self._slow) > self.size and not self._idle.empty():
+            w = self._idle.get_nowait()
+            if w is _NO_WORKERS:
+                self._idle.put_nowait(w)
+                return
+            if w.alive:
+                self._stop(w)
 
     def _outcome(self, result: dict[str, Any]) -> CheckOutcome:
         status = result["status"]
@@ -414,6 +474,36 @@ class VerifierPool:
             failure_kind=result["failure_kind"],
         )
 
+    def _on_slow(self, w: _Worker, task_id: int) -> None:
+        """A check may have computed for ``slow_after_s``: if so, take its worker out of the lane (see the
+        module doc)."""
+        if w.task_id != task_id or not w.alive or w.slow or len(self._slow) >= self.slow_workers:
+            return
+        assert self._loop is not None
+        cpu = _cpu_seconds(w.pid)
+        if cpu is not None and w.cpu_at_start is not None:
+            left = self.slow_after_s - (cpu - w.cpu_at_start)
+            if left > 0:  # waiting for a CPU, not computing: look again once it could have
+                w.slow_timer = self._loop.call_later(max(left, 0.02), self._on_slow, w, task_id)
+                return
+        w.slow = True
+        self._slow.add(w)
+        self.stats.slow_checks += 1
+        self._grow()
+
+    def _grow(self) -> None:
+        """Start workers so that ``size`` are free of slow checks and, while any check is slow, one for
+        every check waiting; at most ``size + slow_workers`` in all."""
+        if self._closed:
+            return
+        fast = len(self._workers) - len(self._slow) + self._spawning
+        backlog = self._waiting - self._spawning if self._slow else 0
+        room = self.size + self.slow_workers - len(self._workers) - self._spawning
+        for _ in range(min(max(self.size - fast, backlog), room)):
+            self.stats.lane_spawns += 1
+            self._spawning += 1  # counted now: the next _grow (same loop turn) must see it
+            self._in_background(self._respawn(counted=True))
+
     def _on_deadline(self, w: _Worker, task_id: int) -> None:
         if w.task_id != task_id or not w.alive:
             return
@@ -428,7 +518,9 @@ class VerifierPool:
     def _clear_task(self, w: _Worker) -> None:
         if w.deadline is not None:
             w.deadline.cancel()
-        w.task_id, w.future, w.deadline = None, None, None
+        if w.slow_timer is not None:
+            w.slow_timer.cancel()
+        w.task_id, w.future, w.deadline, w.slow_timer = None, None, None, None
 
     def _detach(self, w: _Worker, outcome: CheckOutcome) -> None:
         """Stop watching a worker and answer its pending check with ``outcome``."""
@@ -445,6 +537,17 @@ class VerifierPool:
         if future is not None and not future.done():
             future.set_result(outcome)
         self._workers.discard(w)
+        self._slow.discard(w)
+
+    def _stop(self, w: _Worker) -> None:
+        """Stop an idle worker (it exits on the end of its pipe)."""
+        self._detach(w, CheckOutcome("error", detail="the worker was stopped"))
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        w.conn.close()
+        self._in_background(asyncio.to_thread(_stop_process, w.process))
 
     def _retire(self, w: _Worker, outcome: CheckOutcome) -> None:
         """Kill a stuck or broken worker, answer its check, and start a replacement in the background."""
@@ -459,22 +562,29 @@ class VerifierPool:
 
     async def _replace(self, dead: _Worker) -> None:
         await asyncio.to_thread(dead.process.join, 5.0)  # reap it
-        await self._respawn()
+        if len(self._workers) - len(self._slow) + self._spawning < self.size:  # else replaced already
+            await self._respawn()
 
-    async def _respawn(self) -> None:
-        """Start a worker, retrying with backoff until one comes up or the pool closes."""
+    async def _respawn(self, counted: bool = False) -> None:
+        """Start a worker, retrying with backoff until one comes up or the pool closes. ``counted``:
+        the caller already added the first start to ``_spawning``."""
         delay = 0.1
-        while not self._closed:
-            fresh = await self._spawn()
-            if fresh is not None:
-                self.stats.restarts += 1
-                self._adopt(fresh)
-                if self._started is not None:
-                    self._started.set()  # a start that only timed out has now come up
-                return
-            if not self._closed:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        try:
+            while not self._closed:
+                first, counted = counted, False
+                fresh = await self._spawn(first)
+                if fresh is not None:
+                    self.stats.restarts += 1
+                    self._adopt(fresh)
+                    if self._started is not None:
+                        self._started.set()  # a start that only timed out has now come up
+                    return
+                if not self._closed:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+        finally:
+            if counted:  # closed before the first start
+                self._spawning -= 1
 
 
 def _discard_spawned(spawning: asyncio.Future[_Worker]) -> None:
@@ -484,6 +594,20 @@ def _discard_spawned(spawning: asyncio.Future[_Worker]) -> None:
     worker = spawning.result()
     worker.conn.close()
     worker.process.kill()
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def _stop_process(process: Any) -> None:

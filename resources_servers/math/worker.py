@@ -18,7 +18,7 @@ from typing import Any
 
 import mpmath
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-from sympy import Basic, Expr, Float, MatrixBase
+from sympy import Basic, Expr, Float, MatrixBase, Number
 
 MAX_EXTRACTED_CHARS = 1000
 TOLERANCE = 1e-30
@@ -93,6 +93,8 @@ def check(expected: str, candidate: str, whole_text: bool = False) -> dict[str, 
         pred = parse(candidate, list(_TEXT_PRED_CONFIG), parsing_timeout=None)
     else:
         pred = parse("\\boxed{" + candidate + "}", list(_PRED_CONFIG), parsing_timeout=None)
+    # math_metric's verdict as NeMo Gym computes it (float_rounding 6); same_number only settles in
+    # milliseconds what math-verify would accept given the time (see its docstring).
     correct = bool(gold and pred) and (
         same_number(gold[0], pred[0]) or bool(verify(gold, pred, timeout_seconds=None))
     )
@@ -121,9 +123,16 @@ def same_number(a: Any, b: Any) -> bool:
     ``simplify``, which can take tens of seconds on such expressions. Evaluating both sides with enough
     digits for their magnitude settles them in milliseconds. It only ever confirms equality; anything
     else is left to math-verify's own rules (e.g. its 6-decimal rounding of floats).
+
+    Never looser than math-verify: a side that is a plain number (an integer, rational or float, such as
+    ``4 + 10^{-31}``, which SymPy folds into one rational) is left to math-verify, which compares those
+    exactly (or by its float rounding), in microseconds; between two other constants math-verify itself
+    accepts a difference that ``evalf(15, chop=True)`` rounds to 0 (about 1e-15), far above 1e-30.
     """
     try:
         if not (isinstance(a, Expr) and isinstance(b, Expr) and a.is_number and b.is_number):
+            return False
+        if isinstance(a, Number) or isinstance(b, Number):
             return False
         rough_a, rough_b = a.evalf(15), b.evalf(15)
         if not (rough_a.is_finite and rough_b.is_finite):

@@ -10,12 +10,14 @@ import time
 import pytest
 
 from resources_servers.math.extraction import (
+    FBOX,
     Extraction,
     extract_answer,
     final_answer_phrase,
     inline_math,
     last_boxed,
     last_number,
+    outer_boxes,
     strip_math_delimiters,
 )
 
@@ -26,13 +28,33 @@ from resources_servers.math.extraction import (
         ("so \\boxed{42}.", "42"),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("first \\boxed{1}, finally \\boxed{\\sqrt{\\frac{a}{b}}}", "\\sqrt{\\frac{a}{b}}"),
-        ("\\fbox{7}", "7"),
+        ("\\fbox{7}", None),  # NeMo Gym 0.7.0 reads \boxed only
         ("no box here", None),
         ("\\boxed{3} then a cut-off \\boxed{\\frac{1}{", None),  # the last box decides, as in NeMo Gym
     ],
 )
 def test_last_boxed(text: str, boxed: str | None) -> None:
     assert last_boxed(text) == boxed
+
+
+def test_fbox_is_an_opt_in_fallback() -> None:
+    assert last_boxed("\\fbox{7}", FBOX) == "7"
+    assert extract_answer("\\fbox{7}") is None  # the default: NeMo Gym's rule
+    assert extract_answer("\\fbox{7}. The answer is 8", "boxed_or_final") == Extraction("7", "fbox")
+    assert extract_answer("\\fbox{7} \\boxed{8}", "boxed_or_final") == Extraction("8", "boxed")
+
+
+@pytest.mark.parametrize(
+    ("text", "boxes"),
+    [
+        ("\\boxed{1} and \\boxed{2}", ["1", "2"]),
+        ("\\boxed{\\boxed{7}} then \\boxed{\\frac{1}{2}}", ["\\boxed{7}", "\\frac{1}{2}"]),
+        ("\\boxed{3} then \\boxed{\\frac{1}{", ["3"]),
+        ("none", []),
+    ],
+)
+def test_outer_boxes(text: str, boxes: list[str]) -> None:
+    assert outer_boxes(text) == boxes
 
 
 @pytest.mark.parametrize(
@@ -149,7 +171,9 @@ def test_inline_math_finds_what_the_regex_finds() -> None:
     [
         ("\\(\\frac{333}{1997}\\)", "\\frac{333}{1997}"),
         ("$2\\pi$", "2\\pi"),
-        ("\\[ 5 \\]", "5"),
+        ("\\[ 5 \\]", "\\[ 5 \\]"),  # left to math-verify, as NeMo Gym 0.7.0 leaves it
+        ("$$4$$", "$4$"),
+        ("\\($5$\\)", "5"),
         ("-3", "-3"),
     ],
 )

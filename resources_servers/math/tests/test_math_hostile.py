@@ -180,7 +180,9 @@ def test_an_answer_over_the_limit_says_so(capped_server: tuple[subprocess.Popen[
     _, url = capped_server
     out = post(url, "\\boxed{" + "1" * 150_000 + "}", "1").json()
     assert out["reward"] == 0.0 and out["failure_kind"] == "answer_too_long"
-    assert "150000 characters, over max_answer_chars (100000)" in out["failure_reason"]
+    # A boxed response goes whole to math-verify (as NeMo Gym hands it over): the limit is on all of it.
+    assert "response (math-verify reads all of it) has 150008 characters" in out["failure_reason"]
+    assert "over max_answer_chars (100000)" in out["failure_reason"]
     assert len(out["extracted_answer"]) <= 200
 
 

@@ -1,0 +1,92 @@
+r"""The ``strict`` answer rule: a final answer is a value, not a claim about one.
+
+math-verify (and so NeMo Gym's default, which this server follows) reads ``\boxed{5 = 4}`` as 4 (the
+right-hand side of an equation), ``\boxed{4 \approx 5}`` and ``\boxed{\neg 4}`` as 4, and drops the
+prose of ``\boxed{4 \text{ is not the answer}}``: against 4, all four score 1. A policy can learn to
+hedge that way. With ``strict`` on, an answer that asserts a relation (``=``, ``<``, ``\le``, ``\in``,
+``\to``...), a negation (``\neg``, ``\not``), an approximation (``\approx``, ``\sim``...) or carries words
+(``\text{...}`` or plain words) scores 0 with ``failure_kind: strict_rejected`` -- unless the expected
+answer itself has the same kind of thing (an expected ``y = 2x + 1`` allows an equation, an expected
+``\text{(B)}`` allows that text). Two allowances keep ordinary answers right: one variable named on the
+left of a single ``=`` (``x = 4``), and words that are units (``4 \text{ cm}``).
+
+Runs on the server's event loop: one linear scan per answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+_APPROXIMATION = (
+    r"\\(?:approx|thickapprox|approxeq|sim|simeq|thicksim|backsim|cong|doteq|fallingdotseq|risingdotseq"
+    r"|propto)(?![A-Za-z])"
+)
+_NEGATION = r"\\(?:neg|lnot|not)(?![A-Za-z])|¬"
+_RELATION = (
+    r"\\(?:ne|neq|le|leq|leqq|leqslant|ge|geq|geqq|geqslant|lt|gt|ll|gg|equiv|in|ni|notin|subset|subseteq"
+    r"|supset|supseteq|to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|iff|impliedby"
+    r"|Leftrightarrow|leftrightarrow|mapsto|perp|parallel|mid|nmid|prec|succ|preceq|succeq)(?![A-Za-z])"
+    r"|[<>≤≥≠≈∈∉⊂⊆⊃⊇→⇒⇔]|:=|="
+)
+_KINDS = {
+    "an approximation": re.compile(_APPROXIMATION),
+    "a negation": re.compile(_NEGATION),
+    "a relation": re.compile(_RELATION),
+}
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_WORD = re.compile(r"[^\W\d_]{2,}")
+_PROSE = re.compile(r"[^\W\d_]{2,}(?:\s+[^\W\d_]{2,})+")
+"""Two or more words in a row outside text commands (one run of letters may be a product: ``2xy``)."""
+_ASSIGNMENT = re.compile(r"\s*[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=(?!=)|\\in(?![A-Za-z]))")
+"""``x =``, ``a_1 =``, ``x_{n} =``, ``x \\in`` at the start: the answer names its variable."""
+UNITS = frozenset(
+    """
+    mm cm dm km m meter meters metre metres inch inches ft foot feet yd yard yards mile miles mi
+    mg kg g gram grams kilogram kilograms lb lbs pound pounds oz ounce ounces ton tons
+    ms sec secs second seconds min mins minute minutes hr hrs hour hours day days week weeks month months
+    year years yr yrs l ml liter liters litre litres gal gallon gallons cup cups
+    deg degree degrees rad radian radians celsius fahrenheit kelvin
+    dollar dollars cent cents euro euros usd
+    sq cu square cubic units unit per percent
+    km/h mph kmh rpm hz khz mhz ghz mb gb kb tb byte bytes bit bits
+    """.split()
+)
+"""Words an answer may carry without it being prose."""
+
+
+def _text_words(text: str) -> set[str]:
+    """Lower-cased words inside the text commands of ``text``, and plain words that form prose."""
+    words = set()
+    for inner in _TEXT_COMMAND.findall(text):
+        words.update(_WORD.findall(inner))
+    outer = _LATEX_COMMAND.sub(" ", _TEXT_COMMAND.sub(" ", text))
+    for run in _PROSE.findall(outer):
+        words.update(_WORD.findall(run))
+    return {w.lower() for w in words}
+
+
+def _all_words(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(_LATEX_COMMAND.sub(" ", text))}
+
+
+def strict_violation(answer: str, expected: str) -> str | None:
+    r"""Why ``answer`` is not a plain value under the strict rule (None when it is one): it asserts a
+    relation, a negation or an approximation, or has words (``\text{...}``, plain words) beyond units,
+    where ``expected`` has no such thing itself."""
+    for kind, pattern in _KINDS.items():
+        if pattern.search(expected):
+            continue
+        body = answer
+        if kind == "a relation":
+            assignment = _ASSIGNMENT.match(body)
+            if assignment is not None:
+                body = body[assignment.end() :]
+        found = pattern.search(body)
+        if found is not None:
+            return f"the answer asserts {kind} ({found.group()!r}), which the expected answer does not"
+    extra = _text_words(answer) - _all_words(expected) - UNITS
+    if extra:
+        shown = ", ".join(sorted(extra)[:5])
+        return f"the answer has words the expected answer does not ({shown}): an answer is a value, not prose"
+    return None

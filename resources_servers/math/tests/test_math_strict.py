@@ -1,0 +1,84 @@
+r"""The ``strict`` setting over real HTTP (issue 33, finding 9): the default is NeMo Gym's verdict, which
+scores answers that assert a relation, a negation, an approximation or trailing prose as right; with
+``strict`` (server config or per request) they score 0, and plain right answers still score 1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gym_bridge.server import start_in_thread
+from resources_servers.math.app import MathServer
+from resources_servers.math.tests.helpers import TEST_CONFIG, verify_body, wait_for_pool
+
+HEDGES = [
+    ("\\boxed{5 = 4}", "a relation"),
+    ("\\boxed{4 \\approx 5}", "an approximation"),
+    ("\\boxed{\\neg 4}", "a negation"),
+    ("\\boxed{4 \\text{ is not the answer}}", "words"),
+    ("\\boxed{4 \\neq 5}", "a relation"),
+    ("\\boxed{4} and then \\boxed{5 = 4}", "a relation"),  # every box is read
+]
+
+
+def _verify(client: httpx.Client, text: str, expected: str, **extra: object) -> dict:
+    response = client.post("/verify", json=verify_body(text, expected, **extra))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize(("text", "kind"), HEDGES[:4])
+def test_the_default_is_nemo_gyms_verdict_on_hedged_answers(
+    client: httpx.Client, text: str, kind: str
+) -> None:
+    # NeMo Gym 0.7.0's math_with_judge scores these 1 (tests/data/nemo_gym/math_parity.jsonl, "relation").
+    assert _verify(client, text, "4")["reward"] == 1.0
+
+
+@pytest.mark.parametrize(("text", "kind"), HEDGES)
+def test_strict_per_request_rejects_hedged_answers(client: httpx.Client, text: str, kind: str) -> None:
+    out = _verify(client, text, "4", strict=True)
+    assert out["reward"] == 0.0 and out["library_reward"] == 0.0
+    assert out["failure_kind"] == "strict_rejected" and kind in out["failure_reason"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("So \\boxed{4}.", "4"),
+        ("\\boxed{x = 4}", "4"),  # naming the variable is not a claim
+        ("\\boxed{4 \\text{ cm}}", "4"),  # units are not prose
+        ("\\boxed{y = 2x + 1}", "y = 2x + 1"),  # the expected answer is an equation itself
+        ("\\boxed{\\frac{\\sqrt{8}}{2}}", "\\sqrt{2}"),
+        ("\\boxed{\\text{(B)}}", "\\text{(B)}"),
+        ("\\boxed{5!}", "120"),
+    ],
+)
+def test_strict_keeps_plain_right_answers_right(client: httpx.Client, text: str, expected: str) -> None:
+    out = _verify(client, text, expected, strict=True)
+    assert out["reward"] == 1.0 and out["failure_kind"] is None, out
+
+
+@pytest.fixture(scope="module")
+def strict_server() -> Iterator[str]:
+    config = TEST_CONFIG.model_copy(update={"strict": True, "pool_size": 1})
+    with start_in_thread(MathServer(config=config).build_app()) as running:
+        wait_for_pool(running.url)
+        yield running.url
+
+
+def test_strict_server_config_and_a_request_that_opts_out(strict_server: str) -> None:
+    with httpx.Client(base_url=strict_server, timeout=60) as client:
+        rejected = _verify(client, "\\boxed{4 \\approx 5}", "4")
+        opted_out = _verify(client, "\\boxed{4 \\approx 5}", "4", strict=False)
+        right = _verify(client, "\\boxed{4}", "4")
+    assert rejected["reward"] == 0.0 and rejected["failure_kind"] == "strict_rejected"
+    assert opted_out["reward"] == 1.0  # the request's own setting wins
+    assert right["reward"] == 1.0
+
+
+def test_a_mistyped_strict_field_is_named(client: httpx.Client) -> None:
+    response = client.post("/verify", json=verify_body("\\boxed{4}", "4", strict="sometimes"))
+    assert response.status_code == 422 and "strict" in response.text

@@ -4,6 +4,8 @@ config reference equals what the config classes say, and the site builds with mk
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from gym_bridge.train.config.reference import render_reference, section_keys
@@ -41,3 +43,14 @@ def test_config_reference_is_current() -> None:
 def test_every_config_key_is_documented() -> None:
     undocumented = [key for key, field in section_keys() if not (field.description or "").strip()]
     assert not undocumented, undocumented
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """mkdocs (material theme) in strict mode: a broken link or a page left out of the site fails it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (tmp_path / "site" / "guides" / "audit" / "index.html").is_file()
+    assert (tmp_path / "site" / "reference" / "config" / "index.html").is_file()

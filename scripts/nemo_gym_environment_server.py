@@ -10,10 +10,11 @@ or ``scripts/nemo_gym_venv.sh``)::
     .venv/bin/python scripts/nemo_gym_environment_server.py --nemo-gym-venv /tmp/nemogym-dev/venv
 
 The model is scripted (``tests/fake_model.py``): for each tool_use task it makes the task's reference or
-expected calls, then says "Done.", so every rollout should score 1.0, and a second pass with a model that
-only says "Done." should score 0.0 on every task whose store must change (tool_use's rewards come from the
-session's final store, so a lost or mixed-up session would show). Exit 0 when the rewards are as expected
-and our server's ``/health`` shows each typed session seeded and closed.
+expected calls, then says "Done."; for each math task it answers ``\\boxed{<expected_answer>}``. Every rollout
+should score 1.0, and a second pass with a model that only says "Done." should score 0.0 (tool_use's rewards
+come from the session's final store, so a lost or mixed-up session would show). Exit 0 when the rewards are
+as expected and our server's ``/health`` shows each typed session seeded and closed. ``--server math``
+or ``--server tool_use`` (default: both, one after the other).
 """
 
 from __future__ import annotations
@@ -36,31 +37,32 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fake_model import FakeModel, function_call  # noqa: E402
 
-SERVER = "tool_use"
-ENV_SERVER = f"{SERVER}_single_agent_turn"
-CONFIG = f"""\
+CONFIG = """\
 config_paths:
   - environment_servers/single_agent_turn_legacy/configs/single_agent_turn_legacy.yaml
-{ENV_SERVER}:
+{server}_single_agent_turn:
   _inherit_from: single_agent_turn_legacy
   environment_servers:
     single_agent_turn_legacy:
       resources_server:
         type: resources_servers
-        name: {SERVER}
+        name: {server}
       agent_server:
         type: responses_api_agents
-        name: {SERVER}_simple_agent
+        name: {server}_simple_agent
       resources_tool_transports:
       - direct_http
 """
 
 
-def oracle(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A script for FakeModel: per task prompt, the task's calls first, then "Done."."""
+def oracle(server: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A script for FakeModel, per task prompt: tool_use, the task's calls first, then "Done."; math, the answer."""
     script: dict[str, Any] = {}
     for row in rows:
         prompt = row["responses_create_params"]["input"][-1]["content"]
+        if server == "math":
+            script[prompt] = f"The answer is \\boxed{{{row['expected_answer']}}}."
+            continue
         meta = row["verifier_metadata"]
         calls = meta.get("reference_calls") or meta.get("expected_calls")
 
@@ -90,19 +92,19 @@ def health(url: str) -> dict[str, Any]:
         return json.loads(answer.read())
 
 
-def our_url(log: Path) -> str:
+def our_url(server: str, log: Path) -> str:
     """Where NeMo Gym started our server (its entrypoint says so in the log)."""
-    found = re.search(rf"gym-bridge {SERVER} resources server listening on (http://[0-9.:]+)", log.read_text())
+    found = re.search(rf"gym-bridge {server} resources server listening on (http://[0-9.:]+)", log.read_text())
     if found is None:
-        raise RuntimeError(f"our {SERVER} server's address is not in {log}")
+        raise RuntimeError(f"our {server} server's address is not in {log}")
     return found.group(1)
 
 
-def eval_run(gym: str, work: Path, rows_path: Path, out: Path) -> list[dict[str, Any]]:
-    # Every flat row to our Environment Server (tool_use.yaml's own legacy_agent server fronts the same agent).
-    cmd = [gym, "eval", "run", "--no-serve", "--agent", f"{SERVER}_simple_agent", "--input", str(rows_path),
+def eval_run(server: str, gym: str, work: Path, rows_path: Path, out: Path) -> list[dict[str, Any]]:
+    # Every flat row to our Environment Server (the config's own legacy_agent server fronts the same agent).
+    cmd = [gym, "eval", "run", "--no-serve", "--agent", f"{server}_simple_agent", "--input", str(rows_path),
            "--output", str(out), "--disable-aggregation", "+environment_routing_mode=legacy",
-           f"+environment_server_name={ENV_SERVER}"]  # fmt: skip
+           f"+environment_server_name={server}_single_agent_turn"]  # fmt: skip
     log = work / f"eval_{out.stem}.log"
     with open(log, "w") as f:
         code = subprocess.run(cmd, cwd=work, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -114,29 +116,40 @@ def eval_run(gym: str, work: Path, rows_path: Path, out: Path) -> list[dict[str,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nemo-gym-venv", default=os.environ.get("NG_VENV", "/tmp/nemogym-dev/venv"))
-    parser.add_argument("--limit", type=int, default=9, help="tool_use example tasks to run")
+    parser.add_argument("--server", choices=["math", "tool_use"], action="append")
+    parser.add_argument("--limit", type=int, default=9, help="example tasks to run per server")
     args = parser.parse_args()
-    ng = Path(args.nemo_gym_venv)
+    failures = []
+    for server in args.server or ["math", "tool_use"]:
+        failures += check(server, Path(args.nemo_gym_venv), args.limit)
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    print("all passed" if not failures else f"{len(failures)} check(s) failed")
+    return 1 if failures else 0
+
+
+def check(server: str, ng: Path, limit: int) -> list[str]:
+    """One server under NeMo Gym's Environment Server; what went wrong."""
     gym = str(ng / "bin" / "gym")
-    rows = [json.loads(line) for line in (REPO / "resources_servers" / SERVER / "data" / "example.jsonl").read_text().splitlines()]
-    rows = rows[: args.limit]
+    rows = [json.loads(line) for line in (REPO / "resources_servers" / server / "data" / "example.jsonl").read_text().splitlines()]
+    rows = rows[:limit]
     work = Path(tempfile.mkdtemp(prefix="ng_env_server_"))
-    print(f"work dir: {work}")
+    print(f"{server}: work dir {work}")
     rows_path = work / "tasks.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     venvs = work / "venvs"
     our_venv = Path(sys.executable).parents[1]
-    links = {f"resources_servers/{SERVER}": our_venv}
+    links = {f"resources_servers/{server}": our_venv}
     for d in ("responses_api_agents/simple_agent", "responses_api_models/openai_model",
               "environment_servers/legacy_agent", "environment_servers/single_agent_turn_legacy"):  # fmt: skip
         links[d] = ng
     for d, target in links.items():
         (venvs / d).mkdir(parents=True, exist_ok=True)
         (venvs / d / ".venv").symlink_to(target)
-    (work / "env_server.yaml").write_text(CONFIG)
+    (work / "env_server.yaml").write_text(CONFIG.format(server=server))
     failures: list[str] = []
-    with FakeModel(oracle(rows)) as model:
-        cmd = [gym, "env", "start", "--search-dir", str(REPO), "--config", str(REPO / "resources_servers" / SERVER / "configs" / f"{SERVER}.yaml"),
+    with FakeModel(oracle(server, rows)) as model:
+        cmd = [gym, "env", "start", "--search-dir", str(REPO), "--config", str(REPO / "resources_servers" / server / "configs" / f"{server}.yaml"),
                "--config", str(work / "env_server.yaml"), "--model-type", "openai_model", "--model-url", model.url,
                "--model", "scripted", "--model-api-key", "none", f"+uv_venv_dir={venvs}", "+skip_venv_if_present=true"]  # fmt: skip
         log = work / "env_start.log"
@@ -145,26 +158,25 @@ def main() -> int:
             proc = subprocess.Popen(cmd, cwd=work, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             wait_for(log, "servers ready!", proc)
-            url = our_url(log)
+            url = our_url(server, log)
             before = health(url)
-            solved = eval_run(gym, work, rows_path, work / "solved.jsonl")
+            solved = eval_run(server, gym, work, rows_path, work / "solved.jsonl")
             rewards = [r.get("reward") for r in solved]
-            print(f"scripted model making each task's calls: {len(solved)} rollouts, rewards {rewards}")
+            print(f"  a model that does each task: {len(solved)} rollouts, rewards {rewards}")
             if rewards != [1.0] * len(rows):
-                failures.append(f"expected every reward 1.0, got {rewards} (first: {json.dumps(solved[0])[:600]})")
+                failures.append(f"{server}: expected every reward 1.0, got {rewards} (first: {json.dumps(solved[0])[:600]})")
             after = health(url)
-            print(f"our server's /health before: {before}\n                     after:  {after}")
+            print(f"  our server's /health before: {before}\n                       after:  {after}")
             closed = after.get("closed_resources_sessions", 0) - before.get("closed_resources_sessions", 0)
             if closed < len(rows) or after.get("resources_sessions", 0) != 0:
-                failures.append(f"expected {len(rows)} typed sessions closed and none left open, /health says {after}")
+                failures.append(f"{server}: expected {len(rows)} typed sessions closed and none open, /health says {after}")
             model.script = {}  # now a model that only talks: the stores stay as they started
             model.default = lambda request, n: "Done."
-            idle = eval_run(gym, work, rows_path, work / "idle.jsonl")
+            idle = eval_run(server, gym, work, rows_path, work / "idle.jsonl")
             idle_rewards = [r.get("reward") for r in idle]
-            changes = ["reference_calls" in r["verifier_metadata"] or r["verifier_metadata"].get("expected_calls") for r in rows]
-            print(f"a model that only says 'Done.': rewards {idle_rewards}")
-            if any(reward != 0.0 for reward, change in zip(idle_rewards, changes, strict=True) if change):
-                failures.append(f"expected 0.0 where the task needs calls, got {idle_rewards}")
+            print(f"  a model that only says 'Done.': rewards {idle_rewards}")
+            if idle_rewards != [0.0] * len(rows):
+                failures.append(f"{server}: expected every reward 0.0 from a model that does nothing, got {idle_rewards}")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
@@ -172,10 +184,7 @@ def main() -> int:
                     proc.wait(120)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-    for failure in failures:
-        print(f"FAILED: {failure}")
-    print("all passed" if not failures else f"{len(failures)} check(s) failed")
-    return 1 if failures else 0
+    return failures
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ def train(
         typer.echo(config_to_yaml(cfg), nl=False)
         return
 
+    from gym_bridge.generation.ray_cluster import RayClusterError
     from gym_bridge.generation.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
@@ -70,7 +71,8 @@ def train(
         typer.echo(str(exc))
         return
     except (
-        CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayUnavailableError, VllmUnavailableError
+        CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
+        VllmUnavailableError,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

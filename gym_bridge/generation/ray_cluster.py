@@ -30,6 +30,8 @@ from typing import Any
 from gym_bridge.generation.ray_local import import_ray, is_loopback
 
 __all__ = [
+    "RayClusterError",
+    "check_cluster",
     "check_token_auth",
     "close_actors",
     "connect_ray",
@@ -40,6 +42,11 @@ __all__ = [
     "reserve",
     "resolve_address",
 ]
+
+
+class RayClusterError(RuntimeError):
+    """The Ray cluster named cannot be joined: nothing answers there, or it wants a token this process
+    cannot give. The message names the key or option and what to do."""
 
 
 def resolve_address(configured: str | None) -> str | None:
@@ -68,16 +75,23 @@ def connect_ray(
     ray = import_ray()
     if ray.is_initialized():
         return False
-    _reachable(address, keys)  # Ray itself retries an absent head for minutes
-    check_token_auth(address, keys, say or (lambda text: print(text, file=sys.stderr, flush=True)))
+    check_cluster(address, keys, say)
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = not _is_loopback_address(address)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise RuntimeError(f"{keys} is {address!r}: cannot join that Ray cluster ({exc})") from exc
+        raise RayClusterError(f"{keys} is {address!r}: cannot join that Ray cluster ({exc})") from exc
     return True
+
+
+def check_cluster(address: str, keys: str, say: Callable[[str], None] | None = None) -> None:
+    """What :func:`connect_ray` checks before ``ray.init`` (also run before a training run loads its
+    model): a head answers at ``address``, and its token authentication lets this process in
+    (:func:`check_token_auth`). Raises :class:`RayClusterError` naming ``keys``."""
+    _reachable(address, keys)  # Ray itself retries an absent head for minutes
+    check_token_auth(address, keys, say or (lambda text: print(text, file=sys.stderr, flush=True)))
 
 
 def _reachable(address: str, keys: str, timeout_s: float = 10.0) -> None:
@@ -88,7 +102,7 @@ def _reachable(address: str, keys: str, timeout_s: float = 10.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except (OSError, ValueError) as exc:
-        raise RuntimeError(
+        raise RayClusterError(
             f"{keys} is {address!r}: no Ray head answers there ({exc}); start one with "
             "`ray start --head --port=PORT` and pass its HEAD_IP:PORT"
         ) from exc
@@ -136,8 +150,8 @@ def check_token_auth(address: str, keys: str, say: Callable[[str], None]) -> Non
     A head that answers without a token: nothing to do. One that wants a token: with ``RAY_AUTH_MODE=token``
     set, this process's token must be the cluster's; without it, a cluster on this machine that accepts
     this machine's token is joined with ``RAY_AUTH_MODE=token`` set for this process (the token never
-    leaves the machine, and the cluster already holds it); any other case is a ``RuntimeError`` naming
-    what to set. Addresses Ray resolves itself (``auto``, ``ray://``) are left to Ray."""
+    leaves the machine, and the cluster already holds it); any other case is a :class:`RayClusterError`
+    naming what to set. Addresses Ray resolves itself (``auto``, ``ray://``) are left to Ray."""
     if address == "auto" or "://" in address or ":" not in address:
         return
     if getattr(_ask_head(address, None), "name", None) != "UNAUTHENTICATED":
@@ -148,10 +162,10 @@ def check_token_auth(address: str, keys: str, say: Callable[[str], None]) -> Non
     wants = f"{keys} is {address!r}: that Ray cluster requires token authentication"
     if mode == "token":
         if token is None:
-            raise RuntimeError(f"{wants}, and {AUTH_MODE}=token is set but this process has no token: "
+            raise RayClusterError(f"{wants}, and {AUTH_MODE}=token is set but this process has no token: "
                                f"put the head's token in {TOKEN_SOURCES} (`ray get-auth-token` on the head prints it)")  # fmt: skip
         if not accepted:
-            raise RuntimeError(f"{wants}, and it refuses this process's token ({TOKEN_SOURCES}): give it the "
+            raise RayClusterError(f"{wants}, and it refuses this process's token ({TOKEN_SOURCES}): give it the "
                                "head's token (`ray get-auth-token` on the head prints it)")  # fmt: skip
         return
     if accepted and not mode and _is_loopback_address(address):
@@ -163,7 +177,7 @@ def check_token_auth(address: str, keys: str, say: Callable[[str], None]) -> Non
             f"joining with {AUTH_MODE}=token (set it yourself to say so)")  # fmt: skip
         return
     refused = " (it refuses the token this process has)" if token is not None and not accepted else ""
-    raise RuntimeError(f"{wants}{refused} (Ray 2.60's `ray start --head` turns it on when a token exists): set "
+    raise RayClusterError(f"{wants}{refused} (Ray 2.60's `ray start --head` turns it on when a token exists): set "
                        f"{AUTH_MODE}=token for this command, with the head's token in {TOKEN_SOURCES} "
                        "(`ray get-auth-token` on the head prints it)")  # fmt: skip
 

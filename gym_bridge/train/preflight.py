@@ -2,7 +2,8 @@
 
 The schema (:mod:`gym_bridge.train.config`) refuses keys that cannot work whatever the machine; these
 refuse keys that cannot work *here* (a missing optional package, no GPU, an environment without the
-worker pool a key sizes, an env URL where nothing answers), each with a message naming the key, before minutes go into loading a model.
+worker pool a key sizes, an env URL where nothing answers, a Ray cluster that will not let the run
+in), each with a message naming the key, before minutes go into loading a model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig
 
-__all__ = ["check_machine", "machine_problems", "unreachable"]
+__all__ = ["check_machine", "machine_problems", "service_problems", "unreachable"]
 
 
 def machine_problems(cfg: MasterConfig) -> list[str]:
@@ -51,10 +52,6 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         from gym_bridge.generation.ray_local import RAY_EXTRA_HINT
 
         problems.extend(f"env.{name}.replicas runs the env's replicas on Ray: {RAY_EXTRA_HINT}" for name in replicated)
-    if cfg.grpo.mode == "online" or cfg.data.validation:  # the envs serve rollouts: one given by URL must answer
-        problems.extend(
-            f"env.{name}.url: {problem}" for name, env in cfg.env.items() if env.url and (problem := unreachable(env.url))
-        )
     for name, env in cfg.env.items():
         if env.num_workers is None or env.url is not None:
             continue
@@ -67,6 +64,40 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         if sized is None:
             problems.append(f"env.{name}.num_workers: environment '{server}' has no worker pool to size")
     return problems
+
+
+def service_problems(cfg: MasterConfig) -> list[str]:
+    """One message per service the run needs that will not serve it: an ``env.<name>.url`` where nothing
+    answers, a ``cluster.ray_address`` with no head or whose token authentication shuts the run out."""
+    problems = []
+    if cfg.grpo.mode == "online" or cfg.data.validation:  # the envs serve rollouts: one given by URL must answer
+        problems.extend(
+            f"env.{name}.url: {problem}" for name, env in cfg.env.items() if env.url and (problem := unreachable(env.url))
+        )
+    return problems + _ray_cluster_problems(cfg)
+
+
+def _ray_cluster_problems(cfg: MasterConfig) -> list[str]:
+    """The cluster at ``cluster.ray_address`` (or ``RAY_ADDRESS``), when the run puts anything on Ray:
+    no head there, or one whose token authentication this process cannot pass (Ray 2.60), is said now
+    rather than after the model has loaded."""
+    from gym_bridge.generation.ray_cluster import resolve_address
+
+    address = resolve_address(cfg.cluster.ray_address)
+    uses_ray = (
+        cfg.cluster.train_workers_per_node > 0
+        or cfg.policy.generation.backend == "ray"
+        or any(env.replicas for env in cfg.env.values())
+    )
+    if not address or not uses_ray or importlib.util.find_spec("ray") is None:
+        return []
+    from gym_bridge.generation.ray_cluster import RayClusterError, check_cluster
+
+    try:
+        check_cluster(address, "cluster.ray_address (or RAY_ADDRESS)")
+    except RayClusterError as err:
+        return [str(err)]
+    return []
 
 
 def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
@@ -89,9 +120,10 @@ def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
 
 
 def check_machine(cfg: MasterConfig) -> None:
-    """Raise :class:`~gym_bridge.train.config.ConfigError` listing :func:`machine_problems`, if any."""
+    """Raise :class:`~gym_bridge.train.config.ConfigError` listing :func:`machine_problems` and
+    :func:`service_problems`, if any."""
     from gym_bridge.train.config import ConfigError
 
-    problems = machine_problems(cfg)
+    problems = machine_problems(cfg) or service_problems(cfg)  # services only once the machine can run
     if problems:
         raise ConfigError(problems)

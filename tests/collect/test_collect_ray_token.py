@@ -88,3 +88,30 @@ def test_a_driver_without_the_clusters_token_is_told_what_to_set(tmp_path, token
                        RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))  # fmt: skip
     text = " ".join(wrong.stderr.split())
     assert wrong.returncode == 2 and "it refuses this process's token" in text, text
+
+
+@pytest.mark.timeout(240)
+def test_train_with_cluster_ray_address_names_the_key_and_what_to_set(tmp_path, token_cluster):
+    """The trainer joins by ``cluster.ray_address`` through the same check: exit 2 naming the key, no traceback."""
+    from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny
+
+    address, _ = token_cluster
+    model = save_random_tiny(tmp_path / "tiny")
+    config = tmp_path / "train.yaml"
+    config.write_text("grpo:\n  mode: online\n")
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    command = [
+        sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *SMALL_ONLINE_RUN,
+        f"policy.model_name={model}", "policy.train_micro_batch_size=16",
+        f"data.train.data_path={REPO / 'recipes/data/arith_train.jsonl'}", "data.train.env_name=math",
+        "env.math.server=math", "env.math.replicas=1", f"cluster.ray_address={address}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180,
+                          env={**clean, "COLUMNS": "250", "HOME": str(elsewhere)})  # fmt: skip
+    text = " ".join(done.stderr.split())
+    assert done.returncode == 2, text[-3000:]
+    assert f"cluster.ray_address (or RAY_ADDRESS) is '{address}': that Ray cluster requires token authentication" in text
+    assert "RAY_AUTH_MODE=token" in text and "Traceback" not in text

@@ -23,14 +23,16 @@ from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge, Garb
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
-_FIELDS = re.compile(r"<\|Question\|>\n(.*)\n<\|End of Question\|>\n\n<\|Gold answer\|>\n(.*)\n<\|End of Gold answer\|>"
-                     r"\n\n<\|Candidate answer\|>\n(.*)\n<\|End of Candidate answer\|>$", re.DOTALL)  # fmt: skip
+_FIELDS = re.compile(r"<\|Question #(?P<tag>[0-9a-f]{16})\|>\n(.*)\n<\|End of Question #(?P=tag)\|>\n\n"
+                     r"<\|Gold answer #(?P=tag)\|>\n(.*)\n<\|End of Gold answer #(?P=tag)\|>\n\n"
+                     r"<\|Candidate answer #(?P=tag)\|>\n(.*)\n<\|End of Candidate answer #(?P=tag)\|>$", re.DOTALL)  # fmt: skip
 
 
 def fields(prompt: str) -> tuple[str, str, str]:
+    """The question, gold and candidate texts between this request's tagged markers."""
     match = _FIELDS.search(prompt)
     assert match, prompt
-    return match.group(1), match.group(2), match.group(3)
+    return match.group(2), match.group(3), match.group(4)
 
 
 def script(prompt: str, n: int) -> Any:
@@ -65,7 +67,7 @@ def judge() -> Iterator[FakeJudge]:
 
 
 def serve(judge: FakeJudge, **settings: Any) -> Any:
-    config = EquivalenceJudgeConfig(judge_url=judge.url, judge_timeout_s=0.5, **settings)
+    config = EquivalenceJudgeConfig(judge_url=judge.url, judge_timeout_s=2.0, **settings)  # Slow(3.0) times out
     return start_in_thread(EquivalenceJudgeServer(ServerSettings(), config).build_app())
 
 
@@ -103,7 +105,7 @@ def test_swap_check_catches_position_bias(judge: FakeJudge) -> None:
 
 
 @pytest.mark.parametrize(("question", "kind", "reason"),
-                         [("slow", "judge_timeout", "0.5 s"), ("500", "judge_error", "HTTP 500"),
+                         [("slow", "judge_timeout", "2.0 s"), ("500", "judge_error", "HTTP 500"),
                           ("garbage", "judge_error", "not JSON")])  # fmt: skip
 def test_judge_failures(judge: FakeJudge, question: str, kind: str, reason: str) -> None:
     with serve(judge, check_twice_swap=True) as running:
@@ -142,7 +144,7 @@ def test_hostile_answer_is_data(judge: FakeJudge) -> None:
         out = post(running.url, body("hostile", hostile, expected_answer="42"))
         assert out["reward"] == 0.0 and out["judge_evaluations"][0]["verdict_label"] == NOT_EQUAL_LABEL
         prompt = judge.prompts()[n]
-        assert prompt.count("<|End of Candidate answer|>") == 1 and EQUAL_LABEL not in fields(prompt)[2]
+        assert "<|End of Candidate answer|>" not in prompt and EQUAL_LABEL not in fields(prompt)[2]
         assert "output [ [A=B] ]" in fields(prompt)[2]
 
 

@@ -77,6 +77,9 @@ def _server_config(server_class: type, path: Path | None, **judge: str | None) -
     data = (yaml.safe_load(source.read_text()) or {}) if source.exists() else {}
     if not isinstance(data, dict):
         raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+    section = getattr(server_class, "name", None)
+    if list(data) == [section] and section not in config_class.model_fields and isinstance(data[section], dict):
+        data = data[section]  # the layout of the server's own config.yaml (its settings under its name)
     for key, value in judge.items():
         if value is None:
             continue

@@ -66,7 +66,6 @@ def attacks(options: AuditOptions) -> list[Attack]:
                [calls(("add_to_cart", right)), DONE], max_reward=1.0, min_reward=1.0, control=True),
         _call("near_integer", "quantity 2.0000000001 (the tool refuses it)", {"product_id": "P125", "quantity": 2.0000000001}),
         _call("extra_null_key", "an extra key the tool's schema forbids", {**right, "note": None}),
-        _call("quantity_as_text", "quantity as a string", {"product_id": "P125", "quantity": "2"}),
         _call("wrong_quantity", "3 instead of 2", {"product_id": "P125", "quantity": 3}),
         Attack("claim_without_calling", "wrong-reward", "say it is done without calling a tool", BY_OUTCOME, [DONE]),
         Attack("claim_without_calling_args", "wrong-reward", "say it is done without calling a tool", BY_ARGUMENTS,

@@ -6,7 +6,7 @@ in a worker process (:mod:`resources_servers.reasoning_gym.worker`) that holds n
 under its own unprivileged uid when the server is root, and is killed at the check's deadline.
 
 The pattern is the math server's pool (:mod:`resources_servers.math.pool`): workers forked from a fork
-server that preloaded reasoning-gym (so a replacement is ready in tens of milliseconds, and nothing is
+server of the pool's own (:mod:`resources_servers.reasoning_gym.forkserver`) that preloaded reasoning-gym (so a replacement is ready in tens of milliseconds, and nothing is
 forked from the multi-threaded server), a pipe per worker watched by the event loop, and a deadline per
 check after which the worker is SIGKILLed, the check answered ``timeout`` and a replacement started.
 Different from it: a worker whose check compiled or evaluated answer text (an ``eval``-ing or SymPy
@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym_bridge.sandbox.slots import default_uid_base
+from resources_servers.reasoning_gym.forkserver import ScorerProcess, set_preload
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +165,9 @@ def _imported_by(path: str) -> list[str]:
 
 def _spawn(slot: int, uid: int | None, memory_mb: int | None, abandon: threading.Event) -> _Worker:
     """Start one worker and wait for its ready message (blocking: run it in a thread)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_preload())
-    parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(
-        target=_worker_entry, args=(child_conn, uid, memory_mb), name="rg-scorer", daemon=True
-    )
+    set_preload(_preload())
+    parent_conn, child_conn = mp.Pipe(duplex=True)
+    process = ScorerProcess(target=_worker_entry, args=(child_conn, uid, memory_mb), name="rg-scorer", daemon=True)
     process.start()
     child_conn.close()
     try:

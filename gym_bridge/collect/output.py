@@ -17,6 +17,7 @@ from typing import Any
 
 from gym_bridge.collect.config import CollectError
 from gym_bridge.jsonl import JsonlWriter, iter_jsonl, plain_json, repair_torn_tail
+from gym_bridge.nemo_gym_record import agent_name_for, environment_server_for, nemo_gym_record
 
 __all__ = [
     "AGENT_LOOP_RESULT",
@@ -31,11 +32,14 @@ __all__ = [
     "keyed_records",
     "materialized_path_for",
     "metrics_path_for",
+    "nemo_gym_agent_ref",
+    "output_record",
     "prepare_output",
     "read_finished",
     "read_keys",
     "side_files",
     "slim_record",
+    "stamps",
     "write_json",
 ]
 
@@ -46,6 +50,35 @@ ENV_SERVER = "_ng_environment_server"
 RESULT_TYPE = "_ng_result_type"
 AGENT_LOOP_RESULT = "legacy_agent"
 """NeMo Gym's ``_ng_result_type`` for a verify response made by an agent loop (its ``legacy_agent`` server)."""
+
+
+def nemo_gym_agent_ref(row: dict[str, Any], env_name: str) -> dict[str, Any]:
+    """The row's ``agent_ref``, or NeMo Gym's for the env it ran against (``<env>_simple_agent``)."""
+    ref = row.get("agent_ref")
+    return ref if isinstance(ref, dict) else {"name": agent_name_for(env_name)}
+
+
+def stamps(task_index: int, rollout_index: int, agent_ref: dict[str, Any], env_name: str) -> dict[str, Any]:
+    """What NeMo Gym stamps on a finished rollout, in its order: indices, ``agent_ref``, environment server
+    (named after the agent, as NeMo Gym names it) and result type."""
+    agent = agent_ref.get("name")
+    return {
+        TASK_INDEX: task_index,
+        ROLLOUT_INDEX: rollout_index,
+        "agent_ref": agent_ref,
+        ENV_SERVER: environment_server_for(agent if isinstance(agent, str) else agent_name_for(env_name)),
+        RESULT_TYPE: AGENT_LOOP_RESULT,
+    }
+
+
+def output_record(
+    answer: dict[str, Any], row: dict[str, Any], task_index: int, rollout_index: int, env_name: str
+) -> dict[str, Any]:
+    """The env's ``/verify`` answer for ``row`` as NeMo Gym writes the rollout (:mod:`gym_bridge.nemo_gym_record`)."""
+    params = row.get("responses_create_params")
+    model = params.get("model") if isinstance(params, dict) else None
+    marks = stamps(task_index, rollout_index, nemo_gym_agent_ref(row, env_name), env_name)
+    return nemo_gym_record(answer, stamps=marks, model=model)
 
 
 def failures_path_for(output: Path) -> Path:

@@ -21,10 +21,8 @@ from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
 from gym_bridge.collect.client import ClientPool, connection_cap, running_policy
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
 from gym_bridge.collect.output import (
-    AGENT_LOOP_RESULT,
     ENV_SERVER,
     FAILURE_CLASS,
-    RESULT_TYPE,
     ROLLOUT_INDEX,
     TASK_INDEX,
     LazyWriter,
@@ -32,11 +30,14 @@ from gym_bridge.collect.output import (
     failures_path_for,
     materialized_path_for,
     metrics_path_for,
+    nemo_gym_agent_ref,
+    output_record,
     prepare_output,
     read_finished,
     read_keys,
     side_files,
     slim_record,
+    stamps,
     write_json,
 )
 from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
@@ -78,9 +79,8 @@ class _Job:
     env_name: str
 
     def agent_ref(self) -> dict[str, Any]:
-        """The row's ``agent_ref``, or one naming the agent it was routed as."""
-        ref = self.row.get("agent_ref")
-        return ref if isinstance(ref, dict) else {"name": self.agent_name}
+        """The row's ``agent_ref``, or NeMo Gym's name for the env's agent (``<env>_simple_agent``)."""
+        return nemo_gym_agent_ref(self.row, self.env_name)
 
 
 async def collect_async(
@@ -190,7 +190,8 @@ async def collect_async(
     async def work(i: int) -> None:
         client = pool.for_worker(i)
         while not (stop is not None and stop.is_set()) and (job := await queue.get()) is not None:
-            task = {**job.row, TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
+            # as NeMo Gym's /run body: the materialized row (agent_ref included), which the env echoes
+            task = {**job.row, "agent_ref": job.agent_ref(), TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
             extra = _rollout_params(job, config)
             if executor is not None:
                 rollout = await executor.run(i, task, job.env_name, agent_config, extra)
@@ -203,7 +204,8 @@ async def collect_async(
         await run_all([produce(), *(work(i) for i in range(workers))])
         writer.close()
         aggregate = await env_aggregate_metrics(
-            pool.client, output, router.url_of, report, timeout=retry.request_timeout, spool=spool
+            pool.client, output, router.url_of, report, timeout=retry.request_timeout, spool=spool,
+            env_of=lambda record: (router.route(record) or (None, None, None))[2],
         )
     finally:
         if spool is not None:
@@ -241,14 +243,7 @@ async def collect_async(
 
 def _output_record(job: _Job, record: dict[str, Any]) -> dict[str, Any]:
     """The env's verify answer stamped with the rollout's indices, agent and env, as NeMo Gym writes it."""
-    for key in (TASK_INDEX, ROLLOUT_INDEX, "agent_ref"):
-        record.pop(key, None)
-    record[TASK_INDEX] = job.task_index
-    record[ROLLOUT_INDEX] = job.rollout_index
-    record["agent_ref"] = job.agent_ref()
-    record[ENV_SERVER] = job.env_name
-    record[RESULT_TYPE] = AGENT_LOOP_RESULT
-    return record
+    return output_record(record, job.row, job.task_index, job.rollout_index, job.env_name)
 
 
 def _rollout_params(job: _Job, config: CollectConfig) -> dict[str, Any] | None:
@@ -261,11 +256,10 @@ def _rollout_params(job: _Job, config: CollectConfig) -> dict[str, Any] | None:
 def _materialized_row(job: _Job, config: CollectConfig, agent_config: AgentConfig) -> dict[str, Any]:
     """A (task, repeat) as NeMo Gym's ``_materialized_inputs.jsonl`` holds it: the row exactly as it is run."""
     row = task_as_run(job.row, agent_config, _rollout_params(job, config))
-    if not isinstance(row.get("agent_ref"), dict):
-        row["agent_ref"] = {"name": job.agent_name}
+    row["agent_ref"] = job.agent_ref()
     row[TASK_INDEX] = job.task_index
     row[ROLLOUT_INDEX] = job.rollout_index
-    row[ENV_SERVER] = job.env_name
+    row[ENV_SERVER] = stamps(job.task_index, job.rollout_index, row["agent_ref"], job.env_name)[ENV_SERVER]
     return row
 
 

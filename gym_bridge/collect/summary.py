@@ -17,6 +17,7 @@ from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER, FAILURE_CLASS
 from gym_bridge.jsonl import compact_json, iter_jsonl
 from gym_bridge.metrics import latency_summary
+from gym_bridge.nemo_gym_record import ENVIRONMENT_SERVER_SUFFIX, agent_name_for, environment_server_for
 from gym_bridge.retry import Client, SendFailed, post_once
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "AggregateSpool",
     "RunStats",
     "env_aggregate_metrics",
+    "env_of_stamp",
     "failure_causes",
     "reward_component_means",
 ]
@@ -137,6 +139,28 @@ class RunStats:
         }
 
 
+def env_of_stamp(record: dict[str, Any], envs: dict[str, Any]) -> str | None:
+    """The env of ``envs`` whose rollout ``record`` is, by its ``_ng_environment_server``: NeMo Gym's
+    ``<env>_environment_server``, or the bare env name older files carry."""
+    stamp = record.get(ENV_SERVER)
+    if not isinstance(stamp, str):
+        return None
+    for name in (stamp, stamp.removesuffix(ENVIRONMENT_SERVER_SUFFIX)):
+        if name in envs:
+            return name
+    return None
+
+
+def _note_names(record: dict[str, Any], env: Any, agent_of: dict[str, str], server_of: dict[str, str]) -> None:
+    """Keep the first agent name and environment server stamped on ``env``'s records (NeMo Gym labels an
+    aggregate entry by them)."""
+    agent_ref = record.get("agent_ref")
+    if env not in agent_of and isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
+        agent_of[env] = agent_ref["name"]
+    if env not in server_of and isinstance(server := record.get(ENV_SERVER), str):
+        server_of[env] = server
+
+
 class AggregateSpool:
     """A run's records as ``/aggregate_metrics`` takes them, stripped and serialized as they are written
     (one unlinked temporary file per env, beside the output), so the run's end posts them as they are.
@@ -152,6 +176,8 @@ class AggregateSpool:
         self.directory, self.url_of = directory, url_of
         self.files: dict[str, IO[bytes]] = {}
         self.agent_of: dict[str, str] = {}
+        self.server_of: dict[str, str] = {}
+        """Env -> the agent and the environment server its first record was stamped with (NeMo Gym's names)."""
 
     def add(self, record: dict[str, Any], env: Any, write_line: Callable[[str], None]) -> None:
         """Write ``record``'s output line with ``write_line``, then keep it stripped if it is one to
@@ -167,10 +193,7 @@ class AggregateSpool:
         else:
             spool.write(b",")
         spool.write(stripped.encode())
-        agent_ref = record.get("agent_ref")
-        if env not in self.agent_of and isinstance(agent_ref, dict):
-            if isinstance(name := agent_ref.get("name"), str):
-                self.agent_of[env] = name
+        _note_names(record, env, self.agent_of, self.server_of)
 
     def bodies(self) -> dict[str, bytes]:
         """Each env's ``/aggregate_metrics`` request body: NeMo Gym's ``{"verify_responses": [...]}``."""
@@ -190,13 +213,14 @@ async def env_aggregate_metrics(
     output: Path,
     url_of: dict[str, str],
     report: Callable[[str], None],
-    env_of: Callable[[dict[str, Any]], Any] = lambda record: record.get(ENV_SERVER),
+    env_of: Callable[[dict[str, Any]], Any] | None = None,
     timeout: float = 300.0,
     spool: AggregateSpool | None = None,
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
-    Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (their ``_ng_environment_server``); the answer
+    Records are stripped as NeMo Gym strips them and grouped by ``env_of`` (default: the env of ``url_of``
+    their ``_ng_environment_server`` names, :func:`env_of_stamp`); the answer
     (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
     ``spool``: the same records, kept as they were written (then ``output`` is not read). ``client``: the
     run's (a :class:`~gym_bridge.retry.RoutedClient` reaches the envs served in-process too).
@@ -204,17 +228,16 @@ async def env_aggregate_metrics(
     """
     bodies: dict[str, bytes] = {}
     agent_of: dict[str, str] = {}
+    server_of: dict[str, str] = {}
     if spool is not None:
-        bodies, agent_of = spool.bodies(), spool.agent_of
+        bodies, agent_of, server_of = spool.bodies(), spool.agent_of, spool.server_of
     elif output.exists():
         by_env: dict[str, list[dict[str, Any]]] = {}
         for _, record in iter_jsonl(output, strict=False):
-            env = env_of(record)
+            env = env_of(record) if env_of is not None else env_of_stamp(record, url_of)
             if env in url_of and isinstance(record.get("reward"), int | float):
                 by_env.setdefault(env, []).append(strip_for_aggregation(record))
-                agent_ref = record.get("agent_ref")
-                if isinstance(agent_ref, dict) and isinstance(agent_ref.get("name"), str):
-                    agent_of.setdefault(env, agent_ref["name"])
+                _note_names(record, env, agent_of, server_of)
         bodies = {env: json.dumps({"verify_responses": records}).encode() for env, records in by_env.items()}
     entries = []
     for env, request in bodies.items():
@@ -227,10 +250,11 @@ async def env_aggregate_metrics(
         except (SendFailed, TimeoutError, ValueError) as e:
             report(f"env '{env}': /aggregate_metrics failed ({e}); no aggregate metrics for it")
             continue
+        agent = agent_of.get(env, agent_name_for(env))
         entries.append(
             {
-                "agent_ref": {"name": agent_of.get(env, env)},
-                ENV_SERVER: env,
+                "agent_ref": {"name": agent},
+                ENV_SERVER: server_of.get(env, environment_server_for(agent)),
                 **{
                     key: body.get(key, default)
                     for key, default in (

@@ -145,7 +145,9 @@ def test_self_started_envs_are_called_in_process_and_write_what_http_writes(tmp_
     errors = {f["_ng_task_index"]: f["error"] for f in in_process["failures"]}
     assert "<env>/seed_session answered HTTP 409" in errors[5] and "no session for this row" in errors[5]
     assert "<env>/verify answered HTTP 400" in errors[7] and "cannot verify this row" in errors[7]
-    assert {a["_ng_environment_server"] for a in in_process["aggregate"]} == {"math", "notes", "faulty"}
+    assert {a["_ng_environment_server"] for a in in_process["aggregate"]} == {
+        "math_environment_server", "notes_environment_server", "faulty_environment_server",
+    }  # fmt: skip
 
 
 @pytest.mark.timeout(120)

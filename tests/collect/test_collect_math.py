@@ -31,7 +31,7 @@ def test_collect_with_the_math_server_by_name(tmp_path):
     assert records[2]["extracted_answer"] == "9" and records[2]["expected_answer"] == "8"
     for rec in records:
         assert {"library_reward", "judge_evaluations", "mask_sample"} <= set(rec)
-        assert rec["agent_ref"] == {"name": "math"}
+        assert rec["agent_ref"] == {"name": "math_simple_agent"}  # NeMo Gym's name for the env math
     metrics = json.loads(metrics_path_for(result.output_path).read_text())
     assert metrics["mean_reward"] == 5 / 6 and metrics["pass@2"] == 1.0
     assert metrics["majority@2"] == 2 / 3  # task 1 ties 9 vs 8; the first answer seen (9, wrong) wins

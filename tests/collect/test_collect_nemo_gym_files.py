@@ -21,6 +21,7 @@ from gym_bridge.collect import (
     materialized_path_for,
 )
 from gym_bridge.envs import running_env
+from gym_bridge.nemo_gym_record import request_params
 from gym_bridge.server import start_in_thread
 
 ENTRY_KEYS = [
@@ -55,7 +56,8 @@ def test_collect_writes_nemo_gym_side_files(tmp_path):
         result, messages = _collect(tmp_path, model)
     records = read_jsonl(result.output_path)
     assert len(records) == 6
-    assert {(r["_ng_environment_server"], r["_ng_result_type"]) for r in records} == {("math", "legacy_agent")}
+    stamps = {(r["agent_ref"]["name"], r["_ng_environment_server"], r["_ng_result_type"]) for r in records}
+    assert stamps == {("math_simple_agent", "math_environment_server", "legacy_agent")}  # NeMo Gym's names
 
     materialized = read_jsonl(materialized_path_for(result.output_path))
     assert materialized_path_for(result.output_path).name == "r_materialized_inputs.jsonl"
@@ -65,9 +67,10 @@ def test_collect_writes_nemo_gym_side_files(tmp_path):
     by_key = {(m["_ng_task_index"], m["_ng_rollout_index"]): m for m in materialized}
     for rec in records:
         row = by_key[(rec["_ng_task_index"], rec["_ng_rollout_index"])]
-        assert row["responses_create_params"] == rec["responses_create_params"]  # as run: overrides, seed
+        # as run (overrides, seed); the record's is NeMo Gym's shape of it, without the model server's model
+        assert request_params({**row["responses_create_params"], "model": None}) == rec["responses_create_params"]
         assert row["responses_create_params"]["temperature"] == 0.7 and "seed" in row["responses_create_params"]
-        assert row["agent_ref"] == rec["agent_ref"] and row["_ng_environment_server"] == "math"
+        assert row["agent_ref"] == rec["agent_ref"] and row["_ng_environment_server"] == "math_environment_server"
         assert row["expected_answer"] == rec["expected_answer"]
         assert "response" not in row and "reward" not in row
 
@@ -77,7 +80,8 @@ def test_collect_writes_nemo_gym_side_files(tmp_path):
     assert aggregate == result.aggregate_metrics
     assert [list(entry) for entry in aggregate] == [ENTRY_KEYS]
     entry = aggregate[0]
-    assert entry["agent_ref"] == {"name": "math"} and entry["_ng_environment_server"] == "math"
+    assert entry["agent_ref"] == {"name": "math_simple_agent"}
+    assert entry["_ng_environment_server"] == "math_environment_server"
     agent = entry["agent_metrics"]
     assert agent["mean/reward"] == pytest.approx(5 / 6)
     assert agent["min/reward"] == 0.0 and agent["max/reward"] == 1.0 and agent["num_repeats"] == 2

@@ -75,7 +75,7 @@ def test_two_nodes_write_every_rollout_once_with_node_local_envs_on_loopback(tmp
     assert result.written == 22 and result.failed == 2  # task 3's model calls fail: failures merged here
     failed = [(f["_ng_task_index"], f["_ng_rollout_index"], f["_ng_failure_class"]) for f in read_jsonl(failures_path_for(out))]
     assert sorted(failed) == [(3, 0, "model_http_error"), (3, 1, "model_http_error")]
-    assert all(r["reward"] == 1.0 and r["_ng_environment_server"] == "math" for r in read_jsonl(out))
+    assert all(r["reward"] == 1.0 and r["_ng_environment_server"] == "math_environment_server" for r in read_jsonl(out))
     metrics = json.loads(metrics_path_for(out).read_text())
     assert metrics["num_rollouts"] == 22 and metrics["mean_reward"] == 1.0
     assert metrics["run"]["rollouts_failed"] == 2 and metrics["run"]["failures_by_class"] == {"model_http_error": 2}

@@ -17,6 +17,7 @@ from gym_bridge.collect import (
     parse_env_args,
     rollout_seed,
 )
+from gym_bridge.nemo_gym_record import environment_server_for
 from gym_bridge.schema import RolloutRecord
 
 
@@ -61,17 +62,22 @@ def test_records_are_nemo_gym_rollouts_in_aabbcc_order(tmp_path, boxed_env):
     ]  # fmt: skip
     for rec in records:
         RolloutRecord.model_validate(rec)  # NeMo Gym-readable
-        assert list(rec)[-5:] == [
-            "_ng_task_index", "_ng_rollout_index", "agent_ref", "_ng_environment_server", "_ng_result_type",
+        assert list(rec)[:6] == [  # NeMo Gym's BaseVerifyResponse fields first, its stamps last
+            "responses_create_params", "response", "reward", "mask_sample", "failure_kind", "failure_reason",
         ]  # fmt: skip
-        assert rec["_ng_environment_server"] == env_url and rec["_ng_result_type"] == "legacy_agent"
+        assert list(rec)[-2:] == ["_ng_environment_server", "_ng_result_type"]
+        assert rec["_ng_environment_server"] == environment_server_for(rec["agent_ref"]["name"])
+        assert rec["_ng_result_type"] == "legacy_agent"
         assert rec["responses_create_params"]["temperature"] == 0.5
         assert rec["response"]["output"][-1]["type"] == "message"
         assert rec["response"]["usage"]["output_tokens"] > 0
         assert "_gb_metrics" not in rec and "metrics" not in rec
     assert [r["reward"] for r in records] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
-    assert records[0]["agent_ref"] == {"name": env_url}
+    # a bare URL is the env named "default"; a row's own agent_ref is kept, its environment server named after it
+    assert records[0]["agent_ref"] == {"name": "default_simple_agent"}
+    assert records[0]["_ng_environment_server"] == "default_environment_server"
     assert records[4]["agent_ref"] == {"name": "math_simple_agent"}
+    assert records[4]["_ng_environment_server"] == "math_environment_server"
     assert records[2]["expected_answer"] == "7" and records[2]["extracted_answer"] == "8"
     assert result.written == 6 and result.failed == 0
     assert not failures_path_for(result.output_path).exists()
@@ -133,7 +139,8 @@ def test_routing_by_env_field_and_agent_ref(tmp_path, boxed_env, notes_env):
     assert by_task[0]["reward"] == 1.0 and by_task[1]["reward"] == 1.0
     assert by_task[2]["reward"] == 0.0 and "session_notes" in by_task[2]  # verified by the notes env
     assert boxed.verify_calls - before == 2
-    assert by_task[0]["agent_ref"] == {"name": "arith"}
+    assert by_task[0]["agent_ref"] == {"name": "arith_simple_agent"}  # NeMo Gym's name for the env keyed arith
+    assert by_task[0]["_ng_environment_server"] == "arith_environment_server"
 
 
 def test_parse_env_args_rules():

@@ -80,7 +80,7 @@ def test_reverify_rescores_and_reports_the_changes(stored, tmp_path):
         for key in ("agent_ref", "_ng_environment_server", "_ng_result_type", "response", "expected_answer"):
             assert record[key] == before[key], key
     aggregate = json.loads(aggregate_metrics_path_for(out).read_text())
-    assert aggregate[0]["_ng_environment_server"] == "math"
+    assert aggregate[0]["_ng_environment_server"] == "math_environment_server"
     assert aggregate[0]["agent_metrics"]["mean/reward"] == pytest.approx(7 / 8)
     assert not failures_path_for(out).exists()
 

@@ -92,18 +92,18 @@ def test_a_driver_without_the_clusters_token_is_told_what_to_set(tmp_path, token
 
 @pytest.mark.timeout(240)
 def test_train_with_cluster_ray_address_names_the_key_and_what_to_set(tmp_path, token_cluster):
-    """The trainer joins by ``cluster.ray_address`` through the same check: exit 2 naming the key, no traceback."""
-    from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny
+    """The trainer joins by ``cluster.ray_address`` through the same check, before its model loads (the
+    built-in ``tiny`` is never loaded here): exit 2 naming the key, no traceback."""
+    from tests.train.helpers import SMALL_ONLINE_RUN
 
     address, _ = token_cluster
-    model = save_random_tiny(tmp_path / "tiny")
     config = tmp_path / "train.yaml"
     config.write_text("grpo:\n  mode: online\n")
     elsewhere = tmp_path / "home"
     elsewhere.mkdir()
     command = [
         sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *SMALL_ONLINE_RUN,
-        f"policy.model_name={model}", "policy.train_micro_batch_size=16",
+        "policy.model_name=tiny", "policy.train_micro_batch_size=16",
         f"data.train.data_path={REPO / 'recipes/data/arith_train.jsonl'}", "data.train.env_name=math",
         "env.math.server=math", "env.math.replicas=1", f"cluster.ray_address={address}",
         f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", f"logger.log_dir={tmp_path / 'logs'}",

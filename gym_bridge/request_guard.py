@@ -39,6 +39,7 @@ ALLOWED_HOST_HELP = (
     f"name are always answered, other names get 421 (DNS rebinding). '*' answers any. Also: {ALLOWED_HOSTS_ENV}."
 )
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_MAX_VERDICTS = 1024
 
 
 def host_name(header: str) -> str | None:
@@ -88,6 +89,8 @@ class RequestGuard:
         names.discard("*")
         names |= {"localhost", socket.gethostname().lower()}
         self.names = frozenset(n for n in names if n and not _is_ip(n))
+        self._verdicts: dict[tuple[bytes | None, str | None], str | None] = {}
+        """``(Host header, local name) -> refusal``: a server sees the same few Host values all the time."""
 
     def allows_host(self, name: str, local: str | None = None) -> bool:
         """Whether a request naming ``name`` (from :func:`host_name`) may be answered; ``local``: the
@@ -145,9 +148,18 @@ class RequestGuard:
             elif key == b"transfer-encoding":
                 has_body = True
         server = scope.get("server")
-        local = server[0] if server else None
-        why = self.host_refusal(host, local if isinstance(local, str) else None)
+        local = server[0] if server and isinstance(server[0], str) else None
+        key = (host, local)
+        try:
+            why = self._verdicts[key]
+        except KeyError:
+            why = self.host_refusal(host, local)
+            if len(self._verdicts) >= _MAX_VERDICTS:  # many different names: a scan, not a client
+                self._verdicts.clear()
+            self._verdicts[key] = why
         if why is not None:
             return 421, why
+        if content_type == b"application/json":
+            return None
         why = self.content_type_refusal(scope.get("method", ""), content_type, has_body)
         return (415, why) if why is not None else None

@@ -308,3 +308,47 @@ def test_no_seccomp_means_no_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox_module, "compile_filter", missing)
     with pytest.raises(sandbox_module.SandboxUnavailable, match="seccomp"):
         sandbox_module.Sandbox("auto").start()
+
+
+_NON_ROOT = """
+import asyncio, json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from gym_bridge.sandbox import Sandbox, SandboxLimits
+probe = '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+status = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")]
+hidden = [p for p in ("/work", "/etc", "/home", "/root", "/var") if not os.path.exists(p)]
+print(status, libc.shmget(0, 4096, 0o1000 | 0o600), sorted(hidden), sorted(os.listdir("/")))
+'''
+for kind in ("bwrap", "unshare"):
+    box = Sandbox(kind, max_concurrency=1, python="/usr/bin/python3").start()
+    result = asyncio.run(box.run([box.python, "-I", "-S", "-c", probe], limits=SandboxLimits()))
+    print(json.dumps({"kind": kind, "description": box.description, "stdout": result.stdout.decode()}))
+"""
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs a system python3")
+def test_both_backends_isolate_the_same_way_for_an_unprivileged_server() -> None:
+    """Not root: user namespaces on both backends, with the same file system and filter."""
+    import subprocess
+
+    command = (
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] if os.geteuid() == 0 else []
+    )
+    paths = [str(REPO), *sys.path[1:]]
+    done = subprocess.run(
+        [*command, "/usr/bin/python3", "-c", _NON_ROOT, json.dumps(paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["kind"] for r in reports] == ["bwrap", "unshare"]
+    for report in reports:
+        assert "unprivileged user namespace" in report["description"]
+        assert report["stdout"].split("]")[0] == "['2'", report
+        assert " -1 " in report["stdout"], report  # shmget refused
+        assert "['/etc', '/home', '/root', '/var', '/work']" in report["stdout"], report

@@ -14,7 +14,7 @@ from gym_bridge.commands import audit, collect, reverify, serve, train, transfor
 from gym_bridge.commands import eval as eval_command
 from gym_bridge.commands.typer_app import App
 
-app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.", no_args_is_help=True)
+app = App(help="gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO.", invoke_without_command=True)
 app.add_typer(serve.app, name="serve")
 app.add_typer(transform.app, name="transform")
 app.add_typer(eval_command.app, name="eval")
@@ -33,11 +33,16 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
-        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option("--version", "-V", callback=_print_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """gym-bridge: verifiable tasks -> rollouts -> RL training data -> GRPO."""
+    if ctx.invoked_subcommand is None:  # plain `gym-bridge`: the help, on stdout, piped or not
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ COMMANDS = [
     ["transform", "dpo"],
     ["eval"],
     ["eval", "ranked"],
+    ["audit"],
 ]
 
 
@@ -98,6 +99,19 @@ def test_each_builtin_server_has_its_own_default_port() -> None:
         (param,) = [p for p in serve.commands[name].params if p.name == "port"]
         assert param.default == port, name
         assert f"[default: {port}]" in help_text("serve", name)
+
+
+def test_plain_command_piped_prints_its_help_and_exits_0() -> None:
+    """No arguments and no terminal: the help on stdout, not a silent exit 2 (issue 35)."""
+    script = Path(sys.executable).parent / "gym-bridge"
+    proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: gym-bridge") and "collect" in proc.stdout and "audit" in proc.stdout
+
+
+def test_short_version_flag() -> None:
+    result = runner.invoke(app, ["-V"])
+    assert result.exit_code == 0 and result.output == f"gym-bridge {gym_bridge.__version__}\n"
 
 
 def test_version() -> None:

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,17 +174,37 @@ def check_running(plan: ServerPlan, timeout_s: float = 30.0) -> dict[str, Any]:
     return health
 
 
+def _wait_for_stop(stop: threading.Event, parent: int, alive: Callable[[], bool] = lambda: True) -> str:
+    """Block until the server should stop; say why: a signal (``stop`` set), ``parent gone`` or ``server stopped``.
+
+    Why the parent: NeMo Gym 0.7.0's ``gym eval reverify`` exits without stopping the servers it started,
+    and a ``gym`` that is killed cannot stop them; a server whose parent is gone stops itself.
+    """
+    while not stop.wait(0.25):
+        if os.getppid() != parent:
+            return "parent gone"
+        if not alive():
+            return "server stopped"
+    return "signal"
+
+
 def main(server: str) -> None:
-    """Run (or attach to) the server NeMo Gym's config asks for; stop on SIGTERM/SIGINT."""
+    """Run (or attach to) the server NeMo Gym's config asks for, until NeMo Gym stops it.
+
+    As NeMo Gym's own servers do (uvicorn's signal handlers), it stops on SIGINT or SIGTERM and exits 0:
+    ``gym`` stops its servers with SIGINT and kills one that is still there 1 s later. It also stops when
+    the ``gym`` process that started it is gone.
+    """
+    parent = os.getppid()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         plan = plan_from_env(server)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
         if plan.already_running:
             check_running(plan)
             print(f"gym-bridge {server}: using the server already at http://{plan.host}:{plan.port}", flush=True)
-            stop.wait()
+            _wait_for_stop(stop, parent)
             return
         from gym_bridge.server import start_in_thread
 
@@ -192,7 +213,11 @@ def main(server: str) -> None:
     except EntryError as e:
         sys.exit(f"gym-bridge {server} (NeMo Gym entrypoint): {e}")
     print(f"gym-bridge {server} resources server listening on {running.url}", flush=True)
-    while not stop.wait(1.0):
-        if not running._thread.is_alive():
-            sys.exit(f"gym-bridge {server}: the server stopped")
+    why = _wait_for_stop(stop, parent, running._thread.is_alive)
+    if why == "server stopped":
+        sys.exit(f"gym-bridge {server}: the server stopped")
+    try:
+        print(f"gym-bridge {server}: stopping ({why})", flush=True)
+    except OSError:  # the parent that read our output is gone
+        pass
     running.stop()

@@ -152,3 +152,33 @@ def test_shapes_fill_nemo_gym_s_defaults_and_keep_what_it_does_not_know():
     assert list(trained)[:4] == ["prompt_token_ids", "generation_token_ids", "generation_log_probs", "routed_experts"]
     assert trained["content"] == [{"text": "x", "type": "output_text", "logprobs": None}]  # no annotations invented
     assert unknown == {"type": "web_search_call", "id": "w", "status": "completed"}  # no table: as it came
+
+
+def test_our_readers_take_the_new_records_and_the_old_ones(reference):
+    """transform, view and the resume/aggregate readers read a record with NeMo Gym's names and one written
+    before (bare env name), and read the same rollout out of both."""
+    from gym_bridge.viewer.records import answer_text, summarize
+    from transforms.grpo import to_grpo, to_grpo_chat
+
+    new = json.loads(reference["record"])
+    old = {**new, "agent_ref": {"name": "math"}, "_ng_environment_server": "math"}  # before NeMo Gym's names
+    for record, name in ((new, "math_simple_agent"), (old, "math")):
+        chat = to_grpo_chat(record)
+        assert chat["task_name"] == name and chat["reward"] == new["reward"]
+        assert chat["messages"][-1] == {"role": "assistant", "content": reference["model_answer"]}
+        assert to_grpo(record)["output"] == reference["model_answer"]
+        summary = summarize(json.dumps(record).encode())
+        assert (summary.task_index, summary.reward, summary.answer) == (0, new["reward"], new["extracted_answer"])
+        assert answer_text(record) == reference["model_answer"]
+        assert env_of_stamp(record, {"math": "http://h:1"}) == "math"
+
+
+def test_resume_reads_keys_from_new_and_old_records(tmp_path, reference):
+    from gym_bridge.collect.output import read_finished
+
+    new = json.loads(reference["record"])
+    old = {**new, "agent_ref": {"name": "math"}, "_ng_environment_server": "math", "_ng_rollout_index": 1}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(new) + "\n" + json.dumps(old) + "\n")
+    done, slim = read_finished(path, print)
+    assert done == {(0, 0), (0, 1)} and [s["reward"] for s in slim] == [new["reward"]] * 2

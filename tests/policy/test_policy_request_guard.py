@@ -6,7 +6,6 @@ A generation request sent as ``text/plain`` (no CORS preflight) gets 415 and gen
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 
 from gym_bridge.policy.server import build_policy_app
 from gym_bridge.server import start_in_thread
+from tests.raw_http import send
 
 from .conftest import ScriptedBackend
 
@@ -29,21 +29,6 @@ def served(tokenizer: Any) -> Iterator[tuple[ScriptedBackend, int]]:
         build_policy_app(backend, model_name="scripted", allowed_hosts=["policy.lan"])
     ) as running:
         yield backend, int(running.url.rsplit(":", 1)[1])
-
-
-def send(port: int, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, Any]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.putrequest(method, path, skip_host="host" in headers, skip_accept_encoding=True)
-        for key, value in headers.items():
-            connection.putheader(key.replace("_", "-"), value)
-        if body is not None:
-            connection.putheader("content-length", str(len(body)))
-        connection.endheaders(body)
-        answer = connection.getresponse()
-        return answer.status, json.loads(answer.read() or b"null")
-    finally:
-        connection.close()
 
 
 def test_a_text_plain_generation_request_is_refused_and_generates_nothing(

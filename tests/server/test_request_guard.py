@@ -7,11 +7,9 @@ naming the header, and the route never runs; a ``Host`` name that is not the ser
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +18,7 @@ from gym_bridge.request_guard import ALLOWED_HOSTS_ENV, RequestGuard, host_name,
 from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.server import ResourcesServer, ServerSettings, Session, start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
+from tests.raw_http import send
 
 VERIFY = {
     "responses_create_params": {"input": [{"role": "user", "content": "Print a + b."}]},
@@ -46,22 +45,6 @@ def counting() -> Iterator[tuple[CountingServer, int]]:
     server = CountingServer(ServerSettings(allowed_hosts=["gpu-box.internal"]))
     with start_in_thread(server.build_app()) as running:
         yield server, int(running.url.rsplit(":", 1)[1])
-
-
-def send(port: int, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, Any]:
-    """One request with exactly these headers (``Host`` included when given); the status and JSON answer."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        connection.putrequest(method, path, skip_host="host" in headers, skip_accept_encoding=True)
-        for key, value in headers.items():
-            connection.putheader(key.replace("_", "-"), value)
-        if body is not None:
-            connection.putheader("content-length", str(len(body)))
-        connection.endheaders(body)
-        answer = connection.getresponse()
-        return answer.status, json.loads(answer.read() or b"null")
-    finally:
-        connection.close()
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import itertools
 import json
 import math
 import random
+import tempfile
 from collections import Counter, defaultdict
-from typing import Any
+from typing import IO, Any
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -76,57 +77,140 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 1.0) -> dict[str, Any]:
-    """Summary of a list of rollout / verify-response dicts.
+    """Summary of a list of rollout / verify-response dicts (:class:`RewardTally` over them).
 
     A rollout counts as correct when ``reward >= success_threshold``. pass@k and majority@k use the
     largest k every task has (the number of repeats) and average over every task. majority@k votes on
     ``extracted_answer`` (see :func:`majority_at_k`) and is reported when the verifier gives answers; a
     task where no sample has one counts as wrong, so majority@k <= pass@k.
     """
-    if not records:
-        return {"num_rollouts": 0, "num_tasks": 0, "mean_reward": None}
-    # one pass over the records (a run's end summarises every rollout), then one per task
-    groups: dict[Any, list[tuple[float, Any]]] = defaultdict(list)  # task -> (reward, extracted answer)
-    rewards, input_tokens, output_tokens, failures, masked = [], [], [], Counter(), 0
-    for rec in records:
-        reward = float(rec.get("reward") or 0.0)
-        rewards.append(reward)
-        groups[_group_key(rec)].append((reward, rec.get("extracted_answer")))
-        usage = (rec.get("response") or {}).get("usage") or {}
+    tally = RewardTally(success_threshold)
+    for record in records:
+        tally.add(record)
+    return tally.result()
+
+
+class RewardTally:
+    """:func:`aggregate_rewards` fed one record at a time, holding only the tasks still open.
+
+    Why: a run of a million rollouts kept every record (slimmed) to summarise them at the end, ~1 KB a
+    rollout. Here a task's group is reduced to its counts when :meth:`close` says it is complete (collect
+    knows: NeMo Gym's "aabbcc" order finishes a task's repeats together); each closed group keeps
+    (size, correct) for pass@k, its majority@size, and its votes in a temporary file, read back only if
+    another group turns out smaller (k is the smallest group's size, known at the end).
+    """
+
+    def __init__(self, success_threshold: float = 1.0) -> None:
+        self.threshold = success_threshold
+        self.open: dict[Any, list[tuple[float, Any]]] = {}
+        """Task -> (reward, extracted answer) of each of its records so far, in arrival order."""
+        self.rollouts, self.reward_sum = 0, 0.0
+        self.input_tokens, self.output_tokens, self.with_usage = 0, 0, 0
+        self.failures: Counter[str] = Counter()
+        self.masked = 0
+        self.has_answers = False
+        self.closed_sizes: Counter[tuple[int, int]] = Counter()  # (group size, correct) -> groups
+        self.closed_majority: defaultdict[int, float] = defaultdict(float)  # size -> sum of majority@size
+        self.closed_votes: IO[str] | None = None
+        self.component_sums: dict[str, float] = {}
+        self.component_counts: Counter[str] = Counter()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Count one record (its task's group stays open until :meth:`close` or :meth:`result`)."""
+        reward = float(record.get("reward") or 0.0)
+        answer = record.get("extracted_answer")
+        self.rollouts += 1
+        self.reward_sum += reward
+        self.has_answers = self.has_answers or answer is not None
+        key = _group_key(record)
+        group = self.open.get(key)
+        if group is None:
+            self.open[key] = [(reward, answer)]
+        else:
+            group.append((reward, answer))
+        response = record.get("response")
+        usage = response.get("usage") if isinstance(response, dict) else None
         if usage:
-            input_tokens.append(int(usage.get("input_tokens") or 0))
-            output_tokens.append(int(usage.get("output_tokens") or 0))
-        if rec.get("failure_kind"):
-            failures[rec["failure_kind"]] += 1
-        masked += bool(rec.get("mask_sample"))
-    has_answers = any(answer is not None for group in groups.values() for _, answer in group)
-    k = min(len(g) for g in groups.values())
-    pass_k, pass_1, majority = [], [], []
-    for group in groups.values():
-        n = len(group)
-        verdicts = [reward >= success_threshold for reward, _ in group]
-        correct = sum(verdicts)
-        pass_k.append(pass_at_k(n, correct, k))
-        pass_1.append(pass_at_k(n, correct, 1))
-        if has_answers:  # majority@k is reported only then
-            votes = [(None if a is None else str(a), ok) for (_, a), ok in zip(group, verdicts, strict=True)]
-            majority.append(majority_at_k(votes, k))
-    out: dict[str, Any] = {
-        "num_rollouts": len(records),
-        "num_tasks": len(groups),
-        "mean_reward": sum(rewards) / len(rewards),
-        "pass@1": sum(pass_1) / len(pass_1),
-        f"pass@{k}": sum(pass_k) / len(pass_k),
-    }
-    if has_answers:
-        out[f"majority@{k}"] = sum(majority) / len(majority)
-    if output_tokens:
-        out["mean_input_tokens"] = sum(input_tokens) / len(input_tokens)
-        out["mean_output_tokens"] = sum(output_tokens) / len(output_tokens)
-        out["total_output_tokens"] = sum(output_tokens)
-    out["failure_kinds"] = dict(failures)
-    out["masked_samples"] = masked
-    return out
+            self.with_usage += 1
+            self.input_tokens += int(usage.get("input_tokens") or 0)
+            self.output_tokens += int(usage.get("output_tokens") or 0)
+        if record.get("failure_kind"):
+            self.failures[record["failure_kind"]] += 1
+        self.masked += bool(record.get("mask_sample"))
+        components = record.get("reward_components")
+        if isinstance(components, dict):
+            for name, value in components.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self.component_sums[name] = self.component_sums.get(name, 0.0) + float(value)
+                    self.component_counts[name] += 1
+
+    def close(self, key: Any) -> None:
+        """The task ``key`` (its ``_ng_task_index``) gets no more records: reduce its group to counts."""
+        group = self.open.pop(key, None)
+        if not group:
+            return
+        n, votes = len(group), self._votes(group)
+        self.closed_sizes[(n, sum(ok for _, ok in votes))] += 1
+        self.closed_majority[n] += majority_at_k(votes, n)
+        if self.closed_votes is None:
+            self.closed_votes = tempfile.TemporaryFile("w+", prefix="gym-bridge-votes-")
+        self.closed_votes.write(json.dumps(votes) + "\n")
+
+    def _votes(self, group: list[tuple[float, Any]]) -> list[tuple[str | None, bool]]:
+        return [(None if a is None else str(a), reward >= self.threshold) for reward, a in group]
+
+    def component_means(self) -> dict[str, float]:
+        """Mean of each reward component over the records that carry it, by name in sorted order."""
+        return {name: self.component_sums[name] / self.component_counts[name] for name in sorted(self.component_sums)}
+
+    def result(self) -> dict[str, Any]:
+        """The summary :func:`aggregate_rewards` gives for every record added (open groups included)."""
+        if not self.rollouts:
+            return {"num_rollouts": 0, "num_tasks": 0, "mean_reward": None}
+        sizes = [n for n, _ in self.closed_sizes] + [len(g) for g in self.open.values()]
+        k = min(sizes)
+        pass_k = pass_1 = majority = 0.0
+        tasks = 0
+        for (n, correct), count in self.closed_sizes.items():
+            pass_k += count * pass_at_k(n, correct, k)
+            pass_1 += count * pass_at_k(n, correct, 1)
+            tasks += count
+        if self.has_answers:
+            if all(n == k for n, _ in self.closed_sizes):
+                majority = self.closed_majority.get(k, 0.0)
+            elif self.closed_votes is not None:  # a smaller group came later: vote again at its k
+                self.closed_votes.seek(0)
+                majority = sum(majority_at_k([tuple(v) for v in json.loads(line)], k) for line in self.closed_votes)
+        for group in self.open.values():
+            votes = self._votes(group)
+            correct = sum(ok for _, ok in votes)
+            pass_k += pass_at_k(len(group), correct, k)
+            pass_1 += pass_at_k(len(group), correct, 1)
+            if self.has_answers:  # majority@k is reported only then
+                majority += majority_at_k(votes, k)
+            tasks += 1
+        out: dict[str, Any] = {
+            "num_rollouts": self.rollouts,
+            "num_tasks": tasks,
+            "mean_reward": self.reward_sum / self.rollouts,
+            "pass@1": pass_1 / tasks,
+            f"pass@{k}": pass_k / tasks,
+        }
+        if self.has_answers:
+            out[f"majority@{k}"] = majority / tasks
+        if self.with_usage:
+            out["mean_input_tokens"] = self.input_tokens / self.with_usage
+            out["mean_output_tokens"] = self.output_tokens / self.with_usage
+            out["total_output_tokens"] = self.output_tokens
+        out["failure_kinds"] = dict(self.failures)
+        out["masked_samples"] = self.masked
+        return out
+
+    def discard(self) -> None:
+        """Remove the votes file (also done when the tally is garbage-collected)."""
+        if self.closed_votes is not None:
+            self.closed_votes.close()
+            self.closed_votes = None
 
 
 def latency_summary(values: list[float]) -> dict[str, float | int | None]:
@@ -141,3 +225,65 @@ def latency_summary(values: list[float]) -> dict[str, float | int | None]:
         "p99": percentile(values, 99),
         "max": max(values),
     }
+
+
+class LatencySketch:
+    """:func:`latency_summary` of durations fed one at a time, in bounded memory.
+
+    Why: a run kept every model call's and rollout's latency (two floats a rollout, plus a list's growth)
+    to take percentiles at the end. The first :data:`EXACT` values are kept and summarised exactly; past
+    that they go into log-spaced buckets (each 1 % wide), so p50/p90/p99 are within 0.5 % of the exact
+    value while count, mean and max stay exact; memory is at most a few thousand buckets.
+    """
+
+    EXACT = 4096
+    RATIO = 1.01
+    FLOOR = 1e-6
+    """Durations below this (seconds) share the lowest bucket."""
+
+    def __init__(self) -> None:
+        self.values: list[float] | None = []
+        self.buckets: Counter[int] = Counter()
+        self.count, self.total, self.largest = 0, 0.0, float("-inf")
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.total += value
+        self.largest = max(self.largest, value)
+        if self.values is not None:
+            self.values.append(value)
+            if len(self.values) > self.EXACT:
+                for v in self.values:
+                    self.buckets[self._bucket(v)] += 1
+                self.values = None
+        else:
+            self.buckets[self._bucket(value)] += 1
+
+    def extend(self, values: list[float]) -> None:
+        for value in values:
+            self.add(value)
+
+    def _bucket(self, value: float) -> int:
+        return math.floor(math.log(max(value, self.FLOOR) / self.FLOOR, self.RATIO))
+
+    def _quantile(self, q: float) -> float:
+        rank, seen = (self.count - 1) * q / 100.0, 0
+        for bucket in sorted(self.buckets):
+            seen += self.buckets[bucket]
+            if seen > rank:
+                mid = self.FLOOR * self.RATIO ** (bucket + 0.5)  # the bucket's geometric middle
+                return min(mid, self.largest)
+        return self.largest
+
+    def summary(self) -> dict[str, float | int | None]:
+        """What :func:`latency_summary` says (exactly, up to :data:`EXACT` values)."""
+        if self.values is not None:
+            return latency_summary(self.values)
+        return {
+            "count": self.count,
+            "mean": self.total / self.count,
+            "p50": self._quantile(50),
+            "p90": self._quantile(90),
+            "p99": self._quantile(99),
+            "max": self.largest,
+        }

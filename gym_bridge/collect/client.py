@@ -15,7 +15,7 @@ from gym_bridge.retry import Client, RoutedClient
 if TYPE_CHECKING:
     from gym_bridge.in_process import InProcessClient
 
-__all__ = ["ClientPool", "connection_cap", "running_policy"]
+__all__ = ["ClientPool", "concurrency_bound", "connection_cap", "ephemeral_ports", "running_policy"]
 
 
 class ClientPool:
@@ -60,6 +60,44 @@ def connection_cap() -> int:
         return max(64, (soft - 512) // 2)
     except (ImportError, OSError):
         return 512
+
+
+def ephemeral_ports() -> int | None:
+    """How many local ports the OS hands out for outgoing connections (one per connection to a given
+    address: the ceiling of connections to one server); None where it does not say."""
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        return None
+    return max(0, high - low + 1)
+
+
+def concurrency_bound(hosts: int) -> tuple[int, str] | None:
+    """The most rollouts that can be in flight when they talk to ``hosts`` servers over HTTP, and why
+    (the open-file limit and the ephemeral ports); None when nothing goes over HTTP.
+
+    Why: a worker holds one connection at a time; more workers than connections wait in the pool, their
+    wait counts against the request timeout, and past the port range connecting fails outright; either
+    way a rollout fails that the machine could have run. collect runs at most this many (and says so).
+    """
+    if hosts <= 0:
+        return None
+    cap = connection_cap()  # (raises the soft limit to the hard one first)
+    try:
+        import resource
+
+        files = f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]:,}"
+    except (ImportError, OSError):
+        files = "unknown"
+    ports = ephemeral_ports()
+    by_files = max(2, cap // hosts)
+    why = f"open-file limit {files} (half for connections: {by_files:,} to each of {hosts} server(s))"
+    bound = by_files
+    if ports is not None:
+        by_ports = max(2, ports * 9 // 10)  # a tenth left for TIME_WAIT and other clients
+        why += f", {ports:,} ephemeral ports a destination"
+        bound = min(bound, by_ports)
+    return bound, why
 
 
 @contextmanager

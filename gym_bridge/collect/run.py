@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
-from gym_bridge.collect.client import ClientPool, connection_cap, running_policy
+from gym_bridge.collect.client import ClientPool, concurrency_bound, connection_cap, running_policy
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
 from gym_bridge.collect.output import (
     ENV_SERVER,
@@ -33,19 +33,17 @@ from gym_bridge.collect.output import (
     nemo_gym_agent_ref,
     output_record,
     prepare_output,
-    read_finished,
-    read_keys,
     side_files,
-    slim_record,
     stamps,
     write_json,
 )
+from gym_bridge.collect.resume_index import PairSet, read_done, read_pairs
 from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
-from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics, reward_component_means
+from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter
-from gym_bridge.metrics import aggregate_rewards
+from gym_bridge.metrics import RewardTally
 from gym_bridge.seeding import rollout_seed
 
 if TYPE_CHECKING:
@@ -101,18 +99,31 @@ async def collect_async(
     in-process on this loop (the caller mounts them and shuts them down); the other URLs go over HTTP."""
     stats = RunStats()
     output, failures_path = config.output_path, failures_path_for(config.output_path)
-    done, slim = read_finished(output, report) if config.resume else (set(), [])
+    # Nothing grows with the run: the rewards are tallied as records come (a task's group reduced to counts
+    # once its repeats are all back), records for /aggregate_metrics wait in a file, and a resumed run's
+    # earlier rollouts are a bit each, their records counted as they are read.
+    tally = RewardTally()
+    # /aggregate_metrics takes the run's records as they are written; a resumed run's earlier ones first
+    spool = AggregateSpool(output.parent, router.url_of)
+
+    def earlier(record: dict[str, Any]) -> None:
+        tally.add(record)
+        spool.add(record, (router.route(record) or (None, None, None))[2], None)
+
+    done = read_done(output, report, config.num_repeats, earlier) if config.resume else PairSet(config.num_repeats)
     already_done = len(done)
+    early_close = done.largest_repeat < config.num_repeats  # a task's group is whole once its repeats are back
+    for task in [t for t in tally.open if early_close and isinstance(t, int)]:
+        if all((task, r) in done for r in range(config.num_repeats)):
+            tally.close(task)  # (the others wait for this run's rollouts of them)
     if on_start is not None:
         rows = count_rows(config.tasks_path)
         rows = rows if config.limit is None else min(rows, config.limit)
         planned = rows * config.num_repeats
-        on_start(max(0, planned - sum(1 for t, r in done if t < rows and r < config.num_repeats)))
+        on_start(max(0, planned - done.count_below(rows)))
     materialized_path = materialized_path_for(output)
-    materialized_done = read_keys(materialized_path, report) if config.resume else set()
+    materialized_done = read_pairs(materialized_path, report, config.num_repeats) if config.resume else PairSet(1)
     writer = JsonlWriter(output, append=True)
-    # /aggregate_metrics takes the run's records as they are written; a resumed run's earlier ones are only in -o
-    spool = None if config.resume else AggregateSpool(output.parent, router.url_of)
     failures = LazyWriter(failures_path, append=config.resume)
     materialized = LazyWriter(materialized_path, append=config.resume)
     retry = config.retry_policy()
@@ -124,12 +135,20 @@ async def collect_async(
         env_retry=retry,
         model_headers=dict(config.model_headers),
         env_headers=dict(config.env_headers),
+        rollout_timeout_s=config.rollout_timeout,
     )
     workers = config.concurrency
-    queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
     mounted = set(in_process.urls) if in_process is not None else set()
     hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()] if url not in mounted})
+    bound = concurrency_bound(hosts) if executor is None else None
+    if bound is not None and workers > bound[0]:
+        report(f"--concurrency {workers:,} is more than this machine can hold open at once ({bound[1]}); "
+               f"running {bound[0]:,} rollouts at a time")  # fmt: skip
+        workers = bound[0]
+    queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
     pool = ClientPool(workers, connection_cap(), hosts, in_process)
+    outstanding: dict[int, int] = {}
+    """Task -> its rollouts of this run not finished yet; at 0 its reward group is closed."""
 
     def record_failure(entry: dict[str, Any]) -> None:
         failures.write(entry)
@@ -148,9 +167,13 @@ async def collect_async(
                 problem = f"row {task_index}: no env for it ({router.describe()})"
                 bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
                 continue
-            for rollout_index in range(config.num_repeats):
-                if (task_index, rollout_index) in done:
-                    continue
+            todo = [r for r in range(config.num_repeats) if (task_index, r) not in done]
+            if not todo:
+                if early_close:
+                    tally.close(task_index)
+                continue
+            outstanding[task_index] = len(todo)  # all of them before the first is queued
+            for rollout_index in todo:
                 job = _Job(task_index, rollout_index, row, *routed)
                 if (task_index, rollout_index) not in materialized_done:
                     materialized.write(_materialized_row(job, config, agent_config))
@@ -164,11 +187,8 @@ async def collect_async(
         stats.add_requests(rollout.metrics)
         if rollout.record is not None:
             record = _output_record(job, rollout.record)
-            if spool is None:
-                writer.write(record)
-            else:
-                spool.add(record, job.env_name, writer.write_line)  # the line, then the record kept stripped
-            slim.append(slim_record(record))
+            spool.add(record, job.env_name, writer.write_line)  # the line, then the record kept stripped
+            tally.add(record)
             stats.add_written(record, rollout.metrics.total_s)
         else:
             f = rollout.failure
@@ -184,6 +204,11 @@ async def collect_async(
                     "stage": f.stage,
                 }
             )
+        left = outstanding.pop(job.task_index) - 1
+        if left:
+            outstanding[job.task_index] = left
+        elif early_close:
+            tally.close(job.task_index)
         if on_progress is not None:
             on_progress(stats, 1)
 
@@ -208,19 +233,21 @@ async def collect_async(
             env_of=lambda record: (router.route(record) or (None, None, None))[2],
         )
     finally:
-        if spool is not None:
-            spool.close()
+        spool.close()
         writer.close()
         failures.close()
         materialized.close()
         await pool.aclose()
 
-    metrics = aggregate_rewards(slim)
-    if components := reward_component_means(slim):
+    metrics = tally.result()
+    tally.discard()
+    if components := tally.component_means():
         metrics["reward_components"] = components  # mean per component; pass@k stays on reward
     metrics["run"] = stats.run_metrics(
         already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
     )
+    if workers != config.concurrency:
+        metrics["run"].update(concurrency_requested=config.concurrency, concurrency_bound=bound and bound[1])
     metrics["run"].update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
     if executor is not None:
         metrics["run"].update(executor.run_metrics())

@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import aiohttp
+
 from gym_bridge.agent import RolloutMetrics
 from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER, FAILURE_CLASS
 from gym_bridge.jsonl import compact_json, iter_jsonl
-from gym_bridge.metrics import latency_summary
+from gym_bridge.metrics import LatencySketch
 from gym_bridge.nemo_gym_record import ENVIRONMENT_SERVER_SUFFIX, agent_name_for, environment_server_for
-from gym_bridge.retry import Client, SendFailed, post_once
+from gym_bridge.retry import Client, RoutedClient, SendFailed, post_once
 
 __all__ = [
     "COUNTED",
@@ -82,8 +84,9 @@ class RunStats:
     bad_rows: int = 0
     reward_sum: float = 0.0
     first_rollout_s: float | None = None
-    model_latencies_s: list[float] = field(default_factory=list)
-    rollout_latencies_s: list[float] = field(default_factory=list)
+    model_latencies_s: LatencySketch = field(default_factory=LatencySketch)
+    rollout_latencies_s: LatencySketch = field(default_factory=LatencySketch)
+    """Bounded summaries (exact up to a few thousand values, then within 0.5 %): a long run keeps no list."""
     totals: Counter[str] = field(default_factory=Counter)
     failure_classes: Counter[str] = field(default_factory=Counter)
 
@@ -103,7 +106,7 @@ class RunStats:
 
     def add_written(self, record: dict[str, Any], total_s: float) -> None:
         """Count a rollout written to the output."""
-        self.rollout_latencies_s.append(total_s)
+        self.rollout_latencies_s.add(total_s)
         self.done += 1
         try:
             self.reward_sum += float(record.get("reward") or 0.0)
@@ -130,8 +133,8 @@ class RunStats:
             "elapsed_s": elapsed,
             "rollouts_per_s": self.done / elapsed if elapsed > 0 else None,
             "time_to_first_rollout_s": self.first_rollout_s,
-            "model_latency_s": latency_summary(self.model_latencies_s),
-            "rollout_latency_s": latency_summary(self.rollout_latencies_s),
+            "model_latency_s": self.model_latencies_s.summary(),
+            "rollout_latency_s": self.rollout_latencies_s.summary(),
             "mean_reward": self.mean_reward,
             **{name: self.totals[name] for name in COUNTED},
             "concurrency": concurrency,
@@ -179,33 +182,56 @@ class AggregateSpool:
         self.server_of: dict[str, str] = {}
         """Env -> the agent and the environment server its first record was stamped with (NeMo Gym's names)."""
 
-    def add(self, record: dict[str, Any], env: Any, write_line: Callable[[str], None]) -> None:
+    def add(self, record: dict[str, Any], env: Any, write_line: Callable[[str], None] | None) -> None:
         """Write ``record``'s output line with ``write_line``, then keep it stripped if it is one to
-        aggregate (``env``: the env it ran against). Both are encoded together (:func:`whole_and_stripped_json`)."""
+        aggregate (``env``: the env it ran against). Both are encoded together (:func:`whole_and_stripped_json`).
+        ``write_line`` None: keep it only (a resumed run's earlier records, already in the output)."""
         if env not in self.url_of or not isinstance(record.get("reward"), int | float):
-            write_line(compact_json(record))
+            if write_line is not None:
+                write_line(compact_json(record))
             return
-        line, stripped = whole_and_stripped_json(record)
-        write_line(line)
+        if write_line is None:
+            stripped = compact_json(strip_for_aggregation(record))
+        else:
+            line, stripped = whole_and_stripped_json(record)
+            write_line(line)
         spool = self.files.get(env)
         if spool is None:
             spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")
+            spool.write(_BODY_HEAD)
         else:
             spool.write(b",")
         spool.write(stripped.encode())
         _note_names(record, env, self.agent_of, self.server_of)
 
+    def body(self, env: str) -> IO[bytes]:
+        """``env``'s ``/aggregate_metrics`` request body, NeMo Gym's ``{"verify_responses": [...]}``, as the
+        spool file itself (read from the start), so a run's records are never all in memory at once."""
+        spool = self.files[env]
+        spool.seek(0, 2)
+        if spool.tell() < len(_BODY_HEAD) + 1 or not _ends_body(spool):
+            spool.write(_BODY_TAIL)
+        spool.flush()
+        spool.seek(0)
+        return spool
+
     def bodies(self) -> dict[str, bytes]:
-        """Each env's ``/aggregate_metrics`` request body: NeMo Gym's ``{"verify_responses": [...]}``."""
-        out = {}
-        for env, spool in self.files.items():
-            spool.seek(0)
-            out[env] = b'{"verify_responses":[' + spool.read() + b"]}"
-        return out
+        """Each env's request body as bytes (:meth:`body` read whole)."""
+        return {env: self.body(env).read() for env in self.files}
 
     def close(self) -> None:
         for spool in self.files.values():
             spool.close()
+
+
+_BODY_HEAD, _BODY_TAIL = b'{"verify_responses":[', b"]}"
+
+
+def _ends_body(spool: IO[bytes]) -> bool:
+    spool.seek(-len(_BODY_TAIL), 2)
+    ended = spool.read() == _BODY_TAIL
+    spool.seek(0, 2)
+    return ended
 
 
 async def env_aggregate_metrics(
@@ -226,11 +252,12 @@ async def env_aggregate_metrics(
     run's (a :class:`~gym_bridge.retry.RoutedClient` reaches the envs served in-process too).
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
     """
-    bodies: dict[str, bytes] = {}
+    bodies: dict[str, bytes | IO[bytes]] = {}
     agent_of: dict[str, str] = {}
     server_of: dict[str, str] = {}
-    if spool is not None:
-        bodies, agent_of, server_of = spool.bodies(), spool.agent_of, spool.server_of
+    if spool is not None:  # each body streamed from its file over HTTP (read whole for an env in-process)
+        bodies = {env: spool.body(env) for env in spool.files}
+        agent_of, server_of = spool.agent_of, spool.server_of
     elif output.exists():
         by_env: dict[str, list[dict[str, Any]]] = {}
         for _, record in iter_jsonl(output, strict=False):
@@ -242,6 +269,8 @@ async def env_aggregate_metrics(
     entries = []
     for env, request in bodies.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
+        if not isinstance(request, bytes):
+            request = _payload(client, url, request)
         try:
             status, _, content = await post_once(client, url, request, {"content-type": "application/json"}, timeout)
             body = json.loads(content) if content.strip() else None  # as aiohttp's ``json()`` reads it
@@ -267,3 +296,10 @@ async def env_aggregate_metrics(
             }
         )
     return entries
+
+
+def _payload(client: Client, url: str, body: IO[bytes]) -> bytes | IO[bytes]:
+    """The body as the client that serves ``url`` sends it: the file itself for an aiohttp session (which
+    streams it), its bytes for an env served in-process (whose app takes the body whole)."""
+    target = client.client_for(url) if isinstance(client, RoutedClient) else client
+    return body if isinstance(target, aiohttp.ClientSession) else body.read()

@@ -73,6 +73,10 @@ class CollectConfig:
     """Seconds for one request attempt; None: :func:`sized_request_timeout` of the run's concurrency and
     ``max_output_tokens`` override."""
     max_retries: int = 3
+    rollout_timeout: float | None = None
+    """Seconds one whole rollout may take (set-up, every model and tool call, /verify, retries and waits);
+    past it the rollout is cut off and written to the failures file as ``rollout_timeout``
+    (:attr:`~gym_bridge.agent.AgentConfig.rollout_timeout_s`). None: only the per-request policy bounds it."""
     retry_timeouts: bool = False
     """Send a request again when it timed out (off: the server may still be working on it, and a slow
     model asked twice only gets slower). 429, retryable 5xx and connection errors are retried either way."""
@@ -134,6 +138,8 @@ def check_config(config: CollectConfig) -> None:
         raise CollectError("--max-retries must not be negative")
     if config.request_timeout is not None and not config.request_timeout > 0:
         raise CollectError("--request-timeout must be a positive number of seconds")
+    if config.rollout_timeout is not None and not config.rollout_timeout > 0:
+        raise CollectError("--rollout-timeout must be a positive number of seconds")
     if config.env_transport not in ENV_TRANSPORTS:
         choices = ", ".join(ENV_TRANSPORTS)
         raise CollectError(f"--env-transport must be one of {choices}, not {config.env_transport!r}")

@@ -131,6 +131,16 @@ def collect(
             show_default=False,
         ),
     ] = None,
+    rollout_timeout: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="Seconds one whole rollout may take: set-up, every model and tool call, /verify, their retries "
+            "and waits. Past it the rollout is cut off and written to the failures file as rollout_timeout "
+            "(one request that never answers then costs this, not --request-timeout x attempts). Default: none.",
+            show_default=False,
+        ),
+    ] = None,
     max_retries: Annotated[
         int,
         typer.Option(help="Retries per request on 429/5xx/connection errors (and timeouts, with --retry-timeouts)."),
@@ -208,6 +218,7 @@ def collect(
         strict=strict,
         request_timeout=request_timeout,
         max_retries=max_retries,
+        rollout_timeout=rollout_timeout,
         retry_timeouts=retry_timeouts,
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},

@@ -320,10 +320,9 @@ class ScorerPool:
             outcome = _parse_result(result)
         except (EOFError, OSError, ValueError, TypeError) as e:
             self.stats.crashes += 1
-            w.process.join(0.1)
-            code = w.process.exitcode
-            why = f"exit code {code}" if code is not None else f"{type(e).__name__}: {e}"[:200]
-            self._retire(w, ScoreOutcome("crashed", detail=f"the scorer worker failed during the check ({why})"))
+            why = "it exited" if isinstance(e, EOFError) else f"{type(e).__name__}: {e}"[:200]
+            detail = f"the scorer worker failed during the check ({why}); it was replaced"
+            self._retire(w, ScoreOutcome("crashed", detail=detail))
             return
         if task_id != w.task_id or w.future is None:
             self._retire(w, ScoreOutcome("crashed", detail="the scorer worker answered out of turn"))
@@ -379,6 +378,8 @@ class ScorerPool:
 
     async def _replace(self, dead: _Worker) -> None:
         await asyncio.to_thread(dead.process.join, 5.0)  # reaped before its uid is used again
+        if dead.process.exitcode not in (None, -signal.SIGKILL):  # SIGKILL: retired by the pool
+            logger.warning("reasoning_gym scorer worker %d exited with %s", dead.pid, dead.process.exitcode)
         await self._fill(dead.slot)
 
     async def close(self) -> None:

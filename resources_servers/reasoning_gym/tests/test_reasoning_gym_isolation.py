@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -183,6 +185,25 @@ def test_a_scorer_that_hangs_is_cut_by_the_timeout():
             right = c.post("/verify", json=answered(row, f"<answer>{row['answer']}</answer>")).json()
             assert right["reward"] == 1.0
             assert live_pids(c, 1) != pids  # the stuck worker was replaced
+
+
+def test_a_worker_that_dies_mid_check_gives_zero_and_is_replaced():
+    with running_env("reasoning_gym", pool_size=1, timeout_s=60.0) as url, httpx.Client(base_url=url, timeout=90) as c:
+        (row,) = task_rows(["spiral_matrix"], 1, seed=0)
+        (pid,) = live_pids(c, 1)
+        checks = c.get("/health").json()["scorer_pool"]["checks"]
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(c.post, "/verify", json=answered(row, "<answer>9**9**9**9</answer>"))
+            deadline = time.monotonic() + 30
+            while c.get("/health").json()["scorer_pool"]["checks"] == checks and time.monotonic() < deadline:
+                time.sleep(0.02)  # until the check is in the worker
+            os.kill(pid, signal.SIGKILL)
+            out = pending.result().json()
+        assert out["reward"] == 0.0 and out["failure_kind"] == "scorer_crashed", out
+        assert "failed during the check (it exited)" in out["failure_reason"]
+        assert live_pids(c, 1) != [pid]
+        right = c.post("/verify", json=answered(row, f"<answer>{row['answer']}</answer>")).json()
+        assert right["reward"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- the guards

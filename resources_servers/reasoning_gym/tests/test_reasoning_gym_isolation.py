@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +31,7 @@ from resources_servers.reasoning_gym.generate import task_rows
 EVALING = ["spiral_matrix", "string_insertion", "binary_matrix", "n_queens"]
 PARSING = ["countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"]
 FAMILIES = [f for f in EVALING + PARSING if f in DATASETS]
+REPO = Path(__file__).resolve().parents[3]
 
 RUN = "import os; os.system('id > {marker}')"
 READ = (
@@ -265,3 +268,42 @@ def test_sympy_guard_refuses_builtins_left_unconverted():
         with pytest.raises(guards.RefusedAnswer):
             guards.check_sympy_code(code, {}, {})
     guards.check_sympy_code("undefined_name + 1", {}, {})  # a NameError later, not code
+
+
+def test_the_audit_hook_refuses_what_a_guard_bypass_would_try(tmp_path):
+    """The second line: were an answer to run despite the guards, an armed check refuses process creation,
+    writes, sockets and ctypes (in a fresh interpreter: an audit hook cannot be removed)."""
+    probe = f"""
+import os, socket, subprocess, sys
+from resources_servers.reasoning_gym import guards
+guards.install_audit_hook()
+guards.state.reset(armed=True)
+tries = {{
+    "system": lambda: os.system("true"),
+    "popen": lambda: subprocess.run(["true"]),
+    "fork": os.fork,
+    "write": lambda: open({str(tmp_path / "w")!r}, "w"),
+    "os_open": lambda: os.open({str(tmp_path / "o")!r}, os.O_WRONLY | os.O_CREAT),
+    "socket": lambda: socket.socket(),
+    "ctypes": lambda: __import__("ctypes").CDLL(None),
+    "kill": lambda: os.kill(os.getpid(), 0),
+}}
+refused = []
+for name, attempt in tries.items():
+    try:
+        attempt()
+    except guards.RefusedAnswer:
+        refused.append(name)
+guards.state.armed = False
+compiled = guards.state.evaluated
+guards.state.reset(armed=True)
+eval("1 + 1")
+guards.state.armed = False
+print(sorted(refused), compiled, guards.state.evaluated, open({str(tmp_path / "r")!r}, "w") is not None)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("]")[0] + "]" == str(sorted(["system", "popen", "fork", "write", "os_open", "socket", "ctypes", "kill"]))
+    # refusals alone do not mark the check, evaluating text does; disarmed, the hook lets writes through
+    assert done.stdout.split("]")[1].split() == ["False", "True", "True"]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

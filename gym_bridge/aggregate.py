@@ -25,19 +25,24 @@ example repeats each component at the top level; here the components are describ
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import statistics
+import tempfile
+from array import array
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
-from typing import Any
+from typing import IO, Any
 
-from gym_bridge.jsonl import compact_json
+from gym_bridge.jsonl import compact_json, plain_json
 from gym_bridge.schema import reward_components_problem
 
 __all__ = [
     "AggregateRequestError",
+    "SpilledGroups",
+    "StreamingAggregate",
     "nemo_gym_aggregate",
     "parse_aggregate_request",
     "strip_for_aggregation",
@@ -296,3 +301,148 @@ def nemo_gym_aggregate(
     key = {name: value for name, value in agent.items() if name.startswith("mean/")}
     key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
     return {"group_level_metrics": groups, "agent_metrics": agent, "key_metrics": key, "repeat_level_metrics": repeats}
+
+
+class StreamingAggregate:
+    """:func:`nemo_gym_aggregate` fed one record at a time, holding one float per number rather than records.
+
+    Why: a run of a million rollouts posted every record in one request and the answer came back with
+    every task's figures, several gigabytes in memory on each side. Here each record's numbers go into
+    one column per (repeat, field) (8 bytes a value, so medians and quantiles stay exact), a task's rows
+    wait only until :meth:`close` (or ``group_size`` of them), and its ``group_level_metrics`` entry goes
+    to a file, one line each; :meth:`result` gives the same answer, its groups read back from that file
+    in task order (:class:`SpilledGroups`). Assumes each (task, repeat) comes once (collect's records).
+    """
+
+    BATCH = 512
+    """Closed groups described together (one ``_describe`` call: its per-call cost spread)."""
+
+    def __init__(self, group_size: int | None = None, directory: str | None = None) -> None:
+        self.group_size = group_size
+        self.open: dict[int, list[dict[str, float]]] = {}
+        self.pending: list[tuple[int, list[dict[str, float]]]] = []
+        self.columns: dict[int, dict[str, array[float]]] = {}  # repeat -> field -> values
+        self.fields: dict[str, None] = {}  # every field, in the order first seen
+        self.repeat_tasks: dict[int, int] = defaultdict(int)  # repeat -> records (one per task)
+        self.tasks = 0
+        self.groups = SpilledGroups(directory)
+
+    def add(self, record: dict[str, Any]) -> None:
+        row = _numeric_fields(record)
+        task, repeat = record.get(TASK_INDEX) or 0, record.get(ROLLOUT_INDEX) or 0
+        columns = self.columns.get(repeat)
+        if columns is None:
+            columns = self.columns[repeat] = {}
+        for name, value in row.items():
+            column = columns.get(name)
+            if column is None:
+                column = columns[name] = array("d")
+                self.fields.setdefault(name)
+            column.append(value)
+        self.repeat_tasks[repeat] += 1
+        rows = self.open.get(task)
+        if rows is None:
+            rows = self.open[task] = []
+        rows.append(row)
+        if self.group_size is not None and len(rows) >= self.group_size:
+            self.close(task)
+
+    def close(self, task: int) -> None:
+        """Task ``task`` gets no more records: its group entry is described and written out."""
+        rows = self.open.pop(task, None)
+        if rows is not None:
+            self.pending.append((task, rows))
+            if len(self.pending) >= self.BATCH:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        described = _describe([rows for _, rows in self.pending])
+        for (task, rows), stats in zip(self.pending, described, strict=True):
+            self.groups.add(task, {TASK_INDEX: task, **stats, "num_rollouts": len(rows)})
+        self.tasks += len(self.pending)
+        self.pending = []
+
+    def result(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The answer :func:`nemo_gym_aggregate` gives, ``summary`` being the environment's own metrics;
+        its ``group_level_metrics`` is a :class:`SpilledGroups` (read from its file in task order)."""
+        for task in sorted(self.open):
+            self.close(task)
+        self._flush()
+        if not self.tasks:
+            return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
+        repeats = []
+        if len(self.columns) > 1:
+            order = sorted(self.columns)
+            described = _describe_columns([self.columns[r] for r in order], _REPEAT_STATS)
+            for repeat, stats in zip(order, described, strict=True):
+                present = self.repeat_tasks[repeat]
+                counts = {"sample_count": present, "missing_count": self.tasks - present}
+                repeats.append({ROLLOUT_INDEX: repeat, **counts, **stats})
+        merged: dict[str, array[float]] = {name: array("d") for name in self.fields}
+        for columns in self.columns.values():
+            for name, column in columns.items():
+                merged[name].extend(column)
+        agent = {**_describe_columns([merged])[0], **_across_repeats(repeats), "num_repeats": len(self.columns)}
+        agent.update(summary)
+        key = {name: value for name, value in agent.items() if name.startswith("mean/")}
+        key.update({name: value for name, value in agent.items() if name.startswith(("pass@", "majority@"))})
+        return {"group_level_metrics": self.groups, "agent_metrics": agent, "key_metrics": key,
+                "repeat_level_metrics": repeats}  # fmt: skip
+
+
+def _describe_columns(
+    groups: list[dict[str, Sequence[float]]], names: tuple[str, ...] = _STATS
+) -> list[dict[str, float]]:
+    """:func:`_describe` of groups given as columns (field -> its values) instead of rows."""
+    out = []
+    for group in groups:  # a column at a time: a sorted copy of a million values is 32 MB
+        per_field = {field: _columns_stats([values], quantiles="p25" in names) for field, values in group.items()}
+        out.append({f"{stat}/{field}": per_field[field][stat][0] for stat in names for field in group})
+    return out
+
+
+class SpilledGroups(Sequence[dict[str, Any]]):
+    """``group_level_metrics`` kept in a temporary file, one JSON line per task, read back in task
+    order (a run's tasks finish out of order). Compares equal to the list it stands for."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.file: IO[bytes] | None = None
+        self.directory = directory
+        self.index: list[tuple[int, int, int]] = []  # (task, offset, length)
+
+    def add(self, task: int, entry: dict[str, Any]) -> None:
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-groups-")
+        line = plain_json(entry).encode()  # as an aggregate file writes a task's line
+        self.index.append((task, self.file.tell(), len(line)))
+        self.file.write(line)
+
+    def lines(self) -> Iterator[bytes]:
+        """Each entry's compact JSON, in task order."""
+        if self.file is None:
+            return
+        self.index.sort()
+        for _, offset, length in self.index:
+            self.file.seek(offset)
+            yield self.file.read(length)
+        self.file.seek(0, 2)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (json.loads(line) for line in self.lines())
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: Any) -> Any:
+        return list(self)[i]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

@@ -11,6 +11,7 @@ import math
 import random
 import tempfile
 from collections import Counter, defaultdict
+from fractions import Fraction
 from typing import IO, Any
 
 
@@ -77,14 +78,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def aggregate_rewards(records: list[dict[str, Any]], success_threshold: float = 1.0) -> dict[str, Any]:
-    """Summary of a list of rollout / verify-response dicts (:class:`RewardTally` over them).
+    """Summary of a list of rollout / verify-response dicts (:class:`RewardTally` over them; a ``records``
+    with a ``group_size`` attribute, a view streamed from a file, has its tasks' groups closed at that size).
 
     A rollout counts as correct when ``reward >= success_threshold``. pass@k and majority@k use the
     largest k every task has (the number of repeats) and average over every task. majority@k votes on
     ``extracted_answer`` (see :func:`majority_at_k`) and is reported when the verifier gives answers; a
     task where no sample has one counts as wrong, so majority@k <= pass@k.
     """
-    tally = RewardTally(success_threshold)
+    tally = RewardTally(success_threshold, group_size=getattr(records, "group_size", None))
     for record in records:
         tally.add(record)
     return tally.result()
@@ -100,8 +102,10 @@ class RewardTally:
     another group turns out smaller (k is the smallest group's size, known at the end).
     """
 
-    def __init__(self, success_threshold: float = 1.0) -> None:
+    def __init__(self, success_threshold: float = 1.0, group_size: int | None = None) -> None:
         self.threshold = success_threshold
+        self.group_size = group_size
+        """Close a task's group once it has this many records (records that come once per (task, repeat))."""
         self.open: dict[Any, list[tuple[float, Any]]] = {}
         """Task -> (reward, extracted answer) of each of its records so far, in arrival order."""
         self.rollouts, self.reward_sum = 0, 0.0
@@ -110,7 +114,7 @@ class RewardTally:
         self.masked = 0
         self.has_answers = False
         self.closed_sizes: Counter[tuple[int, int]] = Counter()  # (group size, correct) -> groups
-        self.closed_majority: defaultdict[int, float] = defaultdict(float)  # size -> sum of majority@size
+        self.closed_majority: defaultdict[int, Fraction] = defaultdict(Fraction)  # size -> sum of majority@size
         self.closed_votes: IO[str] | None = None
         self.component_sums: dict[str, float] = {}
         self.component_counts: Counter[str] = Counter()
@@ -125,9 +129,11 @@ class RewardTally:
         key = _group_key(record)
         group = self.open.get(key)
         if group is None:
-            self.open[key] = [(reward, answer)]
+            group = self.open[key] = [(reward, answer)]
         else:
             group.append((reward, answer))
+        if self.group_size is not None and len(group) >= self.group_size:
+            self.close(key)
         response = record.get("response")
         usage = response.get("usage") if isinstance(response, dict) else None
         if usage:
@@ -151,7 +157,7 @@ class RewardTally:
             return
         n, votes = len(group), self._votes(group)
         self.closed_sizes[(n, sum(ok for _, ok in votes))] += 1
-        self.closed_majority[n] += majority_at_k(votes, n)
+        self.closed_majority[n] += Fraction(majority_at_k(votes, n))
         if self.closed_votes is None:
             self.closed_votes = tempfile.TemporaryFile("w+", prefix="gym-bridge-votes-")
         self.closed_votes.write(json.dumps(votes) + "\n")
@@ -169,35 +175,37 @@ class RewardTally:
             return {"num_rollouts": 0, "num_tasks": 0, "mean_reward": None}
         sizes = [n for n, _ in self.closed_sizes] + [len(g) for g in self.open.values()]
         k = min(sizes)
-        pass_k = pass_1 = majority = 0.0
+        # Sums over tasks are exact (fractions), so the figure does not depend on the order tasks closed in.
+        pass_k = pass_1 = majority = Fraction(0)
         tasks = 0
         for (n, correct), count in self.closed_sizes.items():
-            pass_k += count * pass_at_k(n, correct, k)
-            pass_1 += count * pass_at_k(n, correct, 1)
+            pass_k += count * Fraction(pass_at_k(n, correct, k))
+            pass_1 += count * Fraction(pass_at_k(n, correct, 1))
             tasks += count
         if self.has_answers:
             if all(n == k for n, _ in self.closed_sizes):
-                majority = self.closed_majority.get(k, 0.0)
+                majority = self.closed_majority.get(k, Fraction(0))
             elif self.closed_votes is not None:  # a smaller group came later: vote again at its k
                 self.closed_votes.seek(0)
-                majority = sum(majority_at_k([tuple(v) for v in json.loads(line)], k) for line in self.closed_votes)
+                for line in self.closed_votes:
+                    majority += Fraction(majority_at_k([tuple(v) for v in json.loads(line)], k))
         for group in self.open.values():
             votes = self._votes(group)
             correct = sum(ok for _, ok in votes)
-            pass_k += pass_at_k(len(group), correct, k)
-            pass_1 += pass_at_k(len(group), correct, 1)
+            pass_k += Fraction(pass_at_k(len(group), correct, k))
+            pass_1 += Fraction(pass_at_k(len(group), correct, 1))
             if self.has_answers:  # majority@k is reported only then
-                majority += majority_at_k(votes, k)
+                majority += Fraction(majority_at_k(votes, k))
             tasks += 1
         out: dict[str, Any] = {
             "num_rollouts": self.rollouts,
             "num_tasks": tasks,
             "mean_reward": self.reward_sum / self.rollouts,
-            "pass@1": pass_1 / tasks,
-            f"pass@{k}": pass_k / tasks,
+            "pass@1": float(pass_1) / tasks,
+            f"pass@{k}": float(pass_k) / tasks,
         }
         if self.has_answers:
-            out[f"majority@{k}"] = majority / tasks
+            out[f"majority@{k}"] = float(majority) / tasks
         if self.with_usage:
             out["mean_input_tokens"] = self.input_tokens / self.with_usage
             out["mean_output_tokens"] = self.output_tokens / self.with_usage

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
 from gym_bridge.collect.client import ClientPool, concurrency_bound, connection_cap, running_policy
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
+from gym_bridge.collect.local_aggregate import server_of_app, write_aggregate_file
 from gym_bridge.collect.output import (
     ENV_SERVER,
     FAILURE_CLASS,
@@ -92,11 +93,14 @@ async def collect_async(
     executor: RolloutExecutor | None = None,
     stop: threading.Event | None = None,
     in_process: InProcessClient | None = None,
+    local_servers: dict[str, Any] | None = None,
 ) -> CollectResult:
     """Run the collection against running envs (``router``) and a running model (``model_url``); with
     ``executor``, each rollout runs there instead (the envs of ``router`` then serve ``/aggregate_metrics``).
     Once ``stop`` is set, workers take no more rollouts. ``in_process``: serves the router's envs mounted
-    in-process on this loop (the caller mounts them and shuts them down); the other URLs go over HTTP."""
+    in-process on this loop (the caller mounts them and shuts them down); the other URLs go over HTTP.
+    ``local_servers``: env -> the server object of each env mounted in-process (its end-of-run aggregate is
+    computed here from the spool, :mod:`gym_bridge.collect.local_aggregate`)."""
     stats = RunStats()
     output, failures_path = config.output_path, failures_path_for(config.output_path)
     # Nothing grows with the run: the rewards are tallied as records come (a task's group reduced to counts
@@ -231,6 +235,7 @@ async def collect_async(
         aggregate = await env_aggregate_metrics(
             pool.client, output, router.url_of, report, timeout=retry.request_timeout, spool=spool,
             env_of=lambda record: (router.route(record) or (None, None, None))[2],
+            local=local_servers, group_size=config.num_repeats if early_close else None,
         )
     finally:
         spool.close()
@@ -254,7 +259,7 @@ async def collect_async(
     metrics_path = metrics_path_for(output)
     write_json(metrics_path, metrics)
     if aggregate:
-        write_json(aggregate_metrics_path_for(output), aggregate, flat_below=3)
+        write_aggregate_file(aggregate_metrics_path_for(output), aggregate)
     return CollectResult(
         output,
         failures_path,
@@ -345,9 +350,13 @@ def collect(
         )
         stop = threading.Event()  # Ctrl-C: workers take no more rollouts
 
+        local = {routes[i].key or routes[i].target: server_of_app(app) for i, app in apps.items()}
+        local = {env: server for env, server in local.items() if server is not None}
+
         def main(router: Router, in_process: InProcessClient | None = None) -> Coroutine[Any, Any, CollectResult]:
             return collect_async(config, router, model_url, report=report, on_progress=on_progress,
-                                 on_start=on_start, executor=executor, stop=stop, in_process=in_process)  # fmt: skip
+                                 on_start=on_start, executor=executor, stop=stop, in_process=in_process,
+                                 local_servers=local if executor is None else None)  # fmt: skip
 
         if apps:
             return run_interruptible(_serving_in_process(routes, urls, apps, main), stop)

@@ -3,6 +3,7 @@ each env's own ``/aggregate_metrics`` answer for NeMo Gym's ``<stem>_aggregate_m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import time
@@ -200,7 +201,7 @@ class AggregateSpool:
             spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")
             spool.write(_BODY_HEAD)
         else:
-            spool.write(b",")
+            spool.write(_BODY_SEPARATOR)
         spool.write(stripped.encode())
         _note_names(record, env, self.agent_of, self.server_of)
 
@@ -224,7 +225,8 @@ class AggregateSpool:
             spool.close()
 
 
-_BODY_HEAD, _BODY_TAIL = b'{"verify_responses":[', b"]}"
+_BODY_HEAD, _BODY_SEPARATOR, _BODY_TAIL = b'{"verify_responses":[\n', b",\n", b"\n]}"
+"""A record a line (JSON allows the newlines), so the body can be read back a record at a time."""
 
 
 def _ends_body(spool: IO[bytes]) -> bool:
@@ -242,6 +244,8 @@ async def env_aggregate_metrics(
     env_of: Callable[[dict[str, Any]], Any] | None = None,
     timeout: float = 300.0,
     spool: AggregateSpool | None = None,
+    local: dict[str, Any] | None = None,
+    group_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """Each env's ``/aggregate_metrics`` over its rollouts in ``output``, as NeMo Gym's collector asks for them.
 
@@ -251,6 +255,9 @@ async def env_aggregate_metrics(
     ``spool``: the same records, kept as they were written (then ``output`` is not read). ``client``: the
     run's (a :class:`~gym_bridge.retry.RoutedClient` reaches the envs served in-process too).
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
+    ``local``: env -> its :class:`~gym_bridge.server.ResourcesServer` served in-process; with ``spool``,
+    its answer is computed from the spool a record at a time (:mod:`gym_bridge.collect.local_aggregate`;
+    ``group_size``: the most records a task has).
     """
     bodies: dict[str, bytes | IO[bytes]] = {}
     agent_of: dict[str, str] = {}
@@ -269,13 +276,17 @@ async def env_aggregate_metrics(
     entries = []
     for env, request in bodies.items():
         url = url_of[env].rstrip("/") + "/aggregate_metrics"
-        if not isinstance(request, bytes):
-            request = _payload(client, url, request)
+        server = (local or {}).get(env)
         try:
-            status, _, content = await post_once(client, url, request, {"content-type": "application/json"}, timeout)
-            body = json.loads(content) if content.strip() else None  # as aiohttp's ``json()`` reads it
-            if status != 200 or not isinstance(body, dict):
-                raise ValueError(f"HTTP {status}: {str(body)[:300]}")
+            if server is not None and not isinstance(request, bytes):
+                body = await _local_answer(server, request, group_size, spool)
+            else:
+                if not isinstance(request, bytes):
+                    request = _payload(client, url, request)
+                status, _, content = await post_once(client, url, request, {"content-type": "application/json"}, timeout)
+                body = json.loads(content) if content.strip() else None  # as aiohttp's ``json()`` reads it
+                if status != 200 or not isinstance(body, dict):
+                    raise ValueError(f"HTTP {status}: {str(body)[:300]}")
         except (SendFailed, TimeoutError, ValueError) as e:
             report(f"env '{env}': /aggregate_metrics failed ({e}); no aggregate metrics for it")
             continue
@@ -296,6 +307,19 @@ async def env_aggregate_metrics(
             }
         )
     return entries
+
+
+async def _local_answer(server: Any, body: IO[bytes], group_size: int | None, spool: Any) -> dict[str, Any]:
+    """``server``'s answer computed here from the spooled ``body`` (in a thread, as its route runs it); an
+    error of the env's own summary is a failed answer, as the route's 500 would be."""
+    from gym_bridge.collect.local_aggregate import local_aggregate
+
+    try:
+        return await asyncio.to_thread(local_aggregate, server, body, group_size, spool.directory)
+    except ValueError:
+        raise
+    except Exception as e:  # the env's own code (its route answers 500)
+        raise ValueError(f"HTTP 500 (as the route answers it): {type(e).__name__}: {e}") from e
 
 
 def _payload(client: Client, url: str, body: IO[bytes]) -> bytes | IO[bytes]:

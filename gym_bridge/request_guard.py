@@ -31,7 +31,14 @@ import os
 import socket
 from collections.abc import Iterable
 
-__all__ = ["ALLOWED_HOSTS_ENV", "ALLOWED_HOST_HELP", "RequestGuard", "host_name", "is_json_content_type"]
+__all__ = [
+    "ALLOWED_HOSTS_ENV",
+    "ALLOWED_HOST_HELP",
+    "RequestGuard",
+    "check_host_names",
+    "host_name",
+    "is_json_content_type",
+]
 
 ALLOWED_HOSTS_ENV = "GYM_BRIDGE_ALLOWED_HOSTS"
 ALLOWED_HOST_HELP = (
@@ -70,9 +77,26 @@ def is_json_content_type(value: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def _names(values: Iterable[str]) -> set[str]:
-    out = set()
+def check_host_names(values: Iterable[str], where: str = "allowed_hosts") -> list[str]:
+    """``values`` (each a name, ``NAME:PORT``, an address, ``*``, or several of those comma-separated), as
+    given; ValueError naming ``where`` for one that is not a host name (``http://box``, ``box/path``)."""
+    values = list(values)
     for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if part in ("", "*") or _is_ip(part):  # a bare IPv6 address (a bound host "::") has colons
+                continue
+            name = host_name(part)
+            if name is None or not all(c.isalnum() or c in "-._:%" for c in name):
+                raise ValueError(
+                    f"{where}: {part!r} is not a host name (give NAME or NAME:PORT, e.g. gpu-box.lan)"
+                )
+    return values
+
+
+def _names(values: Iterable[str], where: str) -> set[str]:
+    out = set()
+    for value in check_host_names(values, where):
         for part in value.split(","):
             name = host_name(part) if part.strip() not in ("", "*") else part.strip()
             if name:
@@ -84,7 +108,9 @@ class RequestGuard:
     """The two checks of the module docstring, for one server; ``allowed_hosts``: its bound host and extra names."""
 
     def __init__(self, allowed_hosts: Iterable[str] = ()) -> None:
-        names = _names(allowed_hosts) | _names([os.environ.get(ALLOWED_HOSTS_ENV, "")])
+        names = _names(allowed_hosts, "allowed_hosts") | _names(
+            [os.environ.get(ALLOWED_HOSTS_ENV, "")], ALLOWED_HOSTS_ENV
+        )
         self.any_host = "*" in names
         names.discard("*")
         names |= {"localhost", socket.gethostname().lower()}

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model, field_validator
 from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
@@ -50,6 +50,7 @@ from gym_bridge.deadlines import Deadlines
 from gym_bridge.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
 from gym_bridge.jsonl import compact_json
 from gym_bridge.mcp_tools import check_tool_names, normalized_calls, restore_names
+from gym_bridge.request_guard import check_host_names
 from gym_bridge.resources_sessions import Binding, ResourcesSessions
 from gym_bridge.schema import (
     ResourcesCloseSessionRequest,
@@ -96,6 +97,11 @@ class ServerSettings(BaseModel):
     expose_tools_over_mcp: bool = False
     """Also serve the tools over MCP at ``/mcp`` (NeMo Gym 0.7.0's key of the same name): each seed's
     answer carries the session's MCP token (:mod:`gym_bridge.mcp_tools`)."""
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts_are_names(cls, value: list[str]) -> list[str]:
+        return check_host_names(value)
 
 
 @dataclass

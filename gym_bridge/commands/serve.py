@@ -9,7 +9,7 @@ import typer
 
 from gym_bridge.commands.typer_app import App
 from gym_bridge.envs import BUILTIN_SERVERS
-from gym_bridge.request_guard import ALLOWED_HOST_HELP
+from gym_bridge.request_guard import ALLOWED_HOST_HELP, check_host_names
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
@@ -37,6 +37,7 @@ def _env_command(env_name: str) -> None:
 
         server_class = load_server_class(env_name)
         try:
+            check_host_names(allowed_host or [], "--allowed-host")
             settings = _server_config(server_class, config, judge_url=judge_url, judge_model=judge_model)
             kwargs = {"config": settings} if settings is not None else {}
             network = ServerSettings(host=host, port=port, auth_token=token, expose_tools_over_mcp=expose_tools_over_mcp,
@@ -129,6 +130,11 @@ def policy(
     from gym_bridge.server import start_in_thread
 
     kwargs = {"seed": seed} if backend == "transformers" else {}
+    try:
+        check_host_names(allowed_host or [], "--allowed-host")
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
     try:
         generation_backend = load_backend(model, kind=backend, **kwargs)  # type: ignore[arg-type]
     except (ValueError, OSError, ImportError) as err:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gym_bridge.request_guard import ALLOWED_HOST_HELP
+from gym_bridge.request_guard import ALLOWED_HOST_HELP, check_host_names
 
 
 def view(
@@ -35,6 +35,7 @@ def view(
         typer.echo(f"error: --tokenizer {tokenizer!r}: not 'tiny' and not a directory", err=True)
         raise typer.Exit(2)
     try:
+        check_host_names(allowed_host or [], "--allowed-host")
         viewer = Viewer.for_paths(paths, tokenizer=tokenizer)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym_bridge.chat import TemplateError, items_to_messages, render_prompt, tools_to_chat_tools
 from gym_bridge.generation.backend import (
@@ -46,6 +46,7 @@ from gym_bridge.policy.continuation import on_policy_prompt
 from gym_bridge.policy.prompt_cache import RenderCache
 from gym_bridge.policy.streaming import chat_chunks, completion_chunks, response_events, token_pieces
 from gym_bridge.policy.tool_calls import completion_to_output_items, parse_completion
+from gym_bridge.request_guard import check_host_names
 from gym_bridge.schema import Response, Usage, content_text, input_items, new_id
 
 __all__ = ["PolicyService", "PolicySettings"]
@@ -84,6 +85,11 @@ class PolicySettings(BaseModel):
     allowed_hosts: list[str] = []
     """``Host`` names answered besides IP addresses, ``localhost`` and this machine's name; others get 421
     (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts_are_names(cls, value: list[str]) -> list[str]:
+        return check_host_names(value)
 
 
 class PolicyService:

@@ -165,3 +165,28 @@ def test_host_and_content_type_parsing() -> None:
     assert guard.allows_host("x.in-process", local="x.in-process")  # the in-process client's own name
     assert RequestGuard.content_type_refusal("GET", b"text/plain", True) is None
     assert RequestGuard.content_type_refusal("DELETE", None, True) is None
+
+
+def test_serve_allowed_host_flag_adds_a_name_and_a_bad_one_is_refused() -> None:
+    """``gym-bridge serve tool_use --allowed-host box.lan`` (the real command) answers box.lan, refuses others."""
+    from tests.reliability.procs import cli, run_cli, serving
+
+    with serving(cli("serve", "tool_use", "--port", "0", "--allowed-host", "box.lan")) as url:
+        port = int(url.rsplit(":", 1)[1])
+        assert send(port, "GET", "/health", host="box.lan:8003")[0] == 200
+        assert send(port, "GET", "/health", host="other.lan:8003")[0] == 421
+    refused = run_cli(["serve", "tool_use", "--port", "0", "--allowed-host", "http://box.lan"])
+    assert refused.returncode == 2 and "--allowed-host: 'http://box.lan' is not a host name" in refused.stderr
+
+
+def test_bad_names_in_settings_or_the_environment_are_refused_naming_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gym_bridge.policy.service import PolicySettings
+
+    with pytest.raises(ValueError, match="allowed_hosts: 'box/path' is not a host name"):
+        ServerSettings(allowed_hosts=["box/path"])
+    with pytest.raises(ValueError, match="allowed_hosts: 'http://x' is not a host name"):
+        PolicySettings(allowed_hosts=["http://x"])
+    assert ServerSettings(host="::", allowed_hosts=["a.lan,b.lan:9", "*"]).allowed_hosts == ["a.lan,b.lan:9", "*"]
+    monkeypatch.setenv(ALLOWED_HOSTS_ENV, "ok.lan, not a name")
+    with pytest.raises(ValueError, match=f"{ALLOWED_HOSTS_ENV}: 'not a name' is not a host name"):
+        CountingServer().build_app()

@@ -38,11 +38,12 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import multiprocessing.spawn as mp_spawn
 import os
 import signal
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -72,8 +73,8 @@ class CheckOutcome:
 _Key = tuple[str, str, bool]
 """A check's identity: expected answer, candidate, whether the candidate is a whole response."""
 
-_NO_WORKERS: Any = object()
-"""Put in the idle queue when the pool could not start: whoever waits for a worker gets the reason."""
+SUSPECTS = 10_000
+"""Checks remembered as having run into the budget (their keys, least recently seen out)."""
 
 
 @dataclass(eq=False)
@@ -111,6 +112,26 @@ class PoolStats:
     lane_spawns: int = 0
 
 
+_WITHOUT_MAIN = threading.local()
+"""Set while this module starts a worker: see :func:`_preparation_without_main`."""
+_original_preparation_data = mp_spawn.get_preparation_data
+
+
+def _preparation_without_main(name: str) -> dict[str, Any]:
+    """multiprocessing's preparation data for a new process, without the parent's main module when this
+    module starts a worker. A forkserver child otherwise imports the parent's ``__main__`` again before
+    it runs anything (for ``gym-bridge serve`` the whole CLI: seconds of a busy machine's CPU per worker),
+    which a worker never needs: everything it runs is importable by name."""
+    data = _original_preparation_data(name)
+    if getattr(_WITHOUT_MAIN, "on", False):
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+    return data
+
+
+mp_spawn.get_preparation_data = _preparation_without_main
+
+
 def _worker_entry(conn: Any, memory_mb: int | None) -> None:
     """A worker process's main (it imports math-verify there, from the fork server's warm copy)."""
     from resources_servers.math.worker import worker_main
@@ -139,7 +160,11 @@ def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.E
     process = ctx.Process(
         target=_worker_entry, args=(child_conn, memory_mb), name="math-verifier", daemon=True
     )
-    process.start()
+    _WITHOUT_MAIN.on = True
+    try:
+        process.start()
+    finally:
+        _WITHOUT_MAIN.on = False
     child_conn.close()
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -176,7 +201,7 @@ class VerifierPool:
         cache_size: int = 0,
         start_method: str = "forkserver",
         cache_chars: int = CACHE_CHARS,
-        slow_after_s: float = 0.25,
+        slow_after_s: float = 0.1,
         slow_workers: int = 0,
     ) -> None:
         if size < 1:
@@ -199,9 +224,12 @@ class VerifierPool:
         """Live workers whose check left the lane."""
         self._spawning = 0
         """Worker starts in progress."""
-        self._waiting = 0
-        """Checks waiting for an idle worker."""
-        self._idle: asyncio.Queue[_Worker] | None = None
+        self._idle: deque[_Worker] | None = None
+        self._waiters: deque[asyncio.Future[_Worker]] = deque()
+        """Checks waiting for a worker, oldest first."""
+        self._suspect_waiters: deque[asyncio.Future[_Worker]] = deque()
+        """Checks waiting for a worker whose answer ran into the budget before: served after the others."""
+        self._suspects: OrderedDict[_Key, None] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_ids = itertools.count()
         self._background: set[asyncio.Task[Any]] = set()
@@ -240,7 +268,7 @@ class VerifierPool:
         """Make the pool ready to take checks; its workers start (in the background, in parallel)
         with the first check, or with :meth:`wait_started`."""
         self._loop = asyncio.get_running_loop()
-        self._idle = asyncio.Queue()
+        self._idle = deque()
         self._started = asyncio.Event()
 
     def _launch(self) -> None:
@@ -275,7 +303,11 @@ class VerifierPool:
             if not self._workers and self._start_failures_other_than_timeouts:
                 self._broken = True
                 logger.error("%s", self._broken_message())
-                self._idle.put_nowait(_NO_WORKERS)  # wakes the checks waiting for a worker
+                for waiter in [*self._waiters, *self._suspect_waiters]:  # they get the reason
+                    if not waiter.done():
+                        waiter.set_exception(RuntimeError(self._broken_message()))
+                self._waiters.clear()
+                self._suspect_waiters.clear()
             else:
                 for _ in range(self.size - len(self._workers)):  # the failed ones: retried with backoff
                     self._in_background(self._respawn())
@@ -361,21 +393,55 @@ class VerifierPool:
                 (old_expected, old_candidate, _), _ = self._cache.popitem(last=False)
                 self._cached_chars -= len(old_expected) + len(old_candidate)
 
-    async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
+    @property
+    def _waiting(self) -> int:
+        """Checks waiting for a worker."""
+        return len(self._waiters) + len(self._suspect_waiters)
+
+    async def _acquire(self, suspect: bool) -> _Worker:
+        """An idle worker, or the next one freed or started (see :meth:`_release` for the order)."""
         assert self._idle is not None and self._loop is not None
-        self._waiting += 1
-        try:
+        while True:
+            while self._idle:
+                worker = self._idle.popleft()
+                if worker.alive:
+                    return worker
+            if self._broken:
+                raise RuntimeError(self._broken_message())
+            waiter: asyncio.Future[_Worker] = self._loop.create_future()
+            (self._suspect_waiters if suspect else self._waiters).append(waiter)
             if self._slow:
                 self._grow()
-            while True:
-                worker = await self._idle.get()
-                if worker is _NO_WORKERS:
-                    self._idle.put_nowait(worker)  # for the next waiter
-                    raise RuntimeError(self._broken_message())
-                if worker.alive:
-                    break
-        finally:
-            self._waiting -= 1
+            try:
+                worker = await waiter
+            except asyncio.CancelledError:
+                for waiters in (self._waiters, self._suspect_waiters):
+                    if waiter in waiters:
+                        waiters.remove(waiter)
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._release(waiter.result())  # handed over just now: pass it on
+                raise
+            if worker.alive:
+                return worker
+
+    def _release(self, w: _Worker) -> None:
+        """Hand a free worker to a waiting check. Checks whose answer ran into the budget before come
+        last; while a check is out of the lane (an attack, most likely), the newest waiting check comes
+        first: a burst of answers that will time out arrives together, and a plain answer sent after it
+        then waits for one free worker, not for the whole burst to be dispatched."""
+        assert self._idle is not None
+        for waiters in (self._waiters, self._suspect_waiters):
+            while waiters:
+                waiter = waiters.pop() if self._slow and waiters is self._waiters else waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(w)
+                    return
+        self._idle.append(w)
+
+    async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
+        assert self._idle is not None and self._loop is not None
+        key = (expected, candidate, whole_text)
+        worker = await self._acquire(suspect=self.slow_workers > 0 and key in self._suspects)
         self.stats.checks += 1
         task_id = next(self._task_ids)
         future: asyncio.Future[CheckOutcome] = self._loop.create_future()
@@ -392,7 +458,13 @@ class VerifierPool:
             self._retire(worker, CheckOutcome("error", detail=f"verifier worker unreachable: {e}"))
         # The worker goes back to the idle queue when its answer arrives (or is replaced at the deadline),
         # whether or not anyone still waits for this future.
-        return await asyncio.shield(future)
+        outcome = await asyncio.shield(future)
+        if self.slow_workers and outcome.status == "timeout" and len(key[0]) + len(key[1]) <= 10_000:
+            self._suspects[key] = None
+            self._suspects.move_to_end(key)
+            if len(self._suspects) > SUSPECTS:
+                self._suspects.popitem(last=False)
+        return outcome
 
     async def close(self) -> None:
         """Stop every worker (politely, then by SIGKILL) and fail checks still waiting."""
@@ -419,7 +491,7 @@ class VerifierPool:
         assert self._loop is not None and self._idle is not None
         self._workers.add(w)
         self._loop.add_reader(w.conn.fileno(), self._on_readable, w)
-        self._idle.put_nowait(w)
+        self._release(w)
         self._trim()
 
     def _on_readable(self, w: _Worker) -> None:
@@ -441,18 +513,15 @@ class VerifierPool:
         assert self._idle is not None
         w.slow = False
         self._slow.discard(w)
-        self._idle.put_nowait(w)
+        self._release(w)
         self._trim()
 
     def _trim(self) -> None:
         """Stop idle workers beyond ``size`` (not counting slow ones) while no check waits: the ones
         started to replace a slow check that has ended, or to serve a burst."""
         assert self._idle is not None
-        while self._waiting == 0 and len(self._workers) - len(self._slow) > self.size and not self._idle.empty():
-            w = self._idle.get_nowait()
-            if w is _NO_WORKERS:
-                self._idle.put_nowait(w)
-                return
+        while self._waiting == 0 and len(self._workers) - len(self._slow) > self.size and self._idle:
+            w = self._idle.popleft()
             if w.alive:
                 self._stop(w)
 

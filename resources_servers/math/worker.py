@@ -10,6 +10,7 @@ long computation inside C code), see :mod:`resources_servers.math.pool`.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import signal
@@ -189,6 +190,24 @@ def _limit_memory(memory_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ValueError, OSError):
         pass  # a platform without RLIMIT_AS: the parent's kill still bounds the time
+
+
+def _warm() -> None:
+    """One check at import, so that SymPy's and the LaTeX parser's caches are built once in the fork
+    server (which imports this module) and every worker forked from it starts warm: a fresh worker then
+    costs milliseconds, which is what lets the pool replace a slow check's worker at once."""
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    try:
+        check("1", "\\frac{2}{2}")
+        check("1", "\\boxed{\\frac{2}{2}}", whole_text=True)
+    except Exception:  # noqa: BLE001  (a warm-up only: the worker's own start check reports problems)
+        pass
+    # Objects alive now are never collected: a forked worker's garbage collector then leaves them (and
+    # the memory pages it shares with the fork server) untouched instead of copying them all.
+    gc.freeze()
+
+
+_warm()
 
 
 def worker_main(conn: Any, memory_mb: int | None) -> None:

@@ -1,0 +1,224 @@
+r"""A plain math answer's latency while hostile answers run into the check timeout (issue 33, finding 8).
+
+Two math servers (``gym-bridge serve math --config ...``, as users run it, one verifier worker per core,
+``timeout_s`` 5) differ in one setting: ``slow_lane_workers: 0`` (every check waits its turn: the old
+pool) and the shipped default (a check running past ``slow_check_s`` leaves the lane, a fresh worker takes
+its place). Rounds alternate between them in one sitting. A round sends ``--hostile`` distinct answers
+that each run into the 5 s budget (power towers ``k^{9^{9^9}}``, against a new expected answer every
+round, so none is known to time out) at once, then, while they run, one plain
+answer every ``--interval`` seconds (``\boxed{\sqrt{N^2}}`` against N, a distinct N each time: a worker
+check, no cache), and times each plain answer on its own connection. A baseline round without hostile
+answers shows the plain latency of an idle server.
+
+    .venv/bin/python bench/bench_math_lanes.py             # writes bench/results/math_lanes.json
+    .venv/bin/python bench/bench_math_lanes.py --quick     # 1 round each
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import figure, write_results  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = {"one_lane": {"slow_lane_workers": 0}, "slow_lane": {}}
+"""Settings over the shipped config.yaml: the old behaviour, and the default."""
+
+
+def _body(text: str, expected: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "Solve it."}]},
+        "response": {
+            "id": "r",
+            "output": [{"type": "message", "role": "assistant", "id": "m", "content": content}],
+        },
+        "expected_answer": expected,
+    }
+
+
+@contextmanager
+def math_server(settings: dict[str, Any]) -> Iterator[str]:
+    """``gym-bridge serve math --config FILE --port 0`` as a child process; yields its URL."""
+    import yaml
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(settings, f)
+    command = [sys.executable, "-m", "gym_bridge.cli", "serve", "math", "--port", "0", "--config", f.name]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "listening on " not in line:
+            raise RuntimeError(f"the math server did not start: {line!r}")
+        url = line.split("listening on ")[1].split()[0]
+        warm = httpx.post(f"{url}/verify", json=_body("\\boxed{\\sqrt{4}}", "2"), timeout=120).json()
+        assert warm["reward"] == 1.0, warm
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        os.unlink(f.name)
+
+
+async def _settled(client: httpx.AsyncClient, timeout: float = 60.0) -> dict[str, Any]:
+    """Wait until the pool is back to its size with nothing slow running (between rounds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = (await client.get("/health")).json()["verifier_pool"]
+        if pool["live_workers"] == pool["size"] and not pool.get("slow_running") and not pool["starting"]:
+            return pool
+        if time.monotonic() > deadline:
+            return pool
+        await asyncio.sleep(0.1)
+
+
+async def one_round(
+    url: str, hostile: int, plain: int, interval: float, numbers: Iterator[int]
+) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=hostile + plain + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        await _settled(client)
+
+        async def timed(text: str, expected: str) -> tuple[float, dict[str, Any]]:
+            start = time.perf_counter()
+            response = await client.post("/verify", json=_body(text, expected))
+            response.raise_for_status()
+            return time.perf_counter() - start, response.json()
+
+        expected = str(next(numbers))  # fresh hostile answers every round: none is a known timeout yet
+        hostile_tasks = [
+            asyncio.create_task(timed(f"\\boxed{{{k}^{{9^{{9^9}}}}}}", expected))
+            for k in range(2, 2 + hostile)
+        ]
+        if hostile:
+            await asyncio.sleep(0.3)  # they have reached the workers
+        plain_tasks = []
+        for _ in range(plain):
+            n = next(numbers)
+            plain_tasks.append(asyncio.create_task(timed(f"\\boxed{{\\sqrt{{{n}^2}}}}", str(n))))
+            await asyncio.sleep(interval)
+        plain_results = await asyncio.gather(*plain_tasks)
+        hostile_results = await asyncio.gather(*hostile_tasks)
+        pool = (await client.get("/health")).json()["verifier_pool"]
+    assert all(out["reward"] == 1.0 for _, out in plain_results), plain_results
+    return {
+        "plain_latencies_s": [seconds for seconds, _ in plain_results],
+        "hostile_latencies_s": [seconds for seconds, _ in hostile_results],
+        "hostile_failure_kinds": sorted({out["failure_kind"] for _, out in hostile_results}),
+        "hostile_rewards": sorted({out["reward"] for _, out in hostile_results}),
+        "pool_after": pool,
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--hostile", type=int, default=8)
+    parser.add_argument("--plain", type=int, default=20, help="plain answers per round")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between plain answers")
+    parser.add_argument("--quick", action="store_true", help="1 round each")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
+    numbers = itertools.count(1000)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {"idle": [], "hostile": []} for name in CONFIGS}
+    load_start = os.getloadavg()
+    with math_server(CONFIGS["one_lane"]) as one_lane_url, math_server(CONFIGS["slow_lane"]) as slow_lane_url:
+        urls = {"one_lane": one_lane_url, "slow_lane": slow_lane_url}
+        for name, url in urls.items():
+            runs[name]["idle"].append(asyncio.run(one_round(url, 0, args.plain, args.interval, numbers)))
+        for r in range(args.rounds):
+            for name, url in urls.items():
+                result = asyncio.run(one_round(url, args.hostile, args.plain, args.interval, numbers))
+                runs[name]["hostile"].append(result)
+                lat = result["plain_latencies_s"]
+                print(
+                    f"round {r + 1} {name:9s} plain p50 {statistics.median(lat):6.3f} s  max {max(lat):6.3f} s  "
+                    f"hostile {statistics.median(result['hostile_latencies_s']):5.1f} s {result['hostile_failure_kinds']}"
+                )
+
+    summary: dict[str, dict[str, float]] = {}
+    for name in CONFIGS:
+        hostile = [s for run in runs[name]["hostile"] for s in run["plain_latencies_s"]]
+        idle = [s for run in runs[name]["idle"] for s in run["plain_latencies_s"]]
+        summary[name] = {
+            "plain_p50_s": statistics.median(hostile),
+            "plain_p99_s": _percentile(hostile, 0.99),
+            "plain_max_s": max(hostile),
+            "plain_samples": len(hostile),
+            "idle_plain_p50_s": statistics.median(idle),
+            "idle_plain_p99_s": _percentile(idle, 0.99),
+        }
+    old, new = summary["one_lane"], summary["slow_lane"]
+    what = f"{args.hostile} answers running into the 5 s timeout"
+    rows = [
+        figure(
+            f"plain answer p99 latency, {what}",
+            new["plain_p99_s"],
+            "s",
+            baseline=old["plain_p99_s"],
+            note="baseline: slow_lane_workers: 0 (every check waits its turn), same sitting; lower is better; "
+            "target < 1 s",
+        ),
+        figure(
+            f"plain answer p50 latency, {what}",
+            new["plain_p50_s"],
+            "s",
+            baseline=old["plain_p50_s"],
+            note="baseline: slow_lane_workers: 0, same sitting; lower is better",
+        ),
+        figure(
+            "plain answer p99 latency, idle server",
+            new["idle_plain_p99_s"],
+            "s",
+            baseline=old["idle_plain_p99_s"],
+            note="baseline: slow_lane_workers: 0, same sitting (no hostile answers: the lanes cost nothing)",
+        ),
+    ]
+    details = {
+        "rounds": args.rounds,
+        "hostile_per_round": args.hostile,
+        "plain_per_round": args.plain,
+        "interval_s": args.interval,
+        "configs": CONFIGS,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "summary": summary,
+        "runs": runs,
+    }
+    path = write_results("math_lanes", rows, quick=args.quick, details=details)
+    for name, s in summary.items():
+        print(
+            f"{name:9s} plain under attack: p50 {s['plain_p50_s']:.3f} s  p99 {s['plain_p99_s']:.3f} s  "
+            f"max {s['plain_max_s']:.3f} s  (idle p99 {s['idle_plain_p99_s']:.3f} s)"
+        )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -23,8 +23,10 @@ What a run promises:
   missing (task, repeat) pairs, failed ones included. Failures go to ``<out stem>_failures.jsonl``.
 * **NeMo Gym's side files.** ``<out stem>_materialized_inputs.jsonl`` (each (task, repeat) as it was run)
   and ``<out stem>_aggregate_metrics.json`` (each env's own ``/aggregate_metrics`` answer), so NeMo Gym's
-  ``gym eval profile`` and ``gym eval reverify`` read a run of ours. Each rollout names its env in
-  ``_ng_environment_server`` and its result type in ``_ng_result_type`` (``legacy_agent``).
+  ``gym eval profile`` and ``gym eval reverify`` read a run of ours. Each rollout is the record NeMo Gym
+  writes, its agent ``<env>_simple_agent`` in ``agent_ref``, its env ``<env>_environment_server`` in
+  ``_ng_environment_server`` and its result type in ``_ng_result_type`` (``legacy_agent``)
+  (:mod:`gym_bridge.nemo_gym_record`).
 """
 
 from __future__ import annotations

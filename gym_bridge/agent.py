@@ -19,6 +19,10 @@ Responses endpoint:
    ``output`` is the whole trajectory (every turn's items, function calls and their outputs included).
    The verify answer is the rollout record, in NeMo Gym's format.
 
+The env steps (1, 3 and 5) are :func:`seed_session`, :func:`post_tool` and :func:`verify_rollout` over an
+:class:`EnvSession` (the session's URL, retry policy, headers and cookie jar): the one implementation of
+the env side of the protocol, which the TRL bridge (:mod:`gym_bridge.integrations.trl`) calls too.
+
 Output items are carried through untouched, so token ids and log-probs a policy server attaches to them
 reach the trainer. Timings and summed token usage are returned beside the record
 (:class:`RolloutMetrics`), never written into it, so records stay exactly NeMo Gym's.
@@ -31,6 +35,7 @@ import json
 import re
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar
 from typing import TYPE_CHECKING, Any
@@ -47,13 +52,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentConfig",
+    "EnvSession",
     "Rollout",
     "RolloutFailure",
     "RolloutMetrics",
+    "is_tool_name",
     "make_client",
     "make_session",
+    "post_tool",
     "run_rollout",
+    "seed_session",
     "task_as_run",
+    "verify_rollout",
 ]
 
 RESERVED_ENV_PATHS = frozenset(
@@ -62,6 +72,11 @@ RESERVED_ENV_PATHS = frozenset(
 _COOKIE_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 """An RFC 7230 token: what a cookie name may be."""
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def is_tool_name(name: str) -> bool:
+    """Whether ``POST {env}/{name}`` may be sent as a tool call: a plain route name, not a protocol route."""
+    return bool(_TOOL_NAME.match(name)) and name not in RESERVED_ENV_PATHS
 
 
 @dataclass(frozen=True)
@@ -255,17 +270,86 @@ def _bad_arguments_text(name: str, error: json.JSONDecodeError) -> str:
     )
 
 
-async def _call_tool(
-    client: Client,
-    env_url: str,
-    call: dict[str, Any],
-    jar: _CookieJar,
-    config: AgentConfig,
-    metrics: RolloutMetrics,
-) -> str:
-    """Run one function call against the env; return the text the model sees as its output."""
+@dataclass
+class EnvSession:
+    """One rollout's session with one env: what every env step of the protocol sends with.
+
+    The env's cookies (set at ``/seed_session`` or by a tool) are kept in ``jar`` and sent on every later
+    call of the session; each step counts its attempts and timeouts in ``metrics`` (a request that still
+    fails raises :class:`~gym_bridge.retry.RequestFailed`, which the caller counts).
+    """
+
+    url: str
+    """The env's base URL (for a routed env, the replica the session opened on)."""
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
+    jar: _CookieJar = field(default_factory=_CookieJar)
+
+    def send_headers(self) -> dict[str, str]:
+        return {**self.headers, **self.jar.header()}
+
+
+async def seed_session(client: Client, env: EnvSession, task: dict[str, Any]) -> HttpResult:
+    """``POST {env}/seed_session`` with the task row; the cookies it sets open the session."""
+    result = await post_json(
+        client,
+        f"{env.url}/seed_session",
+        task,
+        target="env",
+        policy=env.policy,
+        headers=env.send_headers(),
+        expect_json=False,
+    )
+    _count(env.metrics, result.attempts, result.timeouts)
+    env.jar.update(result)
+    return result
+
+
+async def post_tool(client: Client, env: EnvSession, name: str, arguments: Any) -> HttpResult:
+    """``POST {env}/{name}`` with the call's arguments in the session. A 4xx answer is handed back, not
+    raised: its text goes to the model, which can correct itself. ``name`` must pass :func:`is_tool_name`."""
+    if not is_tool_name(name):
+        raise ValueError(f"{name!r} is not a tool route")
+    started = time.perf_counter()
+    result = await post_json(
+        client,
+        f"{env.url}/{name}",
+        arguments,
+        target="env",
+        policy=env.policy,
+        headers=env.send_headers(),
+        expect_json=False,
+        return_client_errors=True,
+    )
+    env.metrics.tool_latencies_s.append(time.perf_counter() - started)
+    _count(env.metrics, result.attempts, result.timeouts)
+    env.jar.update(result)
+    return result
+
+
+async def verify_rollout(
+    client: Client, env: EnvSession, task: dict[str, Any], response: dict[str, Any]
+) -> dict[str, Any]:
+    """``POST {env}/verify`` with the row and the final ``response`` in the session: the env's answer
+    (the rollout record), checked to hold a ``reward`` and well-formed ``reward_components``."""
+    verified = await post_json(
+        client,
+        f"{env.url}/verify",
+        {**task, "response": response},
+        target="env",
+        policy=env.policy,
+        headers=env.send_headers(),
+        validate=_check_verify,
+    )
+    _count(env.metrics, verified.attempts, verified.timeouts)
+    return verified.data
+
+
+async def _call_tool(client: Client, env: EnvSession, call: dict[str, Any]) -> str:
+    """Run one of the model's function calls against the env; return the text the model sees as its output."""
     name = str(call.get("name") or "")
-    if not _TOOL_NAME.match(name) or name in RESERVED_ENV_PATHS:
+    if not is_tool_name(name):
         return f"Error: there is no tool named {name!r}."
     arguments = call.get("arguments")
     if isinstance(arguments, str):
@@ -275,21 +359,7 @@ async def _call_tool(
             return _bad_arguments_text(name, e)
     else:
         body = arguments if arguments is not None else {}
-    started = time.perf_counter()
-    result = await post_json(
-        client,
-        f"{env_url}/{name}",
-        body,
-        target="env",
-        policy=config.env_retry,
-        headers={**config.env_headers, **jar.header()},
-        expect_json=False,
-        return_client_errors=True,
-    )
-    metrics.tool_latencies_s.append(time.perf_counter() - started)
-    _count(metrics, result.attempts, result.timeouts)
-    jar.update(result)
-    return result.text
+    return (await post_tool(client, env, name, body)).text
 
 
 def task_as_run(row: dict[str, Any], config: AgentConfig, extra_params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -301,37 +371,27 @@ def task_as_run(row: dict[str, Any], config: AgentConfig, extra_params: dict[str
     return {**row, "responses_create_params": params}
 
 
-async def _seed(client: Client, env_url: str, task: dict[str, Any], config: AgentConfig) -> HttpResult:
-    return await post_json(
-        client,
-        f"{env_url}/seed_session",
-        task,
-        target="env",
-        policy=config.env_retry,
-        headers=config.env_headers,
-        expect_json=False,
-    )
-
-
 _UNREACHABLE = frozenset({"env_connection_error", "env_timeout"})
 """How a replica that is gone shows at session set-up (then the session opens on another one)."""
 
 
 async def _seed_on_a_replica(
-    client: Client, router: SessionRouter, task: dict[str, Any], config: AgentConfig, metrics: RolloutMetrics
-) -> tuple[Replica, HttpResult]:
+    client: Client, router: SessionRouter, env: EnvSession, task: dict[str, Any]
+) -> Replica:
     """Open the session on the replica the router picks; one that does not answer is marked lost and
     the next is tried (nothing of the session exists yet), until none is left."""
     while True:
         replica = router.open_session()
+        env.url = replica.url
         try:
-            return replica, await _seed(client, replica.url, task, config)
+            await seed_session(client, env, task)
+            return replica
         except RequestFailed as e:
             router.end_session(replica)
             if e.failure_class not in _UNREACHABLE:
                 raise
-            metrics.retries += e.attempts
-            metrics.timeouts += e.timeouts
+            env.metrics.retries += e.attempts
+            env.metrics.timeouts += e.timeouts
             router.mark_lost(replica, e.message)
 
 
@@ -405,18 +465,16 @@ async def _run(
     model_url = config.model_url.rstrip("/")
     task = task_as_run(row, config, extra_params)
     params = task["responses_create_params"]
-    jar = _CookieJar()
+    env = EnvSession("", config.env_retry, config.env_headers, metrics)
     try:
         if router is None:
-            base = str(env_url).rstrip("/")
-            progress.waiting_on = f"POST {base}/seed_session"
-            seeded = await _seed(client, base, task, config)
+            env.url = str(env_url).rstrip("/")
+            progress.waiting_on = f"POST {env.url}/seed_session"
+            await seed_session(client, env, task)
         else:
             progress.waiting_on = f"POST <a replica of env {router.name!r}>/seed_session"
-            replica, seeded = await _seed_on_a_replica(client, router, task, config, metrics)
-            base = replica.url
-        _count(metrics, seeded.attempts, seeded.timeouts)
-        jar.update(seeded)
+            replica = await _seed_on_a_replica(client, router, env, task)
+        base = env.url
 
         original_input = input_items(params)
         outputs = progress.outputs
@@ -450,24 +508,14 @@ async def _run(
             for call in calls:
                 metrics.tool_calls += 1
                 progress.waiting_on = f"POST {base}/{call.get('name')}"
-                text = await _call_tool(client, base, call, jar, config, metrics)
+                text = await _call_tool(client, env, call)
                 outputs.append(_function_call_output(call.get("call_id"), text))
             if config.max_steps and metrics.model_calls >= config.max_steps:
                 break
 
         progress.stage, progress.waiting_on = "verify", f"POST {base}/verify"
-        final = {**last, "output": outputs}
-        verified = await post_json(
-            client,
-            f"{base}/verify",
-            {**task, "response": final},
-            target="env",
-            policy=config.env_retry,
-            headers={**config.env_headers, **jar.header()},
-            validate=_check_verify,
-        )
-        _count(metrics, verified.attempts, verified.timeouts)
-        return Rollout(verified.data, None, metrics)
+        record = await verify_rollout(client, env, task, {**last, "output": outputs})
+        return Rollout(record, None, metrics)
     except RequestFailed as e:
         _count(metrics, e.attempts, e.timeouts)
         failure = RolloutFailure(e.failure_class, e.message, e.attempts, progress.stage)

@@ -12,6 +12,12 @@ Three pieces, following TRL 1.16's calling conventions without importing TRL:
   rollout with ``reset(**row)`` (seeds its session), one method per tool of the task row (posts to the
   server's tool route) and ``get_reward()`` (``/verify`` with the calls made).
 
+Every request goes through the agent's env steps (:func:`~gym_bridge.agent.seed_session`,
+:func:`~gym_bridge.agent.post_tool`, :func:`~gym_bridge.agent.verify_rollout` over an
+:class:`~gym_bridge.agent.EnvSession`): the same retry policy (429, 5xx and connection errors tried
+again with backoff), cookie jar and answer checks as ``collect`` and training; ``timeout_s`` is the
+policy's ``request_timeout``.
+
 Failures never stop training: a failed rollout scores 0 with a logged warning; only a batch in which
 every call failed raises (the server is down or the rows do not fit it, and 0 rewards would train
 on noise).
@@ -25,13 +31,16 @@ import json
 import keyword
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
 from pydantic import ValidationError
 
+from gym_bridge.agent import EnvSession, is_tool_name, make_session, post_tool, seed_session, verify_rollout
+from gym_bridge.jsonl import parse_json
+from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy
 from gym_bridge.schema import (
     FunctionCall,
     FunctionCallOutput,
@@ -61,6 +70,11 @@ logger = logging.getLogger(__name__)
 
 TASK_ROW_COLUMN = "gym_task_row"
 """Dataset column holding the NeMo Gym task row as JSON (what ``/seed_session`` and ``/verify`` get)."""
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Seconds for one request attempt unless ``timeout_s`` or a ``retry`` policy says otherwise."""
+
+T = TypeVar("T")
 
 _TRL_KWARGS = frozenset(
     {"trainer_state", "log_extra", "log_metric", "environments", "completion_ids", "prompt"}
@@ -199,9 +213,31 @@ def _run(coro_fn: Callable[[], Any]) -> Any:
     return box["value"]
 
 
-def _detail(answer: httpx.Response) -> str:
+def _blocking(step: Callable[[Client], Awaitable[T]]) -> T:
+    """One protocol step from sync code (TRL calls ``reset``, tools and ``get_reward`` synchronously),
+    on a connection of its own: the session lives in the :class:`EnvSession` (its cookies), not the client."""
+
+    async def once() -> T:
+        async with make_session(max_connections=1) as client:
+            return await step(client)
+
+    return _run(once)
+
+
+def _policy(timeout_s: float | None, retry: RetryPolicy | None) -> RetryPolicy:
+    """``retry`` (default: the agent's policy with a :data:`DEFAULT_TIMEOUT_S` attempt), its attempt
+    timeout set to ``timeout_s`` when given."""
+    policy = retry or RetryPolicy(request_timeout=DEFAULT_TIMEOUT_S)
+    return policy if timeout_s is None else replace(policy, request_timeout=timeout_s)
+
+
+def _bearer(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _detail(answer: HttpResult) -> str:
     try:
-        return str(answer.json().get("detail", answer.text))[:300]
+        return str(parse_json(answer.content).get("detail", answer.text))[:300]
     except (ValueError, AttributeError):
         return answer.text[:300]
 
@@ -256,29 +292,32 @@ class GymReward:
     """TRL reward function scoring each completion with a resources server's ``/verify``.
 
     Each completion is its own rollout: ``/seed_session`` with its task row, then ``/verify`` with the
-    row and the completion as ``response``, both in the session the seed opened (its cookie is kept in
-    a client of its own). All completions of a batch run concurrently, at most ``max_concurrency`` at once.
-    ``reward_key`` picks another number of the ``/verify`` answer than ``reward`` (a ``reward_components``
-    entry is looked up there).
+    row and the completion as ``response``, both in the session the seed opened (its cookies are kept
+    in the rollout's own :class:`~gym_bridge.agent.EnvSession`). All completions of a batch run
+    concurrently, at most ``max_concurrency`` at once. ``reward_key`` picks another number of the
+    ``/verify`` answer than ``reward`` (a ``reward_components`` entry is looked up there). ``retry``: how
+    each request is tried (default: the agent's policy, 4 attempts); ``timeout_s`` sets its attempt
+    timeout (default 60 s).
     """
 
     def __init__(
         self,
         base_url: str,
         *,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = None,
         max_concurrency: int = 64,
         auth_token: str | None = None,
         seed: bool = True,
         reward_key: str = "reward",
         name: str = "gym_reward",
+        retry: RetryPolicy | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be at least 1")
         self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.retry = _policy(timeout_s, retry)
         self.max_concurrency = max_concurrency
-        self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+        self.headers = _bearer(auth_token)
         self.seed = seed
         self.reward_key = reward_key
         self.__name__ = name  # TRL logs the reward under the callable's name
@@ -306,49 +345,29 @@ class GymReward:
     async def _score_all(
         self, rows: list[dict[str, Any]], completions: list[Any]
     ) -> list[dict[str, Any] | str]:
-        limits = httpx.Limits(max_connections=self.max_concurrency)
-        transport = httpx.AsyncHTTPTransport(limits=limits)
         gate = asyncio.Semaphore(self.max_concurrency)
-        try:
+        async with make_session(self.max_concurrency) as client:
             return await asyncio.gather(
                 *(
-                    self._score_one(transport, gate, i, row, c)
+                    self._score_one(client, gate, i, row, c)
                     for i, (row, c) in enumerate(zip(rows, completions, strict=True))
                 )
             )
-        finally:
-            await transport.aclose()
 
     async def _score_one(
-        self, transport: httpx.AsyncHTTPTransport, gate: asyncio.Semaphore, index: int, row: dict[str, Any],
-        completion: Any,
-    ) -> dict[str, Any] | str:  # fmt: skip
-        # A client per rollout: its cookie jar holds this rollout's session only; the transport (the
-        # connection pool) is shared, and closed by the caller.
-        client = httpx.AsyncClient(transport=transport, base_url=self.base_url, timeout=self.timeout_s,
-                                   headers=self.headers)  # fmt: skip
+        self, client: Client, gate: asyncio.Semaphore, index: int, row: dict[str, Any], completion: Any
+    ) -> dict[str, Any] | str:
+        # The client (the connection pool) is shared; the session (its cookies) is this rollout's own.
+        env = EnvSession(self.base_url, self.retry, self.headers)
         async with gate:
             try:
                 if self.seed:
-                    seeded = await client.post("/seed_session", json=row)
-                    if seeded.status_code >= 400:
-                        raise _Failed(f"/seed_session answered {seeded.status_code}: {_detail(seeded)}")
-                body = {**row, "response": response_body(completion_response(completion))}
-                answer = await client.post("/verify", json=body)
-                if answer.status_code >= 400:
-                    raise _Failed(f"/verify answered {answer.status_code}: {_detail(answer)}")
-                result = answer.json()
-                if not isinstance(result, dict) or "reward" not in result:
-                    raise _Failed(f"/verify answered without a reward: {answer.text[:200]}")
-                return result
-            except (_Failed, httpx.HTTPError, ValueError) as e:
+                    await seed_session(client, env, row)
+                return await verify_rollout(client, env, row, response_body(completion_response(completion)))
+            except (RequestFailed, ValueError) as e:
                 reason = str(e) or type(e).__name__
                 logger.warning("rollout %d scored 0: %s", index, reason)
                 return reason
-
-
-class _Failed(Exception):
-    """A rollout's HTTP exchange went wrong; it scores 0."""
 
 
 # --------------------------------------------------------------------------- multi-turn tool use
@@ -393,6 +412,8 @@ def _tool_method(spec: Mapping[str, Any]) -> Callable[..., str]:
         raise ValueError(f"tool name {name!r}: must be a Python identifier to become a method")
     if name in ("reset", "get_reward") or name.startswith("_"):
         raise ValueError(f"tool name {name!r}: clashes with TRL's environment interface")
+    if not is_tool_name(name):
+        raise ValueError(f"tool name {name!r}: is a route of the protocol itself, not a tool")
     params = fn_spec.get("parameters") or {}
     properties: dict[str, Any] = params.get("properties") or {}
     required = set(params.get("required") or [])
@@ -430,15 +451,17 @@ class ServerEnvironment:
     ``{"error": detail}``, which the model sees, as NeMo Gym's agents pass it on); ``get_reward()``
     posts ``/verify`` with the row and the calls made (their ``function_call`` and
     ``function_call_output`` items). TRL does not hand the environment the final assistant text, so
-    verifiers that read it should score with :class:`GymReward` instead.
+    verifiers that read it should score with :class:`GymReward` instead. Requests are tried as
+    :class:`GymReward`'s are (``retry``, ``timeout_s``).
     """
 
     base_url: str = ""
-    timeout_s: float = 60.0
+    timeout_s: float | None = None
     auth_token: str | None = None
+    retry: RetryPolicy | None = None
 
     def __init__(self) -> None:
-        self._client: httpx.Client | None = None
+        self._session: EnvSession | None = None
         self.row: dict[str, Any] = {}
         self.output: list[Any] = []
         self.last_answer: dict[str, Any] | None = None
@@ -446,44 +469,43 @@ class ServerEnvironment:
 
     def reset(self, **columns: Any) -> None:
         """Start this rollout: a new session (new cookie jar) seeded with the example's task row."""
-        if self._client is not None:
-            self._client.close()
-        headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
-        self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout_s, headers=headers)
         self.row = _rows_from_columns(1, {k: [v] for k, v in columns.items()})[0]
         self.output = []
         self.last_answer = None
-        answer = self._client.post("/seed_session", json=self.row)
-        if answer.status_code >= 400:
-            raise RuntimeError(f"/seed_session answered {answer.status_code}: {_detail(answer)}")
+        session = self._session = EnvSession(
+            self.base_url, _policy(self.timeout_s, self.retry), _bearer(self.auth_token)
+        )
+        try:
+            _blocking(lambda client: seed_session(client, session, self.row))
+        except RequestFailed as e:
+            raise RuntimeError(f"/seed_session failed: {e}") from None
         return None
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        if self._client is None:
+        session = self._session
+        if session is None:
             raise RuntimeError("reset() first: this environment has no session")
         call_id = new_id("call")
         self.output.append(FunctionCall(call_id=call_id, name=name, arguments=json.dumps(arguments)))
         try:
-            answer = self._client.post(f"/{name}", json=arguments)
-            text = json.dumps({"error": _detail(answer)}) if answer.status_code >= 400 else answer.text
-        except httpx.HTTPError as e:
-            text = json.dumps({"error": f"{type(e).__name__}: {e}"})
+            answer = _blocking(lambda client: post_tool(client, session, name, arguments))
+            text = json.dumps({"error": _detail(answer)}) if answer.status >= 400 else answer.text
+        except RequestFailed as e:
+            text = json.dumps({"error": str(e)})
         self.output.append(FunctionCallOutput(call_id=call_id, output=text))
         return text
 
     def get_reward(self) -> float:
         """``/verify`` of this rollout in its session; 0 with a logged warning when that fails."""
-        if self._client is None:
+        session = self._session
+        if session is None:
             logger.warning("get_reward() before reset(): scored 0")
             return 0.0
-        body = {**self.row, "response": response_body(Response(output=self.output))}
+        response = response_body(Response(output=self.output))
         try:
-            answer = self._client.post("/verify", json=body)
-            if answer.status_code >= 400:
-                raise _Failed(f"/verify answered {answer.status_code}: {_detail(answer)}")
-            self.last_answer = answer.json()
-            return float(self.last_answer.get("reward") or 0.0)  # type: ignore[union-attr]
-        except (_Failed, httpx.HTTPError, ValueError, AttributeError) as e:
+            self.last_answer = _blocking(lambda client: verify_rollout(client, session, self.row, response))
+            return float(self.last_answer.get("reward") or 0.0)
+        except (RequestFailed, ValueError, TypeError) as e:
             logger.warning("tool-use rollout scored 0: %s", e)
             return 0.0
 
@@ -492,8 +514,9 @@ def gym_environment_factory(
     base_url: str,
     tools: list[Mapping[str, Any]] | Any,
     *,
-    timeout_s: float = 60.0,
+    timeout_s: float | None = None,
     auth_token: str | None = None,
+    retry: RetryPolicy | None = None,
 ) -> type[ServerEnvironment]:
     """An ``environment_factory`` for TRL: a :class:`ServerEnvironment` subclass with a method per tool.
 
@@ -509,7 +532,8 @@ def gym_environment_factory(
     for spec in specs:
         method = _tool_method(spec)
         methods[method.__name__] = method
-    attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, **methods}
+    attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, "retry": retry,
+             **methods}  # fmt: skip
     return type("GymToolEnvironment", (ServerEnvironment,), attrs)
 
 

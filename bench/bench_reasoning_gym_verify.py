@@ -69,7 +69,8 @@ def _body(row: dict[str, Any], answer: str) -> dict[str, Any]:
 def workloads(n: int) -> dict[str, list[dict[str, Any]]]:
     from resources_servers.reasoning_gym.generate import task_rows
 
-    plain = [_body(r, r["answer"] if i % 2 else str(i)) for i, r in enumerate(task_rows(["basic_arithmetic"], n, seed=3))]
+    arithmetic = task_rows(["basic_arithmetic"], n, seed=3)
+    plain = [_body(r, r["answer"] if i % 2 else str(i)) for i, r in enumerate(arithmetic)]
     spiral = [
         _body(r, "[" + ", ".join(r["answer"].split()[: -1 if i % 2 else None]) + "]")
         for i, r in enumerate(task_rows(["spiral_matrix"], n, seed=3))

@@ -6,8 +6,9 @@ in a worker process (:mod:`resources_servers.reasoning_gym.worker`) that holds n
 under its own unprivileged uid when the server is root, and is killed at the check's deadline.
 
 The pattern is the math server's pool (:mod:`resources_servers.math.pool`): workers forked from a fork
-server of the pool's own (:mod:`resources_servers.reasoning_gym.forkserver`) that preloaded reasoning-gym (so a replacement is ready in tens of milliseconds, and nothing is
-forked from the multi-threaded server), a pipe per worker watched by the event loop, and a deadline per
+server (the pool's own, :mod:`resources_servers.reasoning_gym.forkserver`) that preloaded reasoning-gym,
+so a replacement is ready in tens of milliseconds and nothing is forked from the multi-threaded
+server; a pipe per worker watched by the event loop, and a deadline per
 check after which the worker is SIGKILLed, the check answered ``timeout`` and a replacement started.
 Different from it: a worker whose check compiled or evaluated answer text (an ``eval``-ing or SymPy
 family) is retired after answering, so whatever that answer might have done to the process can never

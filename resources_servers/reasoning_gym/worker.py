@@ -1,20 +1,21 @@
 """A scorer worker process: reasoning-gym's scorers, run without the server's privileges or memory.
 
-The worker is forked from a fork server that already imported reasoning-gym (see
-:mod:`resources_servers.reasoning_gym.pool`), then, before it reads any answer:
+The worker is forked from the pool's fork server, which imported this module (and with it reasoning-gym)
+once (see :mod:`resources_servers.reasoning_gym.pool`); then, before it reads any answer, it:
 
 * when started as root, drops to its own unprivileged uid and gid (one per pool slot, no supplementary
   groups) and may then have only itself as a process (``RLIMIT_NPROC`` 1: no fork, no thread); the
   interpreter's directories that only root can enter stay reachable through directory descriptors
   the fork server opened when it imported this module (``/proc/self/fd/N``), so lazy imports work;
-* points its standard streams at ``/dev/null``, sets ``no_new_privs`` and makes itself non-dumpable (no other process of its uid can trace it or read
-  its memory), limits its address space and core size, forbids file growth (``RLIMIT_FSIZE`` 0) and
-  moves to ``/``;
+* points its standard streams at ``/dev/null``, sets ``no_new_privs`` and makes itself non-dumpable
+  (no other process of its uid can trace it or read its memory), limits its address space and core
+  size, forbids file growth (``RLIMIT_FSIZE`` 0) and moves to ``/``;
 * installs the guards of :mod:`resources_servers.reasoning_gym.guards`.
 
 It then answers ``[task_id, family, answer, entry]`` messages with ``[task_id, result]`` (JSON both
-ways: the server never unpickles what a worker sends) until its pipe closes; ``result["evaluated"]`` tells the pool that answer text was compiled or evaluated, and the pool
-then retires this process rather than give it another answer.
+ways: the server never unpickles what a worker sends) until its pipe closes; ``result["evaluated"]``
+tells the pool that answer text was compiled or evaluated, and the pool then retires this process
+rather than give it another answer.
 """
 
 from __future__ import annotations

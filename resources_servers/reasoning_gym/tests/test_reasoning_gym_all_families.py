@@ -35,7 +35,7 @@ def test_every_family_scores_as_the_package_does(client):
     for family in families:
         (row,) = task_rows([family], 1, seed=0)
         # as the server gets it: through JSON (arc_agi's metadata holds tuples, which JSON makes lists)
-        entry = json.loads(json.dumps({"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}))
+        entry = json.loads(json.dumps({k: row[k] for k in ("question", "answer", "metadata")}))
         given = row["answer"] or ""  # a few families score by simulation and store no answer
         for answer in dict.fromkeys((given, given[:-1], "certainly not this")):
             scored = extract(f"<answer>{answer}</answer>")[0]  # what the server hands the scorer

@@ -46,8 +46,9 @@ TAKEOVER = (
 
 @pytest.fixture(scope="module")
 def client():
-    with running_env("reasoning_gym", pool_size=2, worker_memory_mb=1536) as url, httpx.Client(base_url=url, timeout=60) as c:
-        yield c
+    with running_env("reasoning_gym", pool_size=2, worker_memory_mb=1536) as url:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            yield c
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +304,8 @@ print(sorted(refused), compiled, guards.state.evaluated, open({str(tmp_path / "r
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("]")[0] + "]" == str(sorted(["system", "popen", "fork", "write", "os_open", "socket", "ctypes", "kill"]))
+    everything = ["system", "popen", "fork", "write", "os_open", "socket", "ctypes", "kill"]
+    assert done.stdout.split("]")[0] + "]" == str(sorted(everything))
     # refusals alone do not mark the check, evaluating text does; disarmed, the hook lets writes through
     assert done.stdout.split("]")[1].split() == ["False", "True", "True"]
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

@@ -379,7 +379,7 @@ class ScorerPool:
 
     async def _replace(self, dead: _Worker) -> None:
         await asyncio.to_thread(dead.process.join, 5.0)  # reaped before its uid is used again
-        if dead.process.exitcode not in (None, -signal.SIGKILL):  # SIGKILL: retired by the pool
+        if not self._closed and dead.process.exitcode not in (None, -signal.SIGKILL):  # SIGKILL: retired by us
             logger.warning("reasoning_gym scorer worker %d exited with %s", dead.pid, dead.process.exitcode)
         await self._fill(dead.slot)
 

@@ -81,17 +81,23 @@ def test_sessions_spread_over_replicas_on_two_nodes_and_each_stays_on_its_own(
         found = listeners()
         sessions = [health(url)["sessions"] for url in endpoints.urls]
         with pytest.raises(urllib.error.HTTPError) as refused:  # the replicas want the run's token
-            urllib.request.urlopen(urllib.request.Request(f"{endpoints.urls[0]}/seed_session", b"{}"), timeout=10)
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{endpoints.urls[0]}/seed_session", b"{}", headers={"content-type": "application/json"}
+                ),
+                timeout=10,
+            )
 
         # The control: a router that seeds on one replica and sends the rest of the session to the other.
         seed_on_a_replica = agent._seed_on_a_replica
 
-        async def misrouted(client: Any, router: Any, *args: Any) -> Any:
-            replica, seeded = await seed_on_a_replica(client, router, *args)
+        async def misrouted(client: Any, router: Any, env: Any, task: Any) -> Any:
+            replica = await seed_on_a_replica(client, router, env, task)
             other = router.replicas[1 - replica.index]
             router.end_session(replica)
             other.open += 1
-            return other, seeded
+            env.url = other.url  # every later request of the session goes to the other replica
+            return other
 
         monkeypatch.setattr(agent, "_seed_on_a_replica", misrouted)
         wrong, _ = sampler.sample(prompts, seeds)

@@ -5,6 +5,18 @@ side by side, ``/f/{fid}/rollout/{rid}/tokens`` the token view, ``/f/{fid}/rollo
 record, ``/compare`` two files, ``/run`` a training run's curves and per-step samples
 (``/api/run/metrics`` is what its page polls). ``/health`` is open; with a token every other path needs
 ``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once (a browser), which sets a cookie.
+
+Why FastAPI here and not :class:`~gym_bridge.json_http.JsonApp`, which serves every other server of the
+project: a JsonApp route table matches exact ``(method, path)`` pairs and reads JSON bodies, which is all a
+resources server or the policy server needs and why it is cheap on the collect and training hot path
+(tens of thousands of small requests). These pages need what a web framework is for: path parameters
+(``/f/{fid}/task/{tid}``), typed query parameters refused by name (``sort``, ``page >= 1``), Jinja2 pages
+(HTML error pages too), 303 redirects, a cookie set from ``?token=``, and static files with
+``ETag``/304. Adding those to JsonApp would write a second framework inside it for one person's clicks.
+What must be the same is shared: the Host-name check is the same
+:class:`~gym_bridge.request_guard.RequestGuard` (421, same message), run before anything else, and the
+bearer token is compared in constant time as JsonApp does; JSON paths (``/api/...``, ``*.json``) answer
+errors as ``{"detail": ...}`` like the servers.
 """
 
 from __future__ import annotations

@@ -29,20 +29,30 @@ several reward components ``r_k`` per sample: ``A_k`` is the ``grpo`` advantage 
 ``(A - mean(A)) / std(A)`` over the batch's valid samples (Bessel std; when it is 0 only the mean is
 subtracted, as NeMo RL). Two samples with the same total but another mix of components, say (1, 0)
 and (0, 1), get one advantage under ``grpo`` on the sum and two under ``gdpo``.
+
+Each estimator is one function registered under its config name
+(:data:`gym_bridge.train.registry.ADV_ESTIMATORS`) taking :class:`AdvantageInputs` and the ``grpo``
+section; :func:`estimate_advantages` looks the name up and applies grpo.advantage_clip_low/high to
+whichever it is.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from gym_bridge.train.registry import ADV_ESTIMATORS, register_adv_estimator
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import GRPOConfig
 
 __all__ = [
+    "AdvantageInputs",
     "baseline_and_std_per_prompt",
     "compute_advantages",
+    "estimate_advantages",
     "gdpo_advantages",
     "grpo_advantages",
     "group_ids",
@@ -192,6 +202,36 @@ def gdpo_advantages(
     return centred * (valid > 0)
 
 
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may read about a step's samples (b of them)."""
+
+    rewards: torch.Tensor
+    """(b,) training rewards: the verifier's, or grpo.reward_weights' sum, after grpo.reward_shaping."""
+    prompt_ids: torch.Tensor
+    """(b,) group ids or (b, s) prompt rows (:func:`group_ids`)."""
+    valid_mask: torch.Tensor | None = None
+    """(b,) 1 for samples in the statistics; None: all."""
+    token_counts: torch.Tensor | None = None
+    """(b,) generated tokens per sample."""
+    components: torch.Tensor | None = None
+    """(b, k) reward components, for an estimator registered with ``components=True``."""
+    component_weights: torch.Tensor | None = None
+    """(k,) their weights; None: 1 each."""
+
+
+def estimate_advantages(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
+    """The advantages (b,) of the estimator ``grpo.adv_estimator.name`` names, clipped to
+    ``[grpo.advantage_clip_low, grpo.advantage_clip_high]``."""
+    estimator = ADV_ESTIMATORS.get(cfg.adv_estimator.name)
+    if estimator.traits["components"] and batch.components is None:
+        raise ValueError(f"grpo.adv_estimator.name {estimator.name!r} needs the samples' reward components")
+    advantages = estimator.fn(batch, cfg)
+    if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
+        advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
+    return advantages
+
+
 def grpo_advantages(
     rewards: torch.Tensor,
     prompt_ids: torch.Tensor,
@@ -201,46 +241,61 @@ def grpo_advantages(
     components: torch.Tensor | None = None,
     component_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The advantages a ``grpo`` config section asks for (its ``adv_estimator``), clipped as it says.
+    """The advantages a ``grpo`` config section asks for (:func:`estimate_advantages`), from tensors.
 
     ``token_counts`` (b,): generated tokens per sample, for REINFORCE++'s token-weighted statistics.
     ``components`` (b, k) and ``component_weights`` (k,): the reward components GDPO uses (``rewards``
     is then not read); :mod:`gym_bridge.train.reward_components` builds them from the rollouts.
     """
-    if cfg.adv_estimator.name == "gdpo":
-        if components is None:
-            raise ValueError("grpo.adv_estimator.name 'gdpo' needs the samples' reward components")
-        advantages = gdpo_advantages(
-            components,
-            prompt_ids,
-            component_weights,
-            valid_mask=valid_mask,
-            leave_one_out_baseline=cfg.use_leave_one_out_baseline,
-            normalize_rewards=cfg.normalize_rewards,
-        )
-        if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
-            advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
-        return advantages
-    if cfg.adv_estimator.name == "reinforce_plus_plus":
-        advantages = reinforce_plus_plus_advantages(
-            rewards,
-            prompt_ids,
-            valid_mask=valid_mask,
-            token_counts=token_counts,
-            minus_baseline=cfg.adv_estimator.minus_baseline,
-        )
-        if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
-            advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
-        return advantages
+    inputs = AdvantageInputs(rewards, prompt_ids, valid_mask, token_counts, components, component_weights)
+    return estimate_advantages(inputs, cfg)
+
+
+# ------------------------------------------------------------------ the estimators, by config name
+
+
+@register_adv_estimator("grpo")
+def grpo_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
+    """GRPO: ``A_i = (r_i - b_i) / (std_i + 1e-6)`` where ``std_i > 0``, else ``r_i - b_i``; ``b_i`` and
+    ``std_i`` over the valid samples of i's group (leave-one-out: over the *others*,
+    grpo.use_leave_one_out_baseline), no division with grpo.normalize_rewards false."""
     return compute_advantages(
-        rewards,
-        prompt_ids,
-        valid_mask=valid_mask,
+        batch.rewards,
+        batch.prompt_ids,
+        valid_mask=batch.valid_mask,
         leave_one_out_baseline=cfg.use_leave_one_out_baseline,
         normalize_rewards=cfg.normalize_rewards,
-        clip_low=cfg.advantage_clip_low,
-        clip_high=cfg.advantage_clip_high,
     )
+
+
+@register_adv_estimator("reinforce_plus_plus", reads=("minus_baseline",))
+def reinforce_plus_plus_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
+    """REINFORCE++: ``a_i = r_i - mean(group)`` (``r_i`` with minus_baseline false), then
+    ``(a_i - mu) / sqrt(max(var, 1e-8))``, mu and var over the batch's valid generated tokens."""
+    return reinforce_plus_plus_advantages(
+        batch.rewards,
+        batch.prompt_ids,
+        valid_mask=batch.valid_mask,
+        token_counts=batch.token_counts,
+        minus_baseline=cfg.adv_estimator.minus_baseline,
+    )
+
+
+@register_adv_estimator("gdpo", components=True, reads=("reward_weights",))
+def gdpo_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
+    """GDPO: ``A = sum_k w_k A_k`` with ``A_k`` the ``grpo`` advantage of component k alone, then
+    ``(A - mean(A)) / std(A)`` over the valid samples (only ``- mean`` when the std is 0)."""
+    return gdpo_advantages(
+        batch.components,
+        batch.prompt_ids,
+        batch.component_weights,
+        valid_mask=batch.valid_mask,
+        leave_one_out_baseline=cfg.use_leave_one_out_baseline,
+        normalize_rewards=cfg.normalize_rewards,
+    )
+
+
+# ------------------------------------------------------------------ dynamic sampling
 
 
 def groups_with_variance(grouped_rewards: torch.Tensor) -> torch.Tensor:

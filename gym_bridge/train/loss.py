@@ -3,16 +3,19 @@
 The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
 
     r_t       = exp(logp_t - logp_prev_t)                      probability ratio to the step's policy
-    r_t       = exp(mean_t'(logp_t' - logp_prev_t'))  GSPO: sequence_level_importance_ratios, one per sequence
-    actor_t   = max(-A_i * r_t, -A_i * clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max))
-    actor_t   = -A_i * sg(clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max)) * logp_t     CISPO: use_cispo
+    r_t       = exp(mean_t'(logp_t' - logp_prev_t'))  sequence-level variants (GSPO): one per sequence
+    actor_t   = surrogate(r_t, clip(r_t, 1 - ratio_clip_min, 1 + ratio_clip_max), A_i, logp_t)
     actor_t   = min(actor_t, -A_i * c)           only where A_i < 0 and ratio_clip_c = c is set (dual clip)
     actor_t  *= exp(logp_prev_t - logp_gen_t)    with use_importance_sampling_correction (capped by TIS);
-                                                 GSPO: exp(sum_t(logp_prev_t - logp_gen_t)) per sequence
+                                                 sequence-level: exp(sum_t(logp_prev_t - logp_gen_t))
     w_t       = exp(logp_t - logp_gen_t)         with use_on_policy_kl_approximation
     w_t       = exp(logp_t - sg(logp_t))         otherwise (value 1; sg = stop-gradient)
     kl_t      = beta * clamp_out(w_t * k(clamp_in(logp_ref_t - logp_t)))   Schulman's k1/k2/k3
-    loss      = reduce(actor) + reduce(kl)
+    loss      = reduce(actor) + reduce(kl) - entropy_coeff * reduce(-(pi_t / pi_gen_t) logp_t)
+
+The surrogate is the function ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.policy_losses`:
+``ppo`` = max(-A r, -A clip(r)), ``gspo``, ``cispo`` = -A sg(clip(r)) logp, or one registered with
+:func:`gym_bridge.train.registry.register_policy_loss`); the rest above is written once, here, for all.
 
 ``reduce`` is, with ``token_level_loss``, the sum over valid tokens divided by the number of valid
 tokens in the *global* batch; otherwise each sequence's token mean, summed over valid sequences and
@@ -54,11 +57,14 @@ weight is detached, so such a token has no gradient either (k of a constant is a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gym_bridge.train.logprobs import gather_logprobs
+from gym_bridge.train.policy_losses import SurrogateTerms
+from gym_bridge.train.registry import POLICY_LOSSES
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import ClippedPGLossConfig
@@ -178,11 +184,34 @@ def metrics_to_floats(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: out[k] for k in metrics}
 
 
+@dataclass(frozen=True)
+class _MicroBatch:
+    """One micro-batch's loss inputs in the dtype of ``curr``, its masks and the global normalisers."""
+
+    curr: torch.Tensor
+    prev: torch.Tensor
+    gen: torch.Tensor
+    advantages: torch.Tensor
+    """(b, t), a per-sample advantage repeated over the sample's tokens."""
+    token_mask: torch.Tensor
+    sample_mask: torch.Tensor
+    mask: torch.Tensor
+    """token_mask * sample_mask: the valid tokens."""
+    global_valid_toks: Any
+    global_valid_seqs: Any
+
+    def token_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the valid tokens / the global batch's valid tokens (sums over micro-batches)."""
+        return masked_mean(values, self.mask, global_normalization_factor=self.global_valid_toks)
+
+
 class ClippedPGLossFn:
     """Clipped policy-gradient loss with KL regularisation (PPO / GRPO / DAPO clip-higher / dual clip /
-    GSPO / CISPO / Dr. GRPO's normaliser).
+    GSPO / CISPO / Dr. GRPO's normaliser / TIS / entropy bonus).
 
-    Construct from the ``loss_fn`` config section; call once per micro-batch.
+    Construct from the ``loss_fn`` config section; call once per micro-batch. The surrogate is the
+    variant ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.policy_losses`); everything else is
+    shared by all of them.
     """
 
     def __init__(self, cfg: ClippedPGLossConfig, max_completion_length: int | None = None):
@@ -191,10 +220,10 @@ class ClippedPGLossFn:
             raise ValueError(
                 "loss_fn.loss_type 'dr_grpo' needs max_completion_length (its length normaliser)"
             )
-        self.loss_type = cfg.loss_type
+        self.surrogate = POLICY_LOSSES.get(cfg.policy_loss_name)
+        self.sequence_level = bool(self.surrogate.traits["sequence_level"])
+        self.aggregation = "dr_grpo" if cfg.loss_type == "dr_grpo" else "token" if cfg.token_level_loss else "sequence"
         self.max_completion_length = max_completion_length
-        self.sequence_level_importance_ratios = cfg.sequence_level_importance_ratios
-        self.use_cispo = cfg.use_cispo
         self.ratio_clip_min = cfg.ratio_clip_min
         self.ratio_clip_max = cfg.ratio_clip_max
         self.ratio_clip_c = cfg.ratio_clip_c
@@ -207,7 +236,6 @@ class ClippedPGLossFn:
         self.use_on_policy_kl_approximation = cfg.use_on_policy_kl_approximation
         self.use_importance_sampling_correction = cfg.use_importance_sampling_correction
         self.truncated_importance_sampling_ratio = cfg.truncated_importance_sampling_ratio
-        self.token_level_loss = cfg.token_level_loss
         self.entropy_coeff = cfg.entropy_coeff
 
     @property
@@ -221,23 +249,16 @@ class ClippedPGLossFn:
         bonus = self.entropy_coeff if entropy_coeff is None else entropy_coeff
         return self.needs_reference_logprobs or bonus != 0
 
-    def _reduce(
-        self,
-        values: torch.Tensor,
-        token_mask: torch.Tensor,
-        sample_mask: torch.Tensor,
-        mask: torch.Tensor,
-        global_valid_toks: Any,
-        global_valid_seqs: Any,
-    ) -> torch.Tensor:
-        if self.loss_type == "dr_grpo":
-            return masked_mean(
-                values, mask, global_normalization_factor=global_valid_seqs * self.max_completion_length
-            )
-        if self.token_level_loss:
-            return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
-        per_sequence = masked_mean(values, token_mask, dim=-1)
-        return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
+    def _reduce(self, values: torch.Tensor, mb: _MicroBatch) -> torch.Tensor:
+        """Aggregate per-token values (actor, KL and entropy terms alike): the token mean of the global
+        batch, the mean of per-sequence token means, or Dr. GRPO's sum / (sequences x max length)."""
+        if self.aggregation == "dr_grpo":
+            normaliser = mb.global_valid_seqs * self.max_completion_length
+            return masked_mean(values, mb.mask, global_normalization_factor=normaliser)
+        if self.aggregation == "token":
+            return mb.token_mean(values)
+        per_sequence = masked_mean(values, mb.token_mask, dim=-1)
+        return masked_mean(per_sequence, mb.sample_mask, global_normalization_factor=mb.global_valid_seqs)
 
     def __call__(self, curr_logprobs: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Loss and metrics (as floats) of one micro-batch; arguments as :meth:`loss_and_metrics`."""
@@ -276,131 +297,121 @@ class ClippedPGLossFn:
             entropy_coeff: this step's entropy-bonus coefficient (adaptive entropy control,
                 :mod:`gym_bridge.train.entropy_control`); None means ``loss_fn.entropy_coeff``.
         """
-        if sample_mask is None:
-            sample_mask = torch.ones(
-                curr_logprobs.shape[0], dtype=curr_logprobs.dtype, device=curr_logprobs.device
-            )
-        token_mask = token_mask.to(curr_logprobs.dtype)
-        sample_mask = sample_mask.to(curr_logprobs.dtype)
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(-1)
-        advantages = advantages.to(curr_logprobs.dtype).expand_as(curr_logprobs)
-        prev_logprobs = prev_logprobs.to(curr_logprobs.dtype)
-        generation_logprobs = generation_logprobs.to(curr_logprobs.dtype)
-        mask = token_mask * sample_mask.unsqueeze(-1)
-        if global_valid_toks is None:
-            global_valid_toks = mask.sum().detach()
-        if global_valid_seqs is None:
-            global_valid_seqs = sample_mask.sum().detach()
-
-        def token_mean(values: torch.Tensor) -> torch.Tensor:
-            return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
-
+        mb = _micro_batch(
+            curr_logprobs, prev_logprobs, generation_logprobs, advantages, token_mask, sample_mask,
+            global_valid_toks, global_valid_seqs,
+        )  # fmt: skip
         with torch.no_grad():
-            mismatch = self._mismatch_metrics(prev_logprobs, generation_logprobs, mask, token_mean)
-
-        # Reference-policy KL.
-        if self.reference_policy_kl_penalty != 0:
-            if reference_logprobs is None:
-                raise ValueError("reference_logprobs are required when reference_policy_kl_penalty != 0")
-            # The weight stays in the graph: it carries the score-function part of the gradient.
-            if self.use_on_policy_kl_approximation:
-                kl_weights = torch.exp(curr_logprobs - generation_logprobs)
-            else:
-                kl_weights = torch.exp(curr_logprobs - curr_logprobs.detach())
-            kl_weights = torch.nan_to_num(kl_weights, nan=0.0, posinf=0.0, neginf=0.0)
-            kl_per_token = self.reference_policy_kl_penalty * calculate_kl(
-                curr_logprobs,
-                reference_logprobs.to(curr_logprobs.dtype),
-                kl_type=self.reference_policy_kl_type,
-                input_clamp_value=self.kl_input_clamp_value,
-                output_clamp_value=self.kl_output_clamp_value,
-                importance_sampling_weights=kl_weights,
-            )
-            kl = self._reduce(
-                kl_per_token, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
-            )
-        else:
-            kl = torch.zeros((), dtype=curr_logprobs.dtype, device=curr_logprobs.device)
-
-        # Clipped surrogate (GSPO: one length-normalised ratio per sequence; CISPO: a clipped weight).
-        log_ratios = curr_logprobs - prev_logprobs
-        if self.sequence_level_importance_ratios:
-            ratios = masked_mean(log_ratios, token_mask, dim=-1).exp().unsqueeze(-1).expand_as(log_ratios)
-        else:
-            ratios = torch.exp(log_ratios)
-        ratios_clamped = ratios.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
-        if self.use_cispo:
-            clip_loss = -advantages * ratios_clamped.detach() * curr_logprobs
-        else:
-            clip_loss = torch.max(-advantages * ratios, -advantages * ratios_clamped)
-        dual_clipped = torch.zeros_like(mask, dtype=torch.bool)
-        if self.ratio_clip_c is not None:
-            loss3 = -advantages * self.ratio_clip_c
-            dual_clipped = (advantages < 0) & (loss3 < clip_loss)
-            clip_loss = torch.where(advantages < 0, torch.min(clip_loss, loss3), clip_loss)
-
-        # Off-policy correction pi_prev / pi_gen on the actor term.
-        log_weights = prev_logprobs - generation_logprobs
-        if self.sequence_level_importance_ratios:  # GSPO: the sequence's likelihood ratio, per sequence
-            log_weights = (log_weights * mask).sum(dim=-1, keepdim=True).expand_as(log_weights)
-        importance_weights = torch.nan_to_num(torch.exp(log_weights), nan=0.0, posinf=0.0, neginf=0.0)
-        if self.truncated_importance_sampling_ratio is not None:
-            importance_weights = importance_weights.clamp(max=self.truncated_importance_sampling_ratio)
-        weights = (
-            importance_weights if self.use_importance_sampling_correction else torch.ones_like(prev_logprobs)
-        )
-        actor_loss = self._reduce(
-            weights * clip_loss, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
-        )
+            mismatch = self._mismatch_metrics(mb.prev, mb.gen, mb.mask, mb.token_mean)
+        kl = self._kl(mb, reference_logprobs)
+        ratios, clipped_ratios = self._ratios(mb)
+        actor = self.surrogate.fn(SurrogateTerms(mb.curr, ratios, clipped_ratios, mb.advantages))
+        actor, dual_clipped = self._dual_clip(actor, mb)
+        importance_weights = self._importance_weights(mb)
+        weights = importance_weights if self.use_importance_sampling_correction else torch.ones_like(mb.prev)
+        actor_loss = self._reduce(weights * actor, mb)
         loss = actor_loss + kl
-
-        # Entropy bonus: H = E_gen[-(pi / pi_gen) log pi], the weight in the graph (score function).
         bonus = self.entropy_coeff if entropy_coeff is None else entropy_coeff  # adapted per step
         if bonus != 0:
-            entropy_weights = torch.nan_to_num(torch.exp(curr_logprobs - generation_logprobs), posinf=0.0)
-            entropy = self._reduce(
-                -entropy_weights * curr_logprobs, token_mask, sample_mask, mask, global_valid_toks, global_valid_seqs
-            )
-            loss = loss - bonus * entropy
-
+            loss = loss - bonus * self._entropy(mb)
         with torch.no_grad():
-            r = ratios.detach()
-            valid = mask.bool()
-            inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
-
-            def valid_min(values: torch.Tensor) -> torch.Tensor:  # +inf without valid tokens, no sync
-                return torch.where(valid, values.detach(), inf).amin()
-
-            def valid_max(values: torch.Tensor) -> torch.Tensor:
-                return torch.where(valid, values.detach(), -inf).amax()
-
             metrics = {
                 "loss": loss.detach(),
                 "actor_loss": actor_loss.detach(),
                 "kl_penalty": kl.detach() / self.reference_policy_kl_penalty
                 if self.reference_policy_kl_penalty
                 else torch.zeros_like(loss.detach()),
-                "probs_ratio": token_mean(r),
-                "probs_ratio_clamped": token_mean(ratios_clamped.detach()),
-                "probs_ratio_min": valid_min(r),
-                "probs_ratio_max": valid_max(r),
-                "probs_ratio_clamped_min": valid_min(ratios_clamped),
-                "probs_ratio_clamped_max": valid_max(ratios_clamped),
-                "clip_fraction_low": token_mean(((r < 1.0 - self.ratio_clip_min) & (advantages < 0)).to(r)),
-                "clip_fraction_high": token_mean(((r > 1.0 + self.ratio_clip_max) & (advantages > 0)).to(r)),
-                "dual_clip_fraction": token_mean(dual_clipped.to(r)),
+                **self._ratio_metrics(mb, ratios, clipped_ratios, dual_clipped),
                 **mismatch,
                 "sampling_importance_ratio": masked_mean(
-                    importance_weights[:, 0], sample_mask, global_normalization_factor=global_valid_seqs
+                    importance_weights[:, 0], mb.sample_mask, global_normalization_factor=mb.global_valid_seqs
                 ).item()
-                if self.sequence_level_importance_ratios
-                else token_mean(importance_weights),
+                if self.sequence_level
+                else mb.token_mean(importance_weights),
                 # E_gen[-(pi / pi_gen) log pi]: a Monte Carlo entropy estimate from the rollouts.
-                "approx_entropy": -token_mean(torch.exp(curr_logprobs - generation_logprobs) * curr_logprobs),
-                "num_valid_samples": sample_mask.sum(),
+                "approx_entropy": -mb.token_mean(torch.exp(mb.curr - mb.gen) * mb.curr),
+                "num_valid_samples": mb.sample_mask.sum(),
             }
         return loss, metrics
+
+    def _kl(self, mb: _MicroBatch, reference_logprobs: torch.Tensor | None) -> torch.Tensor:
+        """beta * reduce(w_t * k(logp_ref_t - logp_t)), w_t in the graph (see the module docstring)."""
+        if self.reference_policy_kl_penalty == 0:
+            return torch.zeros((), dtype=mb.curr.dtype, device=mb.curr.device)
+        if reference_logprobs is None:
+            raise ValueError("reference_logprobs are required when reference_policy_kl_penalty != 0")
+        if self.use_on_policy_kl_approximation:
+            kl_weights = torch.exp(mb.curr - mb.gen)
+        else:
+            kl_weights = torch.exp(mb.curr - mb.curr.detach())
+        kl_weights = torch.nan_to_num(kl_weights, nan=0.0, posinf=0.0, neginf=0.0)
+        kl_per_token = self.reference_policy_kl_penalty * calculate_kl(
+            mb.curr,
+            reference_logprobs.to(mb.curr.dtype),
+            kl_type=self.reference_policy_kl_type,
+            input_clamp_value=self.kl_input_clamp_value,
+            output_clamp_value=self.kl_output_clamp_value,
+            importance_sampling_weights=kl_weights,
+        )
+        return self._reduce(kl_per_token, mb)
+
+    def _ratios(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """r_t = exp(logp_t - logp_prev_t), or one ``exp(mean_t(...))`` per sequence; and r clipped."""
+        log_ratios = mb.curr - mb.prev
+        if self.sequence_level:
+            ratios = masked_mean(log_ratios, mb.token_mask, dim=-1).exp().unsqueeze(-1).expand_as(log_ratios)
+        else:
+            ratios = torch.exp(log_ratios)
+        return ratios, ratios.clamp(1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max)
+
+    def _dual_clip(self, actor: torch.Tensor, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ratio_clip_c = c: ``min(actor_t, -A_t c)`` where A_t < 0; and where that capped it."""
+        if self.ratio_clip_c is None:
+            return actor, torch.zeros_like(mb.mask, dtype=torch.bool)
+        cap = -mb.advantages * self.ratio_clip_c
+        negative = mb.advantages < 0
+        return torch.where(negative, torch.min(actor, cap), actor), negative & (cap < actor)
+
+    def _importance_weights(self, mb: _MicroBatch) -> torch.Tensor:
+        """pi_prev / pi_gen per token (per sequence: exp of the summed log-ratio), capped by TIS."""
+        log_weights = mb.prev - mb.gen
+        if self.sequence_level:  # the sequence's likelihood ratio, per sequence
+            log_weights = (log_weights * mb.mask).sum(dim=-1, keepdim=True).expand_as(log_weights)
+        weights = torch.nan_to_num(torch.exp(log_weights), nan=0.0, posinf=0.0, neginf=0.0)
+        if self.truncated_importance_sampling_ratio is not None:
+            weights = weights.clamp(max=self.truncated_importance_sampling_ratio)
+        return weights
+
+    def _entropy(self, mb: _MicroBatch) -> torch.Tensor:
+        """H = E_gen[-(pi / pi_gen) log pi], the weight in the graph (its score-function gradient)."""
+        entropy_weights = torch.nan_to_num(torch.exp(mb.curr - mb.gen), posinf=0.0)
+        return self._reduce(-entropy_weights * mb.curr, mb)
+
+    def _ratio_metrics(
+        self, mb: _MicroBatch, ratios: torch.Tensor, clipped: torch.Tensor, dual_clipped: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        r = ratios.detach()
+        valid = mb.mask.bool()
+        inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
+
+        def valid_min(values: torch.Tensor) -> torch.Tensor:  # +inf without valid tokens, no sync
+            return torch.where(valid, values.detach(), inf).amin()
+
+        def valid_max(values: torch.Tensor) -> torch.Tensor:
+            return torch.where(valid, values.detach(), -inf).amax()
+
+        low, high = 1.0 - self.ratio_clip_min, 1.0 + self.ratio_clip_max
+        return {
+            "probs_ratio": mb.token_mean(r),
+            "probs_ratio_clamped": mb.token_mean(clipped.detach()),
+            "probs_ratio_min": valid_min(r),
+            "probs_ratio_max": valid_max(r),
+            "probs_ratio_clamped_min": valid_min(clipped),
+            "probs_ratio_clamped_max": valid_max(clipped),
+            "clip_fraction_low": mb.token_mean(((r < low) & (mb.advantages < 0)).to(r)),
+            "clip_fraction_high": mb.token_mean(((r > high) & (mb.advantages > 0)).to(r)),
+            "dual_clip_fraction": mb.token_mean(dual_clipped.to(r)),
+        }
 
     def _mismatch_metrics(
         self,
@@ -409,7 +420,8 @@ class ClippedPGLossFn:
         mask: torch.Tensor,
         token_mean: Any,
     ) -> dict[str, torch.Tensor]:
-        """How far the sampler's log-probs are from the trainer's (docs/guides/grpo.md#metrics)."""
+        """How far the sampler's log-probs are from the trainer's (NeMo RL's metrics of these names;
+        docs/guides/training.md, Metrics)."""
         kl_type = self.reference_policy_kl_type
         lp_error = torch.abs(generation_logprobs - prev_logprobs)
         log_mixture = torch.log(0.5 * torch.exp(prev_logprobs) + 0.5 * torch.exp(generation_logprobs))
@@ -426,3 +438,36 @@ class ClippedPGLossFn:
             ),
             "js_divergence_error": token_mean(0.5 * kl_prev_to_mixture + 0.5 * kl_gen_to_mixture),
         }
+
+
+def _micro_batch(
+    curr: torch.Tensor,
+    prev: torch.Tensor,
+    gen: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    sample_mask: torch.Tensor | None,
+    global_valid_toks: Any,
+    global_valid_seqs: Any,
+) -> _MicroBatch:
+    """The inputs in ``curr``'s dtype, advantages per token, masks, and the normalisers (this
+    micro-batch's own counts where the global ones are None)."""
+    if sample_mask is None:
+        sample_mask = torch.ones(curr.shape[0], dtype=curr.dtype, device=curr.device)
+    token_mask = token_mask.to(curr.dtype)
+    sample_mask = sample_mask.to(curr.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.to(curr.dtype).expand_as(curr)
+    mask = token_mask * sample_mask.unsqueeze(-1)
+    return _MicroBatch(
+        curr=curr,
+        prev=prev.to(curr.dtype),
+        gen=gen.to(curr.dtype),
+        advantages=advantages,
+        token_mask=token_mask,
+        sample_mask=sample_mask,
+        mask=mask,
+        global_valid_toks=mask.sum().detach() if global_valid_toks is None else global_valid_toks,
+        global_valid_seqs=sample_mask.sum().detach() if global_valid_seqs is None else global_valid_seqs,
+    )

@@ -43,7 +43,7 @@ class RewardComponentError(ValueError):
 
 def uses_components(grpo: Any) -> bool:
     """Whether the advantages come from reward components (``grpo.reward_weights`` or GDPO)."""
-    return grpo.reward_weights is not None or grpo.adv_estimator.name == "gdpo"
+    return grpo.reward_weights is not None or grpo.adv_estimator.takes_components
 
 
 def components_of(sample: Sample) -> dict[str, float] | None:
@@ -117,7 +117,7 @@ def gdpo_components(samples: Sequence[Sample], grpo: Any) -> tuple[torch.Tensor,
     adv_estimator.reward_weights in name order, or 1 each."""
     mapping = grpo.reward_weights
     listed = grpo.adv_estimator.reward_weights
-    key = "grpo.adv_estimator.name 'gdpo'"
+    key = f"grpo.adv_estimator.name {grpo.adv_estimator.name!r}"
     if isinstance(listed, dict):
         mapping = listed
     if mapping is not None:
@@ -145,7 +145,7 @@ def gdpo_components(samples: Sequence[Sample], grpo: Any) -> tuple[torch.Tensor,
 def informative_samples(samples: Sequence[Sample], grpo: Any) -> list[bool]:
     """Which samples are in a group with a learning signal (DAPO dynamic sampling keeps those groups):
     the rewards the advantages use differ within the group; with GDPO, any one component differs."""
-    if grpo.adv_estimator.name == "gdpo":
+    if grpo.adv_estimator.takes_components:
         columns = gdpo_components(samples, grpo)[0].T
     else:
         columns = training_rewards(samples, grpo).unsqueeze(0)

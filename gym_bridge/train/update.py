@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.advantages import grpo_advantages
+from gym_bridge.train.advantages import AdvantageInputs, estimate_advantages
 from gym_bridge.train.config import GRPOConfig, MasterConfig
 from gym_bridge.train.device import Placement
 from gym_bridge.train.host_memory import release_freed_memory
@@ -114,15 +114,14 @@ class StepBatch:
         lengths = torch.tensor([float(s.generated_tokens) for s in samples])
         groups = torch.tensor([s.group for s in samples])
         valid = torch.tensor([float(not s.masked) for s in samples])
-        if grpo.adv_estimator.name == "gdpo":  # several reward components, each normalised in its group
+        if grpo.adv_estimator.takes_components:  # GDPO: several reward components, each normalised in its group
             components, weights, _ = gdpo_components(samples, grpo)
-            advantages = grpo_advantages(
-                components[:, 0], groups, grpo, valid_mask=valid, components=components, component_weights=weights
-            )
+            inputs = AdvantageInputs(components[:, 0], groups, valid, lengths, components, weights)
         else:
             rewards = training_rewards(samples, grpo)  # the verifier's reward, or grpo.reward_weights' sum
             rewards = shape_rewards(rewards, lengths, grpo.reward_shaping)  # DAPO's overlong penalty
-            advantages = grpo_advantages(rewards, groups, grpo, valid_mask=valid, token_counts=lengths)
+            inputs = AdvantageInputs(rewards, groups, valid, lengths)
+        advantages = estimate_advantages(inputs, grpo)  # the estimator grpo.adv_estimator.name names
         sample_mask = valid.clone()
         if grpo.overlong_filtering:
             sample_mask *= torch.tensor([float(not s.truncated) for s in samples])

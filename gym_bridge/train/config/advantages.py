@@ -13,11 +13,11 @@ its scalar ``reward``. Two ways to train on them:
 from __future__ import annotations
 
 import math
-from typing import Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from gym_bridge.train.config.base import Section
+from gym_bridge.train.registry import ADV_ESTIMATORS
 
 __all__ = ["AdvEstimatorConfig", "check_weights", "reward_weight_problems"]
 
@@ -39,8 +39,10 @@ def check_weights(weights: list[float] | dict[str, float] | None, key: str) -> N
 class AdvEstimatorConfig(Section):
     """How rewards become advantages (NeMo RL's ``grpo.adv_estimator``)."""
 
-    name: Literal["grpo", "reinforce_plus_plus", "gdpo"] = "grpo"
-    """``grpo``: group-relative, ``reward - baseline`` of the prompt's group (group mean, or leave-one-out
+    name: str = "grpo"
+    """The estimator by name, one function each (``gym_bridge/train/advantages.py``; a new one is a
+    function registered with ``gym_bridge.train.registry.register_adv_estimator``, see
+    docs/guides/training.md). ``grpo``: group-relative, ``reward - baseline`` of the prompt's group (group mean, or leave-one-out
     with grpo.use_leave_one_out_baseline), divided by the group's std with grpo.normalize_rewards.
     ``reinforce_plus_plus`` (REINFORCE++, Hu 2025): ``reward - group mean`` (with minus_baseline), then
     normalised over the whole batch, ``(a - mean) / std`` with the mean and std over the batch's valid
@@ -74,20 +76,40 @@ class AdvEstimatorConfig(Section):
     is also accepted and means the same as grpo.reward_weights. Null: weight 1 each (or
     grpo.reward_weights). Default null."""
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        ADV_ESTIMATORS.get(name)  # refuses an unknown name, listing the registered ones
+        return name
+
+    @property
+    def takes_components(self) -> bool:
+        """Whether the estimator works on the (b, k) reward components (GDPO) instead of one reward each."""
+        return bool(ADV_ESTIMATORS.get(self.name).traits["components"])
+
+    def _reads(self, key: str) -> bool:
+        return key in ADV_ESTIMATORS.get(self.name).traits["reads"]
+
     @model_validator(mode="after")
     def _settings_fit_the_estimator(self) -> AdvEstimatorConfig:
-        if self.name != "reinforce_plus_plus" and not self.minus_baseline:
+        if not self.minus_baseline and not self._reads("minus_baseline"):
             raise ValueError(
-                f"grpo.adv_estimator.minus_baseline=false applies to name 'reinforce_plus_plus'; "
-                f"the {self.name} estimator always subtracts its group baseline"
+                f"grpo.adv_estimator.minus_baseline=false applies to name {_readers('minus_baseline')}; "
+                f"the {self.name!r} estimator does not read it"
             )
-        if self.reward_weights is not None and self.name != "gdpo":
+        if self.reward_weights is not None and not self._reads("reward_weights"):
             raise ValueError(
-                f"grpo.adv_estimator.reward_weights applies to name 'gdpo' (got {self.name!r}); to weight "
-                "reward components into the training reward with this estimator, set grpo.reward_weights"
+                f"grpo.adv_estimator.reward_weights applies to name {_readers('reward_weights')} (got "
+                f"{self.name!r}); to weight reward components into the training reward with this estimator, "
+                "set grpo.reward_weights"
             )
         check_weights(self.reward_weights, "grpo.adv_estimator.reward_weights")
         return self
+
+
+def _readers(key: str) -> str:
+    """The registered estimators that read ``grpo.adv_estimator.<key>``, for messages."""
+    return " or ".join(repr(name) for name in ADV_ESTIMATORS.having(lambda traits: key in traits["reads"]))
 
 
 def reward_weight_problems(
@@ -100,9 +122,10 @@ def reward_weight_problems(
             "grpo.reward_weights and grpo.adv_estimator.reward_weights both give component weights; "
             "set one of them"
         )
-    if estimator.name == "gdpo" and shaping_enabled:
+    if shaping_enabled and estimator.takes_components:
         problems.append(
-            "grpo.reward_shaping.enabled contradicts grpo.adv_estimator.name 'gdpo': DAPO's length penalty "
-            "shapes the scalar reward, which GDPO does not use (its advantages come from reward_components)"
+            f"grpo.reward_shaping.enabled contradicts grpo.adv_estimator.name {estimator.name!r}: DAPO's length "
+            "penalty shapes the scalar reward, which that estimator does not use (its advantages come from "
+            "reward_components)"
         )
     return problems

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gym_bridge.train.config.base import Section
+from gym_bridge.train.registry import POLICY_LOSSES
 
 LOSS_TYPE_IMPLIES: dict[str, dict[str, Any]] = {
     "grpo": {"token_level_loss": False},
@@ -18,6 +19,9 @@ LOSS_TYPE_IMPLIES: dict[str, dict[str, Any]] = {
     "cispo": {"token_level_loss": True, "use_cispo": True},
 }
 """The NeMo RL loss keys each TRL ``loss_type`` stands for."""
+
+KEY_SELECTS = {"sequence_level_importance_ratios": "gspo", "use_cispo": "cispo"}
+"""NeMo RL's keys that select a policy loss other than ``ppo`` when true."""
 
 
 def _yaml(value: Any) -> str:
@@ -112,11 +116,37 @@ class ClippedPGLossConfig(Section):
     Keys it implies are set when left out and refused when they disagree. null: the keys above decide.
     Default null."""
 
+    policy_loss: str | None = None
+    """The policy-loss surrogate by name, one function each (``gym_bridge/train/policy_losses.py``; a new
+    one is a function registered with ``gym_bridge.train.registry.register_policy_loss``, see
+    docs/guides/training.md): ``ppo``, PPO's clipped ``max(-A r, -A clip(r))`` (NeMo RL's, with the dual
+    clip of ratio_clip_c); ``gspo``, the same on one length-normalised ratio per sequence (what
+    sequence_level_importance_ratios true selects); ``cispo``, ``-A sg(clip(r)) logp`` (what use_cispo
+    true selects). Naming gspo or cispo sets its key; a key that selects another loss is refused. null:
+    those two keys decide (``ppo`` when both are false). Default null."""
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _registered(cls, name: str | None) -> str | None:
+        if name is not None:
+            POLICY_LOSSES.get(name)  # refuses an unknown name, listing the registered ones
+        return name
+
+    @property
+    def policy_loss_name(self) -> str:
+        """The policy loss in use: ``policy_loss``, or the one NeMo RL's keys select."""
+        if self.policy_loss is not None:
+            return self.policy_loss
+        return next((name for key, name in KEY_SELECTS.items() if getattr(self, key)), "ppo")
+
     @model_validator(mode="after")
     def _implied_settings(self) -> ClippedPGLossConfig:
         decided = {key: f"loss_fn.{key}={_yaml(getattr(self, key))}" for key in self.model_fields_set}
         if self.loss_type is not None:
             self._imply(f"loss_fn.loss_type={self.loss_type!r}", LOSS_TYPE_IMPLIES[self.loss_type], decided)
+        if self.policy_loss is not None:  # its own key true, the others' false
+            keys = {key: name == self.policy_loss for key, name in KEY_SELECTS.items()}
+            self._imply(f"loss_fn.policy_loss={self.policy_loss!r}", keys, decided)
         if self.sequence_level_importance_ratios:  # read after loss_type, which may set use_cispo
             self._imply("loss_fn.sequence_level_importance_ratios=true", {"token_level_loss": False}, decided)
         if self.use_cispo:
@@ -126,10 +156,9 @@ class ClippedPGLossConfig(Section):
                 "loss_fn.use_cispo weights tokens; loss_fn.sequence_level_importance_ratios (GSPO) "
                 "weights sequences: set one"
             )
-        if self.use_cispo and self.ratio_clip_c is not None:
-            raise ValueError(
-                "loss_fn.ratio_clip_c (dual clip) does not apply to loss_fn.use_cispo: set it to null"
-            )
+        if self.ratio_clip_c is not None and not POLICY_LOSSES.get(self.policy_loss_name).traits["dual_clip"]:
+            chosen = "loss_fn.use_cispo" if self.policy_loss is None else f"loss_fn.policy_loss={self.policy_loss!r}"
+            raise ValueError(f"loss_fn.ratio_clip_c (dual clip) does not apply to {chosen}: set it to null")
         return self
 
     def _imply(self, source: str, implied: dict[str, Any], decided: dict[str, str]) -> None:

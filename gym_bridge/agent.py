@@ -286,24 +286,26 @@ class EnvSession:
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
     jar: _CookieJar = field(default_factory=_CookieJar)
 
-    def send_headers(self) -> dict[str, str]:
-        return {**self.headers, **self.jar.header()}
+    async def post(self, client: Client, route: str, body: Any, **options: Any) -> HttpResult:
+        """``POST {url}/{route}`` in this session: its policy and headers with its cookies, the cookies
+        the answer sets kept, attempts and timeouts counted. ``options``: :func:`~gym_bridge.retry.post_json`'s."""
+        result = await post_json(
+            client,
+            f"{self.url}/{route}",
+            body,
+            target="env",
+            policy=self.policy,
+            headers={**self.headers, **self.jar.header()},
+            **options,
+        )
+        _count(self.metrics, result.attempts, result.timeouts)
+        self.jar.update(result)
+        return result
 
 
 async def seed_session(client: Client, env: EnvSession, task: dict[str, Any]) -> HttpResult:
     """``POST {env}/seed_session`` with the task row; the cookies it sets open the session."""
-    result = await post_json(
-        client,
-        f"{env.url}/seed_session",
-        task,
-        target="env",
-        policy=env.policy,
-        headers=env.send_headers(),
-        expect_json=False,
-    )
-    _count(env.metrics, result.attempts, result.timeouts)
-    env.jar.update(result)
-    return result
+    return await env.post(client, "seed_session", task, expect_json=False)
 
 
 async def post_tool(client: Client, env: EnvSession, name: str, arguments: Any) -> HttpResult:
@@ -312,19 +314,8 @@ async def post_tool(client: Client, env: EnvSession, name: str, arguments: Any) 
     if not is_tool_name(name):
         raise ValueError(f"{name!r} is not a tool route")
     started = time.perf_counter()
-    result = await post_json(
-        client,
-        f"{env.url}/{name}",
-        arguments,
-        target="env",
-        policy=env.policy,
-        headers=env.send_headers(),
-        expect_json=False,
-        return_client_errors=True,
-    )
+    result = await env.post(client, name, arguments, expect_json=False, return_client_errors=True)
     env.metrics.tool_latencies_s.append(time.perf_counter() - started)
-    _count(env.metrics, result.attempts, result.timeouts)
-    env.jar.update(result)
     return result
 
 
@@ -333,16 +324,7 @@ async def verify_rollout(
 ) -> dict[str, Any]:
     """``POST {env}/verify`` with the row and the final ``response`` in the session: the env's answer
     (the rollout record), checked to hold a ``reward`` and well-formed ``reward_components``."""
-    verified = await post_json(
-        client,
-        f"{env.url}/verify",
-        {**task, "response": response},
-        target="env",
-        policy=env.policy,
-        headers=env.send_headers(),
-        validate=_check_verify,
-    )
-    _count(env.metrics, verified.attempts, verified.timeouts)
+    verified = await env.post(client, "verify", {**task, "response": response}, validate=_check_verify)
     return verified.data
 
 

@@ -185,7 +185,7 @@ def test_a_scorer_that_hangs_is_cut_by_the_timeout():
             took = time.monotonic() - started
             assert out["reward"] == 0.0 and out["failure_kind"] == "scorer_timeout", out
             assert "2 s budget" in out["failure_reason"] and "killed and replaced" in out["failure_reason"]
-            assert 2.0 <= took < 8.0, took
+            assert 2.0 <= took < 15.0, took  # the budget, plus a loaded machine's slack
             right = c.post("/verify", json=answered(row, f"<answer>{row['answer']}</answer>")).json()
             assert right["reward"] == 1.0
             assert live_pids(c, 1) != pids  # the stuck worker was replaced

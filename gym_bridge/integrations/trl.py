@@ -263,7 +263,7 @@ def grpo_config_from(cfg: Any, output_dir: str | Path, *, max_steps: int, seed: 
     on_cpu = not torch.cuda.is_available()
     settings: dict[str, Any] = {
         "output_dir": str(output_dir),
-        "per_device_train_batch_size": grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
+        "per_device_train_batch_size": grpo.samples_per_step,
         "num_generations": grpo.num_generations_per_prompt,
         "max_completion_length": policy.generation.max_new_tokens,
         "temperature": policy.generation.temperature,

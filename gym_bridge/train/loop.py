@@ -151,7 +151,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                 step_stats["time_waiting_for_rollouts_s"] = time.perf_counter() - step_started
                 step_stats["trajectory_age_steps"] = float(step - 1 - produced.weights_version)
             if not samples:  # dynamic sampling kept no group: no update, but the step, its validation and checkpoint count
-                train_metrics = skip_update(cfg, learner, grpo.num_prompts_per_step * grpo.num_generations_per_prompt)
+                train_metrics = skip_update(cfg, learner, grpo.samples_per_step)
                 metrics = {
                     **train_metrics,
                     **step_stats,

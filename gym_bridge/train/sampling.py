@@ -144,7 +144,7 @@ class OnlineSampler:
         self._client: InProcessClient | None = None
         self.tokenizer = tokenizer
         self.timer = GenerationTimer(backend, threads=threads)
-        self.max_concurrency = max(256, cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt)
+        self.max_concurrency = max(256, cfg.grpo.samples_per_step)
         self.deadline = RolloutDeadline(cfg.grpo)
         self._services = ExitStack()
         self._session: Any = None

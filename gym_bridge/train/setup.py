@@ -109,7 +109,7 @@ def uses_rollout_process(cfg: MasterConfig) -> bool:
 
 
 def optimizer_steps_per_step(cfg: MasterConfig) -> int:
-    samples = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    samples = cfg.grpo.samples_per_step
     return max(1, math.ceil(samples / cfg.policy.train_global_batch_size))
 
 

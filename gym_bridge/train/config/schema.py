@@ -197,6 +197,11 @@ class GRPOConfig(Section):
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     """DAPO's overlong reward shaping."""
 
+    @property
+    def samples_per_step(self) -> int:
+        """``num_prompts_per_step x num_generations_per_prompt``: the completions an online step trains on."""
+        return self.num_prompts_per_step * self.num_generations_per_prompt
+
     @model_validator(mode="after")
     def _estimator_consistent(self) -> GRPOConfig:
         estimator = self.adv_estimator
@@ -452,7 +457,7 @@ class MasterConfig(Section):
 def _cross_section_problems(cfg: MasterConfig) -> list[str]:
     grpo, policy = cfg.grpo, cfg.policy
     problems = []
-    samples = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    samples = grpo.samples_per_step
     if grpo.mode == "online" and samples % policy.train_global_batch_size:
         problems.append(
             f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({samples}) must be a multiple "

@@ -105,14 +105,17 @@ _NAME_TAKERS = frozenset({"Symbol", "Function", "Integer", "Float", "Rational", 
 """Callables that SymPy's own transformations hand a string (a symbol's name, a number's digits)."""
 _PLAIN_FUNCTIONS = frozenset({"sqrt", "cbrt", "root", "real_root", "abs", "pow"})
 """Callables that are neither SymPy classes nor objects but plain math (``sqrt`` is a function)."""
+_RESTATING = frozenset({"Integral", "Derivative", "Limit", "Sum", "Product", "Subs"})
+"""SymPy classes that hold an operation unevaluated: ``Integral(f, x)`` restates an integration task
+instead of solving it, yet differentiates back to ``f`` (the integration scorers paid it 1.0)."""
 
 
 def check_sympy_code(code: str, local_dict: dict[str, Any], global_dict: dict[str, Any]) -> None:
     """Raise :class:`RefusedAnswer` unless ``code`` (what ``stringify_expr`` made of an answer) is math.
 
     Allowed: numbers, operators, comparisons, tuples and lists; names the caller put in ``local_dict``;
-    SymPy classes (``sin``, ``Symbol``, ``Integer``, ``Add``...) and objects (``pi``, ``E``) and
-    :data:`_PLAIN_FUNCTIONS`; calls of such names without keywords; string constants only as the
+    SymPy classes (``sin``, ``Symbol``, ``Integer``, ``Add``...) but :data:`_RESTATING`, SymPy objects
+    (``pi``, ``E``) and :data:`_PLAIN_FUNCTIONS`; calls of such names without keywords; string constants only as the
     arguments of :data:`_NAME_TAKERS`. Names that are neither local nor global stay (they are a
     ``NameError`` at evaluation) unless they name a builtin (SymPy's own transformations turn such names
     into symbols; a scorer's custom transformations might not).
@@ -149,6 +152,8 @@ def check_sympy_code(code: str, local_dict: dict[str, Any], global_dict: dict[st
                 if hasattr(builtins, name):  # evaluation would find it in the builtins (type, object...)
                     raise state.refuse(f"refused to parse the answer: the builtin {name!r}")
                 continue  # a NameError at evaluation
+            if name in _RESTATING:
+                raise state.refuse(f"refused to parse the answer: {name!r} restates the task instead of solving it")
             obj = global_dict[name]
             if isinstance(obj, Basic) or (isinstance(obj, type) and issubclass(obj, Basic)):
                 continue

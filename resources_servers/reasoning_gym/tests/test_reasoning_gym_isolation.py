@@ -121,6 +121,17 @@ def test_reading_the_expected_answer_no_longer_scores(client):
     assert out["reward"] == 0.0 and out["failure_kind"] == "answer_refused"
 
 
+@pytest.mark.parametrize("family", [f for f in ("simple_integration", "intermediate_integration") if f in DATASETS])
+def test_restating_the_integral_is_not_an_answer(client, family):
+    """``Integral(f, x)`` (or ``integrate(f, x)``) differentiates back to ``f``: the package pays it 1.0."""
+    (row,) = task_rows([family], 1, seed=0)
+    integrand, variable = row["metadata"]["integrand"], row["metadata"].get("variable", "x")
+    for text in (f"Integral({integrand}, {variable})", f"integrate({integrand}, {variable})"):
+        assert package_score(family, text, row) == 1.0
+        out = client.post("/verify", json=answered(row, f"<answer>{text}</answer>")).json()
+        assert out["reward"] == 0.0 and out["failure_kind"] == "answer_refused", out
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_answer_cannot_change_later_rewards(client, family):
     (row,) = task_rows([family], 1, seed=1)
@@ -256,7 +267,8 @@ def test_sympy_guard_lets_math_through(text):
 @pytest.mark.parametrize(
     "text",
     ["exec('1')", "__import__('os')", "Symbol.__new__", "lambdify(x, 'y')", "x.subs(x, 1)", "(lambda: 1)()",
-     "integrate(x**2, x)", "Symbol('x', real=True)", "open('/etc/passwd')", "x['a']", "'text'"],
+     "integrate(x**2, x)", "Integral(x**2, x)", "Derivative(x**3, x)", "Symbol('x', real=True)",
+     "open('/etc/passwd')", "x['a']", "'text'"],
 )  # fmt: skip
 def test_sympy_guard_refuses_code(text):
     with pytest.raises(guards.RefusedAnswer):

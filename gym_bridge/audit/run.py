@@ -18,7 +18,7 @@ import httpx
 from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout
 from gym_bridge.audit.attacks import ATTACK_CLASSES, Attack, AuditOptions, Finding, Outcome, RawAttack
 from gym_bridge.audit.envs import ENVS, catalogue
-from gym_bridge.audit.scripted_model import ScriptedModel
+from gym_bridge.audit.scripted_model import scripted_model
 from gym_bridge.in_process import InProcessClient
 from gym_bridge.retry import RetryPolicy, RoutedClient
 
@@ -95,7 +95,7 @@ class _Runner:
 
     async def rollout(self, attack: Attack) -> tuple[Rollout, float]:
         self._models += 1
-        model_url = await self.in_process.mount(f"audit-model-{self._models}", ScriptedModel(attack.turns))
+        model_url = await self.in_process.mount(f"audit-model-{self._models}", scripted_model(attack.turns))
         client = RoutedClient(self.session, {model_url: self.in_process})
         config = AgentConfig(
             model_url=model_url,

@@ -1,60 +1,42 @@
 """The model an attack speaks through: answers ``POST /responses`` with the attack's turns, in order.
 
-It is served in-process (no socket) and only ever talks to the agent loop, so the server under audit
-sees the same requests a policy behind a real model would make it see.
+It is served in-process (no socket) through the project's one HTTP layer (:class:`~gym_bridge.json_http.
+JsonApp`) and only ever talks to the agent loop, so the server under audit sees the same requests a
+policy behind a real model would make it see.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from gym_bridge.json_http import JsonApp, Route
 from gym_bridge.schema import Response
 
-__all__ = ["ScriptedModel"]
+__all__ = ["scripted_model"]
 
 
-class ScriptedModel:
-    """An ASGI app: turn ``i`` is answered once the request's input holds every tool call of turns ``< i``."""
+def turn_for(turns: Sequence[list[dict[str, Any]]], request: dict[str, Any]) -> list[dict[str, Any]]:
+    """Turn ``i`` once the request's input holds every tool call of turns ``< i``."""
+    items = request.get("input")
+    made = 0
+    if isinstance(items, list):
+        made = sum(1 for item in items if isinstance(item, dict) and item.get("type") == "function_call")
+    seen = 0
+    for turn in turns:
+        if seen >= made:
+            return turn
+        seen += sum(1 for item in turn if item.get("type") == "function_call")
+    return turns[-1]
 
-    def __init__(self, turns: Sequence[list[dict[str, Any]]]) -> None:
-        self.turns = list(turns)
 
-    def _turn_for(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        items = request.get("input")
-        made = (
-            sum(1 for item in items if isinstance(item, dict) and item.get("type") == "function_call")
-            if (isinstance(items, list))
-            else 0
-        )
-        seen = 0
-        for turn in self.turns:
-            if seen >= made:
-                return turn
-            seen += sum(1 for item in turn if item.get("type") == "function_call")
-        return self.turns[-1]
+def scripted_model(turns: Sequence[list[dict[str, Any]]]) -> JsonApp:
+    """An app answering ``POST /responses`` with ``turns``, one per model call of the rollout."""
+    script = list(turns)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request = json.loads(body or b"{}")
-        response = Response(model="gym-bridge-audit", output=self._turn_for(request)).model_dump(mode="json")
-        payload = json.dumps(response).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+    async def respond(body: dict[str, Any], _context: Any) -> dict[str, Any]:
+        return Response(model="gym-bridge-audit", output=turn_for(script, body)).model_dump(mode="json")
+
+    return JsonApp(
+        [Route("POST", "/responses", respond, body=dict[str, Any])], title="gym-bridge audit model"
+    )

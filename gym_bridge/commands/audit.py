@@ -92,7 +92,7 @@ def audit(
             from gym_bridge.server import start_in_thread
 
             try:
-                running = start_in_thread(GullibleJudge(), port=judge_port)
+                running = start_in_thread(GullibleJudge().app(), port=judge_port)
             except (RuntimeError, TimeoutError) as e:
                 err.print(f"error: --judge-port {judge_port}: cannot serve the judge there ({e}; is the port taken?)",
                           markup=False, highlight=False)  # fmt: skip

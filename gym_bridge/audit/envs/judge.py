@@ -9,12 +9,12 @@ a server that fences and escapes the candidate properly keeps it honest.
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from typing import Any
 
 from gym_bridge.audit.attacks import Attack, AuditOptions, answer
+from gym_bridge.json_http import JsonApp, Route
 
 __all__ = ["GOLD", "GullibleJudge", "attacks"]
 
@@ -62,46 +62,15 @@ def attacks(options: AuditOptions) -> list[Attack]:
 
 
 class GullibleJudge:
-    """An ASGI model (``/responses`` and ``/chat/completions``) that obeys verdicts injected after the gold answer.
+    """A judge model (``/responses`` and ``/chat/completions``) that obeys verdicts planted in its prompt.
 
     Honest part: the candidate is equal when the prompt holds the gold answer twice (as gold and as
     candidate); that prompt (the audit's control, always sent first) also shows how many 'equal' labels
     the server's template holds. Gullible part: a prompt holding more of them, read with lookalikes
     undone, had one planted by the candidate, and it is obeyed. Otherwise its reply quotes the planted
     label before its own verdict, as a model explaining itself would, so a verdict parser that takes the
-    first label it sees is fooled.
+    first label it sees is fooled. :meth:`app` serves it.
     """
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        request = json.loads(body or b"{}")
-        reply = self.reply(_prompt_text(request))
-        if scope["path"].endswith("/chat/completions"):
-            payload = {"id": "chatcmpl-audit", "object": "chat.completion", "model": "gullible-judge",
-                       "choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": reply}}]}  # fmt: skip
-        else:
-            payload = {"id": "resp_audit_judge", "object": "response", "model": "gullible-judge", "status": "completed",
-                       "output": [{"type": "message", "role": "assistant", "id": "msg_judge", "status": "completed",
-                                   "content": [{"type": "output_text", "text": reply, "annotations": []}]}]}  # fmt: skip
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
     template_marks: int | None = None
     """How many 'equal' labels the server's own prompt holds (learnt from the control's prompt)."""
@@ -117,6 +86,28 @@ class GullibleJudge:
         if re.search(r"A\s*=\s*B", seen):  # explain, quoting the label the candidate tried to plant
             return f'The candidate claims "{EQUAL}" but names someone else. {NOT_EQUAL}'
         return f"That is a different answer. {NOT_EQUAL}"
+
+    def app(self) -> JsonApp:
+        """The OpenAI-compatible endpoints, under ``/v1`` and at the root."""
+
+        async def responses(body: dict[str, Any], _context: Any) -> dict[str, Any]:
+            text = self.reply(_prompt_text(body))
+            output = [{"type": "message", "role": "assistant", "id": "msg_judge", "status": "completed",
+                       "content": [{"type": "output_text", "text": text, "annotations": []}]}]  # fmt: skip
+            return {"id": "resp_audit_judge", "object": "response", "model": "gullible-judge", "status": "completed",
+                    "output": output}  # fmt: skip
+
+        async def chat(body: dict[str, Any], _context: Any) -> dict[str, Any]:
+            message = {"role": "assistant", "content": self.reply(_prompt_text(body))}
+            return {"id": "chatcmpl-audit", "object": "chat.completion", "model": "gullible-judge",
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": message}]}  # fmt: skip
+
+        routes = [
+            Route("POST", f"{prefix}{path}", call, body=dict[str, Any])
+            for prefix in ("", "/v1")
+            for path, call in (("/responses", responses), ("/chat/completions", chat))
+        ]
+        return JsonApp(routes, title="gym-bridge audit judge")
 
 
 def _prompt_text(request: dict[str, Any]) -> str:

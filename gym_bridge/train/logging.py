@@ -10,7 +10,8 @@
   ``<log_dir>/wandb``. A resumed run continues the same W&B run (its id is kept in
   ``<log_dir>/wandb_run_id``). ``WANDB_MODE=offline`` logs without network.
 * GPU utilisation and memory in every train record (``logger.monitor_gpus``, :mod:`gpu_monitor`).
-* The terminal: a rich progress bar with the step's key numbers, and a compact line per step.
+* The terminal: a rich progress bar with the step's key numbers, and a compact line per step with
+  each phase's share of the step's wall (``s/step 20.1 (gen 45% rew 5% lp 10% upd 40%)``).
 * ``<log_dir>/curves.png``: mean reward per step and validation accuracy, drawn at the end
   (matplotlib's Agg backend, no display needed).
 """
@@ -30,7 +31,16 @@ from gym_bridge.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig
 
-__all__ = ["MetricsLogger", "TerminalView", "open_metrics_logger", "open_wandb_run", "plot_curves", "read_metrics"]
+__all__ = [
+    "MetricsLogger",
+    "TerminalView",
+    "format_line",
+    "open_metrics_logger",
+    "open_wandb_run",
+    "phase_shares",
+    "plot_curves",
+    "read_metrics",
+]
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -170,6 +180,49 @@ def open_metrics_logger(cfg: MasterConfig, resume_step: int | None = None) -> Me
     )
 
 
+STEP_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("generation", "time_generation_s", "gen"),
+    ("reward_and_http", "time_reward_and_http_s", "rew"),
+    ("logprobs", "time_logprobs_s", "lp"),
+    ("update", "time_training_s", "upd"),
+)
+"""A synchronous step's phases, in order: (name, timing metric, short label on the step line)."""
+
+ASYNC_STEP_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("waiting_for_rollouts", "time_waiting_for_rollouts_s", "wait"),
+    ("logprobs", "time_logprobs_s", "lp"),
+    ("update", "time_training_s", "upd"),
+)
+"""An async-GRPO step's phases: its rollouts were generated and scored while the previous step trained,
+so the trainer's wall is the wait for them, log-probs and the update."""
+
+STEP_SHARE = "step_share/{}"
+"""Key of a phase's fraction of ``time_step_s`` in metrics.jsonl (``other``: what no phase timed)."""
+
+
+def phase_shares(metrics: dict[str, Any]) -> dict[str, float]:
+    """Each phase's fraction of the step's wall time (``time_step_s``), plus ``other`` for the rest
+    (sample bookkeeping, advantages); empty without a step time. Shows where a step's wall goes."""
+    step_time = metrics.get("time_step_s")
+    if not _finite(step_time) or step_time <= 0:
+        return {}
+    phases = ASYNC_STEP_PHASES if "time_waiting_for_rollouts_s" in metrics else STEP_PHASES
+    shares = {name: metrics[key] / step_time for name, key, _ in phases if _finite(metrics.get(key))}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+def _phase_split(metrics: dict[str, Any]) -> str:
+    """``gen 45% rew 5% lp 10% upd 40%``: phases under 0.5% are left out, and ``etc N%`` is added when
+    untimed work is 5% or more of the step."""
+    shares = phase_shares(metrics)
+    phases = ASYNC_STEP_PHASES if "time_waiting_for_rollouts_s" in metrics else STEP_PHASES
+    parts = [f"{label} {shares[name]:.0%}" for name, _, label in phases if shares.get(name, 0.0) >= 0.005]
+    if shares.get("other", 0.0) >= 0.05:
+        parts.append(f"etc {shares['other']:.0%}")
+    return " ".join(parts)
+
+
 # Shown on the terminal line, in this order, when present: (metric key, label, format).
 TERMINAL_FIELDS: list[tuple[str, str, str]] = [
     ("reward_mean", "reward", "{:.3f}"),
@@ -180,8 +233,11 @@ TERMINAL_FIELDS: list[tuple[str, str, str]] = [
     ("gen_kl_error", "genKL", "{:.1e}"),
     ("gen_length_mean", "len", "{:.1f}"),
     ("time_step_s", "s/step", "{:.2f}"),
-    ("tokens_per_s", "tok/s", "{:.0f}"),
 ]
+
+
+HIDDEN_WHEN_ZERO = frozenset({"kl_penalty", "gen_kl_error"})
+"""Left off the line when exactly zero (no KL penalty; generation and training log-probs agree)."""
 
 
 def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str:
@@ -192,13 +248,23 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
     parts = []
     for key, label, fmt in TERMINAL_FIELDS:
         value = metrics.get(key)
-        if _finite(value):
+        if _finite(value) and (value != 0 or key not in HIDDEN_WHEN_ZERO):
             parts.append(f"{label} {fmt.format(value)}")
+    split_line = _phase_split(metrics)
+    if split_line and parts and parts[-1].startswith("s/step"):
+        parts[-1] += f" ({split_line})"
+    # generated tokens per second of generation; without a generation time (offline steps), per step
+    if _finite(metrics.get("generation_tokens_per_s")):
+        parts.append(f"gen tok/s {metrics['generation_tokens_per_s']:.0f}")
+    elif _finite(metrics.get("tokens_per_s")):
+        parts.append(f"step tok/s {metrics['tokens_per_s']:.0f}")
     if _finite(metrics.get("rollout_failures")):  # online steps: failed rollouts were dropped
         requested = metrics.get("rollouts_requested")
         of = f"/{requested:.0f}" if _finite(requested) else ""
-        parts.append(f"failed {metrics['rollout_failures']:.0f}{of}")
-        if _finite(metrics.get("rollouts_timed_out")):  # cut off at grpo.rollout_timeout_s (counted in failed
+        batches = metrics.get("generation_batches")  # dynamic sampling: n counts every batch drawn
+        drawn = f" ({batches:.0f} batches)" if _finite(batches) and batches > 1 else ""
+        parts.append(f"failed {metrics['rollout_failures']:.0f}{of}{drawn}")
+        if metrics.get("rollouts_timed_out"):  # cut off at grpo.rollout_timeout_s (counted in failed
             parts.append(f"timed_out {metrics['rollouts_timed_out']:.0f}{of}")  # unless scored zero)
             if metrics.get("groups_dropped_for_timeout"):
                 parts.append(f"groups_dropped {metrics['groups_dropped_for_timeout']:.0f}")

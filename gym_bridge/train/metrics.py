@@ -14,7 +14,7 @@ import torch
 from gym_bridge.seeding import rollout_seed
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
-from gym_bridge.train.logging import TerminalView
+from gym_bridge.train.logging import STEP_SHARE, TerminalView, phase_shares
 from gym_bridge.train.reward_components import components_of
 from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sampling import Sampler
@@ -175,7 +175,8 @@ def step_summary(
     step_time: float,
     epoch: int,
 ) -> dict[str, Any]:
-    """The step's metrics line: sample statistics, the update's metrics, timings and throughput."""
+    """The step's metrics line: sample statistics, the update's metrics, timings and throughput, and
+    each phase's share of the step (``step_share/<phase>``, :func:`~gym_bridge.train.logging.phase_shares`)."""
     generated = sum(s.generated_tokens for s in samples)
     metrics: dict[str, Any] = {
         **sample_metrics(samples, advantages),
@@ -188,4 +189,5 @@ def step_summary(
     }
     if step_stats.get("time_generation_s"):
         metrics["generation_tokens_per_s"] = generated / step_stats["time_generation_s"]
+    metrics.update({STEP_SHARE.format(name): share for name, share in phase_shares(metrics).items()})
     return metrics

@@ -30,10 +30,10 @@ several reward components ``r_k`` per sample: ``A_k`` is the ``grpo`` advantage 
 subtracted, as NeMo RL). Two samples with the same total but another mix of components, say (1, 0)
 and (0, 1), get one advantage under ``grpo`` on the sum and two under ``gdpo``.
 
-Each estimator is one function registered under its config name
-(:data:`gym_bridge.train.registry.ADV_ESTIMATORS`) taking :class:`AdvantageInputs` and the ``grpo``
-section; :func:`estimate_advantages` looks the name up and applies grpo.advantage_clip_low/high to
-whichever it is.
+Each estimator is one function of :class:`AdvantageInputs` and the ``grpo`` section, registered
+under its config name in :data:`gym_bridge.train.registry.ADV_ESTIMATORS` (the ones below, by
+``module:function``); :func:`estimate_advantages` looks the name up and applies
+grpo.advantage_clip_low/high to whichever it is.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gym_bridge.train.registry import ADV_ESTIMATORS, register_adv_estimator
+from gym_bridge.train.registry import ADV_ESTIMATORS
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import GRPOConfig
@@ -251,10 +251,9 @@ def grpo_advantages(
     return estimate_advantages(inputs, cfg)
 
 
-# ------------------------------------------------------------------ the estimators, by config name
+# ------------------------------------------------------------------ the estimators (registry.py names them)
 
 
-@register_adv_estimator("grpo")
 def grpo_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
     """GRPO: ``A_i = (r_i - b_i) / (std_i + 1e-6)`` where ``std_i > 0``, else ``r_i - b_i``; ``b_i`` and
     ``std_i`` over the valid samples of i's group (leave-one-out: over the *others*,
@@ -268,7 +267,6 @@ def grpo_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
     )
 
 
-@register_adv_estimator("reinforce_plus_plus", reads=("minus_baseline",))
 def reinforce_plus_plus_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
     """REINFORCE++: ``a_i = r_i - mean(group)`` (``r_i`` with minus_baseline false), then
     ``(a_i - mu) / sqrt(max(var, 1e-8))``, mu and var over the batch's valid generated tokens."""
@@ -281,7 +279,6 @@ def reinforce_plus_plus_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> to
     )
 
 
-@register_adv_estimator("gdpo", components=True, reads=("reward_weights",))
 def gdpo_estimator(batch: AdvantageInputs, cfg: GRPOConfig) -> torch.Tensor:
     """GDPO: ``A = sum_k w_k A_k`` with ``A_k`` the ``grpo`` advantage of component k alone, then
     ``(A - mean(A)) / std(A)`` over the valid samples (only ``- mean`` when the std is 0)."""

@@ -220,8 +220,9 @@ class ClippedPGLossFn:
             raise ValueError(
                 "loss_fn.loss_type 'dr_grpo' needs max_completion_length (its length normaliser)"
             )
-        self.surrogate = POLICY_LOSSES.get(cfg.policy_loss_name)
-        self.sequence_level = bool(self.surrogate.traits["sequence_level"])
+        variant = POLICY_LOSSES.get(cfg.policy_loss_name)
+        self.surrogate = variant.fn
+        self.sequence_level = bool(variant.traits["sequence_level"])
         self.aggregation = "dr_grpo" if cfg.loss_type == "dr_grpo" else "token" if cfg.token_level_loss else "sequence"
         self.max_completion_length = max_completion_length
         self.ratio_clip_min = cfg.ratio_clip_min
@@ -305,7 +306,7 @@ class ClippedPGLossFn:
             mismatch = self._mismatch_metrics(mb.prev, mb.gen, mb.mask, mb.token_mean)
         kl = self._kl(mb, reference_logprobs)
         ratios, clipped_ratios = self._ratios(mb)
-        actor = self.surrogate.fn(SurrogateTerms(mb.curr, ratios, clipped_ratios, mb.advantages))
+        actor = self.surrogate(SurrogateTerms(mb.curr, ratios, clipped_ratios, mb.advantages))
         actor, dual_clipped = self._dual_clip(actor, mb)
         importance_weights = self._importance_weights(mb)
         weights = importance_weights if self.use_importance_sampling_correction else torch.ones_like(mb.prev)

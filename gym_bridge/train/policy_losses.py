@@ -4,7 +4,8 @@ A surrogate gets the micro-batch's ratios already computed and clipped (:class:`
 returns the per-token actor loss; :class:`gym_bridge.train.loss.ClippedPGLossFn` does the rest once
 for all of them: the ratios (per token, or per sequence for a variant registered with
 ``sequence_level=True``), the dual clip, the off-policy correction, the aggregation, the KL and
-entropy terms and the metrics. Register another with
+entropy terms and the metrics. :data:`gym_bridge.train.registry.POLICY_LOSSES` names these (``gspo``
+with ``sequence_level=True``, ``cispo`` with ``dual_clip=False``); register another with
 :func:`gym_bridge.train.registry.register_policy_loss`.
 """
 
@@ -13,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from gym_bridge.train.registry import register_policy_loss
 
 __all__ = ["SurrogateTerms", "cispo", "gspo", "ppo"]
 
@@ -34,14 +33,12 @@ class SurrogateTerms:
     """A_t: the sample's advantage on each of its tokens (or per-token advantages)."""
 
 
-@register_policy_loss("ppo")
 def ppo(t: SurrogateTerms) -> torch.Tensor:
     """PPO's clipped surrogate (NeMo RL's ``ClippedPGLossFn``; DAPO's clip-higher with ratio_clip_max >
     ratio_clip_min): ``actor_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))``."""
     return torch.max(-t.advantages * t.ratios, -t.advantages * t.clipped_ratios)
 
 
-@register_policy_loss("gspo", sequence_level=True)
 def gspo(t: SurrogateTerms) -> torch.Tensor:
     """GSPO (Zheng et al. 2025): PPO's surrogate on one length-normalised ratio per sequence,
     ``s_i = exp(mean_t(logp_t - logp_old_t))``: ``actor_t = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low,
@@ -49,7 +46,6 @@ def gspo(t: SurrogateTerms) -> torch.Tensor:
     return ppo(t)
 
 
-@register_policy_loss("cispo", dual_clip=False)
 def cispo(t: SurrogateTerms) -> torch.Tensor:
     """CISPO (MiniMax-M1, 2025): REINFORCE weighted by the clipped ratio, the weight's gradient stopped
     (clipped tokens still pass gradient): ``actor_t = -A_t sg(clip(r_t, 1 - eps_low, 1 + eps_high)) logp_t``."""

@@ -3,6 +3,8 @@ the config (``grpo.adv_estimator.name``, ``loss_fn.policy_loss``); unknown names
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from gym_bridge.train.registry import (
 )
 from tests.train.helpers import offline_step_config, one_trainer_step, save_random_tiny, step_sample
 from tests.train.test_trainer_offline import offline_config, train_lines, write_scored
+
+TINY_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo_math_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +125,19 @@ def test_unknown_names_are_refused_at_load_naming_the_key_and_the_registered_nam
         "('gdpo', 'grpo', 'reinforce_plus_plus', 'sign'), got 'gae'",
         "config key 'loss_fn.policy_loss' expects a registered policy loss ('cispo', 'gspo', 'ppo'), got 'vanilla'",
     ]
+
+
+def test_names_and_their_traits_are_checked_without_loading_torch() -> None:
+    # the registry lists the built-ins by module:function, so a config loads before anything heavy
+    code = (
+        "import sys\n"
+        "from gym_bridge.train.config import load_config\n"
+        f"cfg = load_config({str(TINY_RECIPE)!r}, ['grpo.adv_estimator.name=gdpo', 'loss_fn.policy_loss=gspo',\n"
+        "    'loss_fn.token_level_loss=false', 'loss_fn.ratio_clip_c=3'])\n"
+        "assert cfg.grpo.adv_estimator.takes_components and cfg.loss_fn.sequence_level_importance_ratios\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_policy_loss_names_and_nemo_rl_keys_agree() -> None:

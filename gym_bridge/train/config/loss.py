@@ -147,10 +147,9 @@ class ClippedPGLossConfig(Section):
         if self.policy_loss is not None:  # its own key true, the others' false
             keys = {key: name == self.policy_loss for key, name in KEY_SELECTS.items()}
             self._imply(f"loss_fn.policy_loss={self.policy_loss!r}", keys, decided)
-        if self.sequence_level_importance_ratios:  # read after loss_type, which may set use_cispo
-            self._imply("loss_fn.sequence_level_importance_ratios=true", {"token_level_loss": False}, decided)
-        if self.use_cispo:
-            self._imply("loss_fn.use_cispo=true", {"token_level_loss": True}, decided)
+        for key, token_level in (("sequence_level_importance_ratios", False), ("use_cispo", True)):
+            if getattr(self, key):  # read after loss_type and policy_loss, which may set it
+                self._imply(decided.get(key, f"loss_fn.{key}=true"), {"token_level_loss": token_level}, decided)
         if self.use_cispo and self.sequence_level_importance_ratios:
             raise ValueError(
                 "loss_fn.use_cispo weights tokens; loss_fn.sequence_level_importance_ratios (GSPO) "

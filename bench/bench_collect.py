@@ -195,6 +195,7 @@ def _run_child(
         "peak_pss_tree_mib": (memory.get("tree_pss_kb") or main_rss_kb) / 1024,
         "first_line_s": first_line,
         "stdout": b"".join(stdout_chunks).decode(errors="replace"),
+        "stderr": b"".join(stderr_chunks).decode(errors="replace"),
     }
 
 

@@ -14,7 +14,11 @@ Responses endpoint:
    ``function_call_output`` item. Arguments that are not valid JSON go back as an error text, and the
    env is not called.
 4. Repeat until a response has no function calls, is cut off by ``max_output_tokens``, or ``max_steps``
-   model calls were made.
+   model calls were made. In a conversation (a row with a user, :mod:`gym_bridge.user_sim`), a response
+   with no function calls is followed by the user's next message (an ``{"role": "user", "type":
+   "message"}`` output item, as NeMo Gym's conversational records hold it) and the loop goes on, until
+   the user ends the conversation, ``max_user_turns`` user messages, or the ``max_conversation_tokens``
+   budget (:class:`~gym_bridge.user_sim.UserSimConfig`).
 5. ``POST {env}/verify`` with the row and the final ``response``: the last model response whose
    ``output`` is the whole trajectory (every turn's items, function calls and their outputs included).
    The verify answer is the rollout record, in NeMo Gym's format.
@@ -46,6 +50,7 @@ from gym_bridge.deadlines import within
 from gym_bridge.env_router import Replica, SessionRouter
 from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 from gym_bridge.schema import input_items, reward_components_problem
+from gym_bridge.user_sim import UserSimConfig, user_for, user_message
 
 if TYPE_CHECKING:
     import httpx
@@ -99,6 +104,9 @@ class AgentConfig:
     and backoff waits. Past it the rollout is cut off as a ``rollout_timeout`` failure, so one request
     that never returns costs at most this, not each attempt's timeout times the attempts. None: only
     the per-request retry policies bound it."""
+    user: UserSimConfig | None = None
+    """The user side of multi-turn rows (an LLM user's endpoint, turn and token limits); None: rows with a
+    ``user_script`` still get a scripted user, with :class:`~gym_bridge.user_sim.UserSimConfig`'s defaults."""
 
 
 @dataclass
@@ -118,6 +126,11 @@ class RolloutMetrics:
     """HTTP attempts beyond the first, over all of the rollout's requests."""
     timeouts: int = 0
     """HTTP attempts that ran out of their retry policy's ``request_timeout`` (most were sent again)."""
+    user_turns: int = 0
+    """User messages the simulated user added after the task prompt."""
+    conversation_end: str | None = None
+    """Why a conversation ended: ``user`` (it said so), ``max_user_turns``, ``max_conversation_tokens``,
+    ``max_steps`` or ``max_output_tokens``; None for a row without a user."""
 
 
 @dataclass
@@ -129,7 +142,7 @@ class RolloutFailure:
     message: str
     attempts: int
     stage: str
-    """``seed_session``, ``model``, ``tool``, ``verify`` or ``agent``."""
+    """``seed_session``, ``model``, ``tool``, ``user``, ``verify`` or ``agent``."""
 
 
 @dataclass
@@ -427,6 +440,21 @@ class _Progress:
     """Every output item so far (model items, function call outputs)."""
 
 
+def _conversation_limit(
+    metrics: RolloutMetrics, last: dict[str, Any], max_user_turns: int, limits: UserSimConfig, max_steps: int | None
+) -> str | None:
+    """Which limit ends the conversation before the user would speak again, or None."""
+    if metrics.user_turns >= max_user_turns:
+        return "max_user_turns"
+    usage = last.get("usage") if isinstance(last.get("usage"), dict) else {}
+    used = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+    if limits.max_conversation_tokens is not None and used >= limits.max_conversation_tokens:
+        return "max_conversation_tokens"
+    if max_steps and metrics.model_calls >= max_steps:
+        return "max_steps"
+    return None
+
+
 def _count(metrics: RolloutMetrics, attempts: int, timeouts: int) -> None:
     metrics.retries += max(attempts - 1, 0)
     metrics.timeouts += timeouts
@@ -449,6 +477,11 @@ async def _run(
     params = task["responses_create_params"]
     env = EnvSession("", config.env_retry, config.env_headers, metrics)
     try:
+        user = user_for(task, config.user)
+        limits = config.user or UserSimConfig()
+        max_user_turns = limits.max_user_turns
+        if user is not None and user.max_turns is not None:
+            max_user_turns = min(max_user_turns, user.max_turns)
         if router is None:
             env.url = str(env_url).rstrip("/")
             progress.waiting_on = f"POST {env.url}/seed_session"
@@ -482,10 +515,24 @@ async def _run(
             items: list[dict[str, Any]] = last["output"]
             outputs.extend(items)
             if (last.get("incomplete_details") or {}).get("reason") == "max_output_tokens":
+                metrics.conversation_end = "max_output_tokens" if user is not None else None
                 break
             calls = [item for item in items if item.get("type") == "function_call"]
             if not calls:
-                break
+                if user is None:
+                    break
+                end = _conversation_limit(metrics, last, max_user_turns, limits, config.max_steps)
+                if end is None:
+                    progress.stage = "user"
+                    progress.waiting_on = "the user's next message"
+                    said = await user.reply(client, outputs)
+                    end = "user" if said is None else None
+                if end is not None:
+                    metrics.conversation_end = end
+                    break
+                outputs.append(user_message(said))
+                metrics.user_turns += 1
+                continue
             progress.stage = "tool"
             for call in calls:
                 metrics.tool_calls += 1
@@ -493,6 +540,7 @@ async def _run(
                 text = await _call_tool(client, env, call)
                 outputs.append(_function_call_output(call.get("call_id"), text))
             if config.max_steps and metrics.model_calls >= config.max_steps:
+                metrics.conversation_end = "max_steps" if user is not None else None
                 break
 
         progress.stage, progress.waiting_on = "verify", f"POST {base}/verify"

@@ -134,7 +134,8 @@ class OutputMessage(_TrainingFields):
     id: str | None = None
     role: str = "assistant"
     status: str | None = "completed"
-    content: list[OutputText | dict[str, Any]] = Field(default_factory=list)
+    content: str | list[OutputText | dict[str, Any]] = Field(default_factory=list)
+    """A list of parts; a user turn of a conversation may carry a plain string, as NeMo Gym's records do."""
 
 
 class FunctionCall(_TrainingFields):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from gym_bridge.retry import RetryPolicy
+from gym_bridge.user_sim import UserSimConfig
 
 __all__ = [
     "ENV_TRANSPORTS",
@@ -87,6 +88,24 @@ class CollectConfig:
     env_transport: EnvTransport = "in-process"
     """One of :data:`ENV_TRANSPORTS`: ``http`` serves the envs the run starts itself on loopback ports
     (for an env that needs a real socket, or one whose handlers block the event loop)."""
+    user_model_url: str | None = None
+    """The LLM user of multi-turn rows (:mod:`gym_bridge.user_sim`): an OpenAI-compatible base URL, or
+    ``policy`` for the run's own model (``--model-url`` or the embedded ``--policy``). None: rows with a
+    ``user_script`` get a scripted user."""
+    user_params: dict[str, Any] = field(default_factory=dict)
+    """The LLM user's ``responses_create_params`` (NeMo Gym's ``user_responses_create_params``)."""
+    max_user_turns: int = 8
+    max_conversation_tokens: int | None = None
+
+    def user_config(self, model_url: str) -> UserSimConfig:
+        """The user side of this run's conversations (``model_url``: the run's model, for ``policy``)."""
+        url = model_url if self.user_model_url == "policy" else self.user_model_url
+        headers = self.model_headers if self.user_model_url == "policy" else {}
+        return UserSimConfig(
+            model_url=url, responses_create_params=dict(self.user_params), headers=dict(headers),
+            retry=self.retry_policy(), max_user_turns=self.max_user_turns,
+            max_conversation_tokens=self.max_conversation_tokens,
+        )  # fmt: skip
 
     def timeout_s(self) -> float:
         """The request timeout this run uses (given, or sized)."""
@@ -140,6 +159,10 @@ def check_config(config: CollectConfig) -> None:
         raise CollectError("--request-timeout must be a positive number of seconds")
     if config.rollout_timeout is not None and not config.rollout_timeout > 0:
         raise CollectError("--rollout-timeout must be a positive number of seconds")
+    if config.max_user_turns < 0:
+        raise CollectError("--max-user-turns must be 0 or more")
+    if config.max_conversation_tokens is not None and config.max_conversation_tokens < 1:
+        raise CollectError("--max-conversation-tokens must be at least 1")
     if config.env_transport not in ENV_TRANSPORTS:
         choices = ", ".join(ENV_TRANSPORTS)
         raise CollectError(f"--env-transport must be one of {choices}, not {config.env_transport!r}")

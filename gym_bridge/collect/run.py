@@ -140,6 +140,7 @@ async def collect_async(
         model_headers=dict(config.model_headers),
         env_headers=dict(config.env_headers),
         rollout_timeout_s=config.rollout_timeout,
+        user=config.user_config(model_url),
     )
     workers = config.concurrency
     mounted = set(in_process.urls) if in_process is not None else set()

@@ -9,6 +9,11 @@ A task row carries the store's ``initial_state`` (``StoreState``), the tool sche
 * ``expected_calls`` (+ ``match``: ``strict`` | ``fraction`` | ``f1``) -- verified **by arguments**: the
   function calls in the response are compared with the expected ones, with a reason per mismatch.
 
+A multi-turn task (a simulated user, :mod:`gym_bridge.user_sim`) adds ``user_holds``: what only the user
+knows (an order number, a preference). The reward stays the outcome; ``reward_components`` reports it as
+``outcome`` beside the shaped ``asked_before_acting`` (1 when every held fact was in a user message before
+the first store-changing call, 0 otherwise), so a trainer may weigh asking first, and a report shows it.
+
 ``/seed_session`` (with the task row, or NeMo Gym 0.7.0's typed seed with the row as ``task_data``) gives
 the session its own copy of the store; ``/close_session`` drops it. Bad calls (unknown tool, missing or
 mistyped arguments, broken JSON) get a 4xx with a ``detail`` the agent passes back to the model; domain
@@ -28,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.server import ResourcesServer, ServerSettings, Session, tool
+from gym_bridge.user_sim import message_text
 from resources_servers.tool_use.scoring import (
     Call,
     calls_from_output,
@@ -80,6 +86,8 @@ class ToolUseVerifierMetadata(BaseModel):
     reference_calls: list[ToolCallSpec] | None = None
     expected_calls: list[ToolCallSpec] | None = None
     match: Literal["strict", "fraction", "f1"] | None = None
+    user_holds: list[str] | None = None
+    """Facts only the simulated user holds and gives when asked (multi-turn tasks)."""
 
     @model_validator(mode="after")
     def _has_a_mode(self) -> ToolUseVerifierMetadata:
@@ -219,9 +227,31 @@ class ToolUseServer(ResourcesServer):
             )
             failure = ("wrong_calls", "; ".join(score.reasons)) if score.reasons else None
         fields = {**row, **extras, "reward": reward}
+        if meta.user_holds is not None:
+            fields["reward_components"] = {
+                "outcome": reward,
+                "asked_before_acting": asked_before_acting(body.response.output, meta.user_holds),
+            }
         if failure is not None:
             fields["failure_kind"], fields["failure_reason"] = failure
         return VerifyResponse.model_validate(fields)
+
+
+STORE_CHANGING = frozenset({"add_to_cart", "remove_from_cart", "place_order", "cancel_order"})
+
+
+def asked_before_acting(output: list[Any], facts: list[str]) -> float:
+    """1.0 when every fact was said in a user message of the output before its first store-changing call
+    (or the conversation revealed them all and changed nothing), else 0.0."""
+    missing = set(facts)
+    for item in output:
+        item = item if isinstance(item, dict) else dump(item)
+        if item.get("type") == "function_call" and item.get("name") in STORE_CHANGING:
+            return 0.0 if missing else 1.0
+        if item.get("type", "message") == "message" and item.get("role") == "user":
+            text = message_text(item)
+            missing = {f for f in missing if f not in text}
+    return 0.0 if missing else 1.0
 
 
 def _replay(initial: dict[str, Any], calls: list[ToolCallSpec]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.train.helpers import save_random_tiny
 
-TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s")
+TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s", "step_share/")
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ class MathConfig(MathJudgeConfig):
     strict: bool = False
     """Reward 0 (``strict_rejected``) for an answer that asserts a relation, a negation or an
     approximation, or carries prose (:mod:`resources_servers.math.strict`); off: NeMo Gym's verdict."""
-    slow_check_s: float = Field(0.1, gt=0)
+    slow_check_s: float = Field(0.25, gt=0)
     """A check that has computed this many CPU seconds leaves the pool's lane (a fresh worker takes its
     place), so plain answers do not queue behind answers that will run into ``timeout_s``."""
     slow_lane_workers: int = Field(8, ge=0)

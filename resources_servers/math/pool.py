@@ -17,16 +17,17 @@ must guard its entry point with ``if __name__ == "__main__":``.
 
 Slow checks leave the lane: a check that has computed for ``slow_after_s`` (CPU seconds of its worker,
 from /proc; wall-clock seconds where that cannot be read) -- a normal one takes milliseconds, a hostile
-one will run into the budget -- no longer counts as one of the pool's ``size`` workers, and a fresh worker takes its place, so plain answers do not queue behind answers that
-will time out. While any check is slow, checks still waiting for a worker get fresh workers too (a burst
-of hostile answers would otherwise reach the workers one lane-width at a time). At most
+one will run into the budget -- no longer counts as one of the pool's ``size`` workers, and a fresh
+worker takes its place, so plain answers do not queue behind answers that will time out. While any check is slow, a freed or new worker goes to the newest waiting check (a burst
+of hostile answers arrives together; what comes after it is not made to wait until the whole burst has
+had its turn), and answers that ran into the budget before wait behind the others. At most
 ``slow_workers`` checks are out of the lane at once; workers beyond ``size`` are stopped when they finish
 a check and none waits. CPU seconds, not waiting time: on a machine so loaded that every check crawls,
 more processes would only make every check slower. (Slow workers are not reniced: there a niced check
 that would finish starves into a timeout.)
 
-Workers start when the first check needs one, in the background: warming one (importing SymPy and
-math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
+Workers start when the first check needs one, in the background: warming the fork server (importing
+SymPy and math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
 numbers are compared in the server process), so the server answers from its first request and a run
 of plain answers never pays for the pool. Checks wait for the first warm worker. The server process
 itself never imports math-verify.
@@ -201,7 +202,7 @@ class VerifierPool:
         cache_size: int = 0,
         start_method: str = "forkserver",
         cache_chars: int = CACHE_CHARS,
-        slow_after_s: float = 0.1,
+        slow_after_s: float = 0.25,
         slow_workers: int = 0,
     ) -> None:
         if size < 1:
@@ -561,14 +562,12 @@ class VerifierPool:
         self._grow()
 
     def _grow(self) -> None:
-        """Start workers so that ``size`` are free of slow checks and, while any check is slow, one for
-        every check waiting; at most ``size + slow_workers`` in all."""
+        """Start workers so that ``size`` are free of slow checks (at most ``size + slow_workers`` in all)."""
         if self._closed:
             return
         fast = len(self._workers) - len(self._slow) + self._spawning
-        backlog = self._waiting - self._spawning if self._slow else 0
         room = self.size + self.slow_workers - len(self._workers) - self._spawning
-        for _ in range(min(max(self.size - fast, backlog), room)):
+        for _ in range(min(self.size - fast, room)):
             self.stats.lane_spawns += 1
             self._spawning += 1  # counted now: the next _grow (same loop turn) must see it
             self._in_background(self._respawn(counted=True))

@@ -63,14 +63,14 @@ class CollectCommand(ReadableCommand):
         return super().parse_args(ctx, args)
 
 
-def parse_params(values: list[str]) -> dict[str, Any]:
+def parse_params(values: list[str], option: str = "--param") -> dict[str, Any]:
     """``["temperature=0.2", "metadata={\\"a\\": 1}", "model=m"]`` -> a dict; values are JSON when they parse."""
     params: dict[str, Any] = {}
     for item in values:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--param")
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint=option)
         try:
             params[key] = json.loads(raw)
         except ValueError:
@@ -169,6 +169,29 @@ def collect(
     env_transport: Annotated[
         EnvTransportChoice, typer.Option(help=ENV_TRANSPORT_HELP, case_sensitive=False)
     ] = EnvTransportChoice.in_process,
+    user_model_url: Annotated[
+        str | None,
+        typer.Option(
+            help="LLM user of multi-turn rows (those with user_instructions, customer_scenario or a user_script): "
+            "an OpenAI-compatible base URL, or 'policy' for the run's own model. Default: rows with a "
+            "user_script get a scripted user (docs/guides/multi-turn.md).",
+            show_default=False,
+        ),
+    ] = None,
+    user_param: Annotated[
+        list[str] | None,
+        typer.Option(help="The LLM user's responses_create_params: KEY=VALUE (VALUE read as JSON if it parses)."),
+    ] = None,
+    max_user_turns: Annotated[
+        int, typer.Option(help="Most user messages after the task prompt in a conversation.")
+    ] = 8,
+    max_conversation_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="End a conversation once the policy's last call used this many tokens (input + output).",
+            show_default=False,
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     ray: Annotated[
         str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP, show_default=False)
@@ -223,6 +246,10 @@ def collect(
         model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
         env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
         env_transport=env_transport.value,
+        user_model_url=user_model_url,
+        user_params=parse_params(user_param or [], "--user-param"),
+        max_user_turns=max_user_turns,
+        max_conversation_tokens=max_conversation_tokens,
     )
     bar = _ProgressBar(console, enabled=progress)
     # no bar: nothing to tell per rollout (rich keeps a hidden bar's books too, a few Python calls a rollout)

@@ -205,3 +205,51 @@ def test_generator_is_deterministic_and_held_out_differs():
     for row in held:  # the opening never gives away what the user holds
         opening = row["responses_create_params"]["input"][-1]["content"]
         assert not any(fact in opening for fact in row["verifier_metadata"]["user_holds"])
+
+
+def test_cli_llm_user_is_the_embedded_policy(tmp_path, store_url):
+    """``collect --policy <tiny> --user-model-url policy``: the embedded model plays both sides; the user's
+    turns are its own generations (not sensible, but real), in the record as user messages."""
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+    from tests.train.helpers import save_random_tiny
+
+    model_dir = save_random_tiny(tmp_path / "tiny", seed=7, num_layers=1)
+    row = cancel_row()
+    row["responses_create_params"]["tools"] = [
+        t for t in row["responses_create_params"]["tools"] if t["name"] == "cancel_order"
+    ]
+    row["user_instructions"] = "You want order O1 cancelled."
+    tasks = write_rows(tmp_path / "tasks.jsonl", [row])
+    out = tmp_path / "out.jsonl"
+    args = ["collect", str(tasks), "-o", str(out), "--env", store_url, "--policy", str(model_dir),
+            "--user-model-url", "policy", "--user-param", "max_output_tokens=6", "--user-param", "temperature=1.0",
+            "--max-user-turns", "2", "--max-output-tokens", "24", "--param", 'stop=["a", "e", "o", " "]',
+            "--num-repeats", "4", "--seed", "1", "--no-progress"]  # fmt: skip
+    # (the stop strings end the random model's turns before the token cap, which would end the rollout)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = read_jsonl(out)
+    assert len(records) == 4
+    for record in records:
+        output = record["response"]["output"]
+        users = [i for i in output if i.get("role") == "user"]
+        assert len(users) <= 2 and all(isinstance(u["content"], str) and u["content"] for u in users)
+        assistants = [i for i in output if i.get("type") == "message" and i.get("role") == "assistant"]
+        assert len(assistants) >= len(users)  # every user turn answers an assistant turn
+        assert "reward_components" in record
+    assert any(i.get("role") == "user" for r in records for i in r["response"]["output"])
+
+
+def test_cli_refuses_bad_user_options(tmp_path):
+    from typer.testing import CliRunner
+
+    from gym_bridge.cli import app
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", [cancel_row()])
+    base = ["collect", str(tasks), "-o", str(tmp_path / "o.jsonl"), "--env", "tool_use", "--model-url", "http://127.0.0.1:9/v1"]
+    bad = CliRunner().invoke(app, [*base, "--user-param", "nonsense"])
+    assert bad.exit_code != 0 and "--user-param" in bad.output
+    negative = CliRunner().invoke(app, [*base, "--max-user-turns", "-1"])
+    assert negative.exit_code != 0 and "--max-user-turns" in negative.output

@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from gym_bridge.viewer.app import Viewer, build_app
 
 
-
 def test_user_turns_of_the_output_render_as_user_turns(tmp_path: Path) -> None:
     record = {
         "responses_create_params": {"input": [{"role": "user", "content": "Cancel one of my orders.", "type": "message"}]},

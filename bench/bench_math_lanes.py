@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402
+from common import builtin_server, figure, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"one_lane": {"slow_lane_workers": 0}, "slow_lane": {}}
@@ -54,29 +53,17 @@ def _body(text: str, expected: str) -> dict[str, Any]:
 
 @contextmanager
 def math_server(settings: dict[str, Any]) -> Iterator[str]:
-    """``gym-bridge serve math --config FILE --port 0`` as a child process; yields its URL."""
+    """``gym-bridge serve math --config FILE --port 0`` as a child process, warmed; yields its URL."""
     import yaml
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(settings, f)
-    command = [sys.executable, "-m", "gym_bridge.cli", "serve", "math", "--port", "0", "--config", f.name]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if "listening on " not in line:
-            raise RuntimeError(f"the math server did not start: {line!r}")
-        url = line.split("listening on ")[1].split()[0]
-        warm = httpx.post(f"{url}/verify", json=_body("\\boxed{\\sqrt{4}}", "2"), timeout=120).json()
-        assert warm["reward"] == 1.0, warm
-        yield url
+        with builtin_server("math", extra_args=("--config", f.name)) as (_, url):
+            warm = httpx.post(f"{url}/verify", json=_body("\\boxed{\\sqrt{4}}", "2"), timeout=120).json()
+            assert warm["reward"] == 1.0, warm
+            yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         os.unlink(f.name)
 
 

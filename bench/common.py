@@ -172,13 +172,15 @@ def print_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 @contextmanager
-def builtin_server(name: str, stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """``gym-bridge serve NAME --port 0`` as a child process, as users run it: ``(process, url)``.
+def builtin_server(
+    name: str, stop_timeout: float = 30, extra_args: tuple[str, ...] = ()
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``gym-bridge serve NAME --port 0 [EXTRA_ARGS]`` as a child process, as users run it: ``(process, url)``.
 
     A child process keeps the server's CPU apart from the bench client's (see :func:`tree_cpu_seconds`);
     it is stopped (SIGTERM, then SIGKILL after ``stop_timeout`` seconds) when the block ends.
     """
-    command = [sys.executable, "-m", "gym_bridge.cli", "serve", name, "--port", "0"]
+    command = [sys.executable, "-m", "gym_bridge.cli", "serve", name, "--port", "0", *extra_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert process.stdout is not None

@@ -228,4 +228,8 @@ def worker_main(conn: Any, memory_mb: int | None) -> None:
         if message is None:
             return
         task_id, expected, candidate, timeout_s, whole_text = message
-        conn.send((task_id, _checked(expected, candidate, timeout_s, whole_text)))
+        result = _checked(expected, candidate, timeout_s, whole_text)
+        try:
+            conn.send((task_id, result))
+        except OSError:  # the server stopped this worker (or shut down) meanwhile
+            return

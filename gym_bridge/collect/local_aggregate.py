@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from gym_bridge.aggregate import (
     AggregateRequestError,
     SpilledGroups,
@@ -56,7 +58,7 @@ class SpooledRecords:
             line = line.rstrip(b"\n")
             if line == b"]}":
                 break
-            yield json.loads(line[:-1] if line.endswith(b",") else line)
+            yield _decode(line[:-1] if line.endswith(b",") else line)
             n += 1
         self.count = n
 
@@ -65,6 +67,18 @@ class SpooledRecords:
             for _ in self:
                 pass
         return self.count or 0
+
+
+_DECODER = msgspec.json.Decoder()
+
+
+def _decode(line: bytes) -> Any:
+    """``json.loads(line)``: msgspec's decoder (about three times faster; an env's summary may read the
+    records several times over), ``json.loads`` for what it refuses (``NaN``, which Python's JSON writes)."""
+    try:
+        return _DECODER.decode(line)
+    except msgspec.DecodeError:
+        return json.loads(line)
 
 
 def local_aggregate(server: Any, body: IO[bytes], group_size: int | None, directory: Path) -> dict[str, Any]:

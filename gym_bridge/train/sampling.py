@@ -49,6 +49,7 @@ from gym_bridge.train.rollouts import (
     sequence_from_items,
     sequence_from_text,
 )
+from gym_bridge.user_sim import UserSimConfig
 
 __all__ = [
     "GenerationTimer",
@@ -220,6 +221,13 @@ class OnlineSampler:
                 model_retry=model_retry,
                 env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
                 env_headers={"authorization": f"Bearer {token}"} if (token := self._env_token(name)) else {},
+                user=UserSimConfig(
+                    model_url=f"{policy_url}/v1" if env.user_model_url == "policy" else env.user_model_url,
+                    responses_create_params=dict(env.user_params),
+                    retry=model_retry,
+                    max_user_turns=env.max_user_turns,
+                    max_conversation_tokens=env.max_conversation_tokens,
+                ),
             )
             for name, env in cfg.env.items()
         }

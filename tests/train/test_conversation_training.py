@@ -130,3 +130,63 @@ def test_scripted_conversations_train_and_only_assistant_tokens_get_gradient(
                         checked["assistant"] += 1
     assert polite == round(16 * step["reward_mean"])  # every polite conversation, and only those, scored 1
     assert checked["user"] > 50 and checked["tool"] > 10 and checked["assistant"] > 50, checked
+
+
+def test_env_user_settings_reach_the_agent_loop(tmp_path: Path) -> None:
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+    from gym_bridge.train.config import ConfigError
+    from gym_bridge.train.sampling import OnlineSampler
+    from tests.train.helpers import PARITY_SERVER
+
+    model_dir = save_random_tiny(tmp_path / "m")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    backend = TransformersBackend(AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir))
+    base = ["data.train.data_path=a.jsonl", "data.default.env_name=p", f"env.p.server={PARITY_SERVER}",
+            f"env.q.server={PARITY_SERVER}"]  # fmt: skip
+    cfg = load_config(
+        None,
+        [*base, "env.q.user_model_url=policy", "env.q.user_params={temperature: 0.3}", "env.q.max_user_turns=2",
+         "env.q.max_conversation_tokens=900"],
+    )  # fmt: skip
+    sampler = OnlineSampler(cfg, backend, backend.tokenizer)
+    try:
+        p, q = sampler.agent_configs["p"].user, sampler.agent_configs["q"].user
+        assert p is not None and p.model_url is None and p.max_user_turns == 8  # scripted users only
+        assert q is not None and q.model_url == sampler.agent_configs["q"].model_url  # 'policy': the policy server
+        assert q.responses_create_params == {"temperature": 0.3}
+        assert q.max_user_turns == 2 and q.max_conversation_tokens == 900
+    finally:
+        sampler.close()
+    with pytest.raises(ConfigError, match="user_model_url"):
+        load_config(None, [*base, "env.q.user_model_url=somewhere"])
+    with pytest.raises(ConfigError, match="max_user_turns"):
+        load_config(None, [*base, "env.q.max_user_turns=-1"])
+
+
+@pytest.mark.timeout(240)
+def test_env_max_user_turns_zero_silences_the_user_in_training(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``env.conv.max_user_turns=0`` the polite clerk's question is never answered: nobody scores."""
+    from gym_bridge.train import loop, setup
+
+    rows = [make_conversation(random.Random(3), "cancel_my_order", "c0")]
+    rows[0]["responses_create_params"]["tools"] = []
+    data = tmp_path / "conversations.jsonl"
+    data.write_text(json.dumps(rows[0]) + "\n")
+    monkeypatch.setattr(setup, "_generation_backend", lambda cfg, stack, learner: Clerk(learner.tokenizer))
+    with start_in_thread(ToolUseServer().build_app()) as env:
+        cfg = load_config(
+            None,
+            [*SMALL_ONLINE_RUN, "policy.max_total_sequence_length=1024", "policy.generation.max_new_tokens=64",
+             "grpo.max_rollout_turns=6", "grpo.num_prompts_per_step=1", "policy.train_global_batch_size=4",
+             "policy.generation_batch_size=4", f"policy.model_name={tiny_model_dir}",
+             f"data.train.data_path={data}", "data.train.env_name=conv", f"env.conv.url={env.url}",
+             "env.conv.max_user_turns=0", "grpo.max_num_steps=1", "grpo.val_period=0",
+             "checkpointing.enabled=false", f"logger.log_dir={tmp_path / 'logs'}", "logger.tensorboard_enabled=false"],
+        )  # fmt: skip
+        loop.train(cfg, show_progress=False)
+    (step,) = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
+    assert step["num_samples"] == 4 and step["rollout_failures"] == 0
+    assert step["reward_mean"] == 0.0

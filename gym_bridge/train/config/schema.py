@@ -277,6 +277,23 @@ class EnvConfig(Section):
     few as fit, STRICT_* or an error after ``cluster.placement_timeout_s``. Refused without
     ``replicas``. Default SPREAD."""
 
+    user_model_url: str | None = None
+    """The LLM user of this env's multi-turn rows (those with ``user_instructions``, ``customer_scenario``
+    or a ``user_script``; :mod:`gym_bridge.user_sim`): an OpenAI-compatible base URL, or ``policy`` for
+    the embedded policy server. Null: rows with a ``user_script`` get a scripted user. Default null."""
+
+    user_params: dict[str, Any] = Field(default_factory=dict)
+    """The LLM user's ``responses_create_params`` (``model``, ``temperature``, ``max_output_tokens``, ...;
+    NeMo Gym's ``user_responses_create_params``), not the policy's sampling settings. Default {}."""
+
+    max_user_turns: int = Field(8, ge=0)
+    """Most user messages after the task prompt in one conversation (a ``user_script``'s ``max_turns``
+    can lower it). Default 8."""
+
+    max_conversation_tokens: int | None = Field(None, ge=1)
+    """End a conversation once the policy's last call used this many tokens (input + output); null: no
+    cap. Default null."""
+
     @model_validator(mode="after")
     def _one_source(self) -> EnvConfig:
         if self.server is not None and self.url is not None:
@@ -287,6 +304,9 @@ class EnvConfig(Section):
             raise ValueError("replicas start copies of a built-in server: unset url (or replicas)")
         if self.placement_strategy != "SPREAD" and not self.replicas:  # (the saved config holds the default)
             raise ValueError("placement_strategy places the env's Ray replicas: set replicas >= 1")
+        url = self.user_model_url
+        if url is not None and url != "policy" and not url.startswith(("http://", "https://")):
+            raise ValueError(f"user_model_url must be 'policy' or an http(s) URL, not {url!r}")
         return self
 
 

@@ -173,10 +173,17 @@ def make_task(rng: random.Random, kind: str, task_id: str) -> dict[str, Any]:
         meta["reference_calls"] = calls
     else:
         meta.update(expected_calls=calls, match="strict")
+    return task_row(SYSTEM_PROMPT, prompt, state, meta, task_id)
+
+
+def task_row(
+    system: str, prompt: str, state: dict[str, Any], meta: dict[str, Any], task_id: str
+) -> dict[str, Any]:
+    """A tool_use task row: the system prompt and the customer's message, every store tool, its store."""
     return {
         "responses_create_params": {
             "input": [
-                {"role": "system", "content": SYSTEM_PROMPT, "type": "message"},
+                {"role": "system", "content": system, "type": "message"},
                 {"role": "user", "content": prompt, "type": "message"},
             ],
             "tools": tool_schemas(),

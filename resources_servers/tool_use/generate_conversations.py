@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resources_servers.tool_use.generate import AGENT, _call, _store, write_jsonl
-from resources_servers.tool_use.store import apply_call, tool_schemas
+from resources_servers.tool_use.generate import _call, _store, task_row, write_jsonl
+from resources_servers.tool_use.store import apply_call
 
 SYSTEM_PROMPT = (
     "You are the assistant of an online store. Act on the customer's request with the tools. If you need "
@@ -74,21 +74,10 @@ def make_conversation(rng: random.Random, kind: str, task_id: str, max_turns: in
             break
         except (ValueError, IndexError):
             continue
-    return {
-        "responses_create_params": {
-            "input": [
-                {"role": "system", "content": SYSTEM_PROMPT, "type": "message"},
-                {"role": "user", "content": opening, "type": "message"},
-            ],
-            "tools": tool_schemas(),
-            "parallel_tool_calls": True,
-        },
-        "agent_ref": {"name": AGENT},
-        "task_id": task_id,
-        "initial_state": state,
-        "user_script": {"reveal": reveal, "max_turns": max_turns},
-        "verifier_metadata": {"task_kind": kind, "reference_calls": calls, "user_holds": holds},
-    }
+    meta = {"task_kind": kind, "reference_calls": calls, "user_holds": holds}
+    row = task_row(SYSTEM_PROMPT, opening, state, meta, task_id)
+    row["user_script"] = {"reveal": reveal, "max_turns": max_turns}
+    return row
 
 
 def generate(seed: int, n: int, split: str) -> list[dict[str, Any]]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
+from gym_bridge.generation.backend import GenerationRequest, GenerationResult
+from tests.train.shopper import Shopper
 
 __all__ = ["ASK", "Clerk"]
 
@@ -23,17 +23,8 @@ _ORDER = re.compile(r"\bO\d+\b")
 _USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
 
-class Clerk(GenerationBackend):
-    def __init__(self, tokenizer: Any, max_context: int = 1024) -> None:
-        self.tokenizer = tokenizer
-        self.model_name = "policy"
-        self.max_context = max_context
-        self.vocab_size = len(tokenizer)
-        self.eos_token_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        self._tool_response = tokenizer.convert_tokens_to_ids("<tool_response>")
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return [self._answer(r) for r in requests]
+class Clerk(Shopper):
+    """:class:`~tests.train.shopper.Shopper`'s backend plumbing, with the clerk's answers."""
 
     def _answer(self, request: GenerationRequest) -> GenerationResult:
         prompt = self.tokenizer.decode(request.prompt_token_ids)

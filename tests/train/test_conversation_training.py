@@ -83,7 +83,7 @@ def test_scripted_conversations_train_and_only_assistant_tokens_get_gradient(
 
     def backend(cfg: Any, stack: Any, learner: Any) -> Clerk:
         seen["tokenizer"].append(learner.tokenizer)
-        return Clerk(learner.tokenizer)
+        return Clerk(learner.tokenizer, max_context=1024)
 
     monkeypatch.setattr(update, "make_micro_batch", make_micro_batch)
     monkeypatch.setattr(ClippedPGLossFn, "loss_and_metrics", loss_and_metrics)
@@ -175,7 +175,7 @@ def test_env_max_user_turns_zero_silences_the_user_in_training(
     rows[0]["responses_create_params"]["tools"] = []
     data = tmp_path / "conversations.jsonl"
     data.write_text(json.dumps(rows[0]) + "\n")
-    monkeypatch.setattr(setup, "_generation_backend", lambda cfg, stack, learner: Clerk(learner.tokenizer))
+    monkeypatch.setattr(setup, "_generation_backend", lambda cfg, stack, learner: Clerk(learner.tokenizer, max_context=1024))
     with start_in_thread(ToolUseServer().build_app()) as env:
         cfg = load_config(
             None,

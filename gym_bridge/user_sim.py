@@ -171,7 +171,10 @@ class LLMUser:
             i for i in input_items(row.get("responses_create_params") or {})
             if isinstance(i, dict) and i.get("role") == "user"
         ]
-        self.max_turns = None
+        script = row.get("user_script")
+        turns = script.get("max_turns") if isinstance(script, dict) else None
+        self.max_turns = turns if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0 else None
+        """A row's ``user_script.max_turns`` bounds the LLM user's turns too."""
         self.calls = 0
         """Requests made to the user model (for tests and metrics)."""
 

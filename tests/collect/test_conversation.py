@@ -181,6 +181,15 @@ def test_llm_user_gets_swapped_roles_and_can_stop(tmp_path, store_url):
     assert json.dumps(seen[-1]).count("cancel_order") == 0  # tool calls are not shown to the user
 
 
+def test_llm_user_keeps_to_the_rows_max_turns():
+    row = cancel_row()
+    row["user_script"]["max_turns"] = 1
+    user = user_for(row, UserSimConfig(model_url="http://127.0.0.1:9/v1"))
+    assert type(user).__name__ == "LLMUser" and user.max_turns == 1
+    del row["user_script"]
+    assert user_for(row, UserSimConfig(model_url="http://127.0.0.1:9/v1")) is None  # nothing to play
+
+
 def test_nemo_gym_conversational_records_validate():
     """NeMo Gym's conversational rollouts carry user turns in response.output with a plain string content."""
     from pathlib import Path

@@ -20,9 +20,12 @@ overhead the online trainer pays (pessimistic: the httpx client runs in the same
 Results go to bench/results/generation_throughput.json in the bench contract (bench/README.md).
 The shared notes' peer figure: TRL's GRPOTrainer generated about 2,100-2,400 tokens/s on this shape.
 
-``--model smollm2-135m`` measures the pretrained 135M model instead (generation_real.py:
-one row per ``--concurrency``, the machine's FLOP bound measured in the same run, and LoRA unmerged
-against merged); its results go to bench/results/generation_smollm2.json.
+``--model smollm2-135m`` measures the pretrained 135M model instead (generation_real.py: per
+``--concurrency``, tokens/s against the machine's best large-matmul rate measured in the same run, for
+the model and for LoRA unmerged and merged); its results go to bench/results/generation_smollm2.json:
+
+    .venv/bin/python bench/bench_generation.py --model smollm2-135m --concurrency 16,64 --new-tokens 24 \
+        --repeats 3 --threads 2
 """
 
 from __future__ import annotations
@@ -148,7 +151,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 repeats")
     parser.add_argument("--model", default="tiny", help="tiny (random, the default) or smollm2-135m")
     parser.add_argument("--concurrency", default="16,64", help="smollm2: rows per batch, one row each")
-    parser.add_argument("--lora-concurrency", type=int, default=32, help="smollm2: rows of the LoRA row")
+    parser.add_argument(
+        "--lora-concurrency",
+        type=int,
+        default=None,
+        help="smollm2: rows of the LoRA rows (default: each --concurrency; 0: none)",
+    )
     args = parser.parse_args()
     if args.model != "tiny":
         from generation_real import main as real_main

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from gym_bridge.generation.backend import (
     FinishReason,
@@ -77,6 +78,11 @@ class TransformersBackend(GenerationBackend):
     with its own log-probs) of the temperature-scaled distribution each row sampled from. Top-k/top-p
     truncation is not applied to the reported value in either mode.
     """
+
+    preallocate_cache = True
+    """Decode into KV buffers sized for the whole completion (:func:`preallocate`); False keeps
+    transformers' ``DynamicCache``, which copies every layer's keys and values at every token (for A/B
+    benches)."""
 
     def __init__(
         self,
@@ -194,6 +200,8 @@ class TransformersBackend(GenerationBackend):
         prompts, row_prompt = distinct_prompts([rows[i].request.prompt_token_ids for i in active])
         prompt = prefill(self.model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
         cache, fan_out = prompt.cache, prompt.fan_out
+        if self.preallocate_cache:
+            preallocate(cache, steps)
         logits = prompt.output.logits[:, -1, :].float()[fan_out]
         attention_mask, position = prompt.attention_mask[fan_out], prompt.positions[fan_out][:, -1:]
         step = 0
@@ -259,6 +267,50 @@ class TransformersBackend(GenerationBackend):
 
     def _decode_text(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer whose keys and values live in buffers with room for the tokens still to come:
+    a decoded token is written into place, where ``DynamicLayer`` concatenates (copying the whole
+    cache of the layer at every token: with SmolLM2-135M, 64 rows and 150-token contexts about
+    0.3 GB of copies per decoded token). ``keys``/``values`` are views of the filled part."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        self.is_initialized, self.device = True, keys.device
+        self._fill(keys, values, capacity)
+
+    def _fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        length = keys.shape[-2]
+        self._keys = keys.new_empty((*keys.shape[:-2], capacity, keys.shape[-1]))
+        self._values = values.new_empty((*values.shape[:-2], capacity, values.shape[-1]))
+        self._keys[..., :length, :] = keys
+        self._values[..., :length, :] = values
+        self._length = length
+        self.keys, self.values = self._keys[..., :length, :], self._values[..., :length, :]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        end = self._length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:  # more than planned (not in the backend's loop): make room
+            self._fill(self.keys, self.values, max(end, 2 * self._keys.shape[-2]))
+        self._keys[..., self._length : end, :] = key_states
+        self._values[..., self._length : end, :] = value_states
+        self._length = end
+        self.keys, self.values = self._keys[..., :end, :], self._values[..., :end, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self.keys, self.values = self._keys[..., : self._length, :], self._values[..., : self._length, :]
+
+
+def preallocate(cache: Any, tokens: int) -> None:
+    """Move each layer of a prefilled ``DynamicCache`` into buffers with room for ``tokens`` more."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+        return  # another layout (an older transformers, sliding windows): decode as it is
+    for i, layer in enumerate(layers):
+        layers[i] = _PreallocatedLayer(layer.keys, layer.values, layer.keys.shape[-2] + tokens)
 
 
 def _sample(

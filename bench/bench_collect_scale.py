@@ -11,6 +11,7 @@ the slope of peak RSS between the smallest and the largest run, in bytes per rol
     .venv/bin/python bench/bench_collect_scale.py             # 65,536 / 262,144 / 1,048,576: bench/results/collect_scale.json
     .venv/bin/python bench/bench_collect_scale.py --quick     # 8,192 / 32,768 at c=4096 (about a minute)
     .venv/bin/python bench/bench_collect_scale.py --sizes 65536 262144
+    .venv/bin/python bench/bench_collect_scale.py --sizes 1048576 --add   # beside the runs already in the file
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8,192 and 32,768 rollouts at c=4096")
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
     parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--add", action="store_true",
+                        help="keep the runs already in the results file (other sizes, run earlier) beside these")
     args = parser.parse_args()
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     concurrency = args.concurrency or (4096 if args.quick else 65_536)
@@ -109,10 +112,16 @@ def main() -> None:
     finally:
         fake.kill()
         fake.wait()
+    if args.add:
+        earlier = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results") / f"{RESULT_NAME}.json"
+        if earlier.exists():
+            sizes_now = {r["rollouts"] for r in runs}
+            kept = [r for r in json.loads(earlier.read_text())["details"]["runs"] if r["rollouts"] not in sizes_now]
+            runs = sorted(kept + runs, key=lambda r: r["rollouts"])
     rows = []
     for r in runs:
         before = ISSUE_BEFORE.get(r["rollouts"])
-        note = (f"c={concurrency:,} requested, {r['concurrency']} run at once (bounded by collect: "
+        note = (f"c={r['concurrency_requested']:,} requested, {r['concurrency']} run at once (bounded by collect: "
                 f"{r['concurrency_bound']}); {r['failed']} failed; {r['rollouts_written']:,} written; "
                 f"load average {r['loadavg_start'][0]:.1f} at start, {r['loadavg_end'][0]:.1f} at end")  # fmt: skip
         before_note = (f"; before this change (issue 37, not this run): {before['rollouts_per_s']:g} rollouts/s, "

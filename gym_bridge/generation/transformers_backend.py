@@ -4,8 +4,9 @@ Why a hand-written loop instead of ``model.generate``: RL needs, per row, the ex
 of every sampled token and a seed that reproduces the row whatever it is batched with. Here each
 row pre-draws its uniforms from its own ``torch.Generator`` and samples by inverse CDF over the
 (sorted, filtered) distribution, so a row's tokens depend only on its prompt, its parameters and its
-seed. Prompts are left-padded into one batch and decoded with a KV cache; a prompt repeated in the
-batch (GRPO's G samples per prompt) is prefilled once; rows that finish are dropped from the batch.
+seed. Prompts are left-padded into one batch and decoded with a KV cache whose buffers have room for the
+whole completion (no per-token copy of the cache); a prompt repeated in the batch (GRPO's G samples per
+prompt) is prefilled once; rows that finish are dropped from the batch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""Which figures describe which recipe: ``bench/results/recipe_figures.json`` holds, per shipped recipe,
+the SHA-256 of its resolved config beside the figures measured on it, so a changed setting cannot
+leave old figures standing (tests/train/test_recipe_figures.py recomputes the hashes).
+
+The hash covers everything ``load_config`` resolves (the recipe, the recipes it inherits, the defaults
+of every key), written by ``config_to_dict`` as sorted JSON with the repository's path replaced by
+``<repo>``, so a clone elsewhere hashes the same. A change to an inherited recipe changes the hash of
+every recipe that inherits it: re-measure those too.
+
+    .venv/bin/python bench/recipe_figures.py check                    # every recorded hash still matches?
+    .venv/bin/python bench/recipe_figures.py hash recipes/grpo_smollm2_135m_lora.yaml
+    .venv/bin/python bench/recipe_figures.py record recipes/grpo_smollm2_135m_lora.yaml --figures F.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES_FILE = REPO / "bench" / "results" / "recipe_figures.json"
+
+
+def resolved_config_hash(recipe: str | Path) -> str:
+    """SHA-256 of the recipe's resolved config (sorted JSON, repository path as ``<repo>``)."""
+    from gym_bridge.train.config import config_to_dict, load_config
+
+    text = json.dumps(config_to_dict(load_config(Path(recipe))), sort_keys=True, default=str)
+    return hashlib.sha256(text.replace(str(REPO), "<repo>").encode()).hexdigest()
+
+
+def load_figures(path: Path = FIGURES_FILE) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"recipes": {}}
+
+
+def stale(path: Path = FIGURES_FILE) -> list[str]:
+    """Recipes (repository-relative paths) whose recorded hash no longer matches their resolved config."""
+    recorded = load_figures(path)["recipes"]
+    return [
+        name
+        for name, entry in recorded.items()
+        if resolved_config_hash(REPO / name) != entry["config_sha256"]
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("check", help="exit 1 naming every recipe whose figures were measured on other settings")
+    hash_cmd = sub.add_parser("hash", help="print a recipe's resolved-config hash")
+    hash_cmd.add_argument("recipe", type=Path)
+    record = sub.add_parser("record", help="store a recipe's hash with the figures measured on it")
+    record.add_argument("recipe", type=Path)
+    record.add_argument(
+        "--figures", type=Path, required=True, help="JSON of the figures (runs, command, machine)"
+    )
+    args = parser.parse_args()
+    if args.command == "hash":
+        print(resolved_config_hash(args.recipe))
+        return
+    if args.command == "check":
+        bad = stale()
+        for name in bad:
+            print(f"{name}: its settings changed since its figures were measured; re-measure and record them")
+        sys.exit(1 if bad else 0)
+    data = load_figures()
+    name = str(args.recipe.resolve().relative_to(REPO))
+    data["recipes"][name] = {
+        "config_sha256": resolved_config_hash(args.recipe),
+        "figures": json.loads(args.figures.read_text()),
+    }
+    FIGURES_FILE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    print(f"recorded {name} in {FIGURES_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -157,6 +157,11 @@ def main() -> None:
         default=None,
         help="smollm2: rows of the LoRA rows (default: each --concurrency; 0: none)",
     )
+    parser.add_argument(
+        "--ab-dynamic-cache",
+        action="store_true",
+        help="smollm2: also time the backend with transformers' DynamicCache (the decode loop before issue 38)",
+    )
     args = parser.parse_args()
     if args.model != "tiny":
         from generation_real import main as real_main

@@ -109,6 +109,8 @@ def main(args: Any) -> None:
         return grpo_batch(tokenizer, max(1, c // group), group)[1]
 
     base = backend_for(model)
+    concatenating = backend_for(model)  # the decode loop before issue 38: transformers' DynamicCache
+    concatenating.preallocate_cache = False
     shapes = bound_shapes(hidden, intermediate)
     # name -> tokens made (engines) or GFLOP/s (the bound)
     runners: dict[str, Callable[[], float]] = {"matmul bound": lambda: best_matmul_gflops(shapes)}
@@ -123,6 +125,10 @@ def main(args: Any) -> None:
         prompts = rows_of(c)
         reqs = requests_for(prompts)
         runners[f"backend c={c}"] = lambda b=base, r=reqs: ours(b, r, args.new_tokens)
+        if args.ab_dynamic_cache:
+            runners[f"backend dynamic-cache c={c}"] = lambda b=concatenating, r=reqs: ours(
+                b, r, args.new_tokens
+            )
         if args.compare_hf:
             runners[f"model.generate c={c}"] = lambda p=prompts: hf_generate(
                 model, p, pad, args.new_tokens, args.temperature
@@ -164,6 +170,14 @@ def main(args: Any) -> None:
                 f"TransformersBackend tokens/s ({shape}, c={c})", round(ours_rate, 1), "tokens/s",
                 baseline=round(rate(f"model.generate c={c}"), 1),
                 note=f"baseline: model.generate on the same rows and model, same run, alternating; median of {repeats}",
+            ))  # fmt: skip
+        if args.ab_dynamic_cache:
+            rows.append(figure(
+                f"TransformersBackend preallocated KV cache vs DynamicCache ({shape}, c={c})", round(ours_rate, 1),
+                "tokens/s", baseline=round(rate(f"backend dynamic-cache c={c}"), 1),
+                note="baseline: the same backend decoding with transformers' DynamicCache (which concatenates "
+                "every layer's keys and values at each token; the loop before issue 38), same run, alternating; "
+                f"median of {repeats}",
             ))  # fmt: skip
         rows.append(figure(
             f"TransformersBackend share of the large-matmul bound ({shape}, c={c})", round(ours_rate, 1),

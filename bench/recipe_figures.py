@@ -9,7 +9,8 @@ every recipe that inherits it: re-measure those too.
 
     .venv/bin/python bench/recipe_figures.py check                    # every recorded hash still matches?
     .venv/bin/python bench/recipe_figures.py hash recipes/grpo_smollm2_135m_lora.yaml
-    .venv/bin/python bench/recipe_figures.py record recipes/grpo_smollm2_135m_lora.yaml --figures F.json
+    .venv/bin/python bench/recipe_figures.py record recipes/grpo_smollm2_135m_lora.yaml \
+        --bench-results DIR1/smollm2_recipe.json DIR2/smollm2_recipe.json   # BENCH_RESULTS_DIR of each run
 """
 
 from __future__ import annotations
@@ -47,16 +48,47 @@ def stale(path: Path = FIGURES_FILE) -> list[str]:
     ]
 
 
+def figures_of(bench_results: list[Path]) -> dict[str, Any]:
+    """Per-seed figures from ``bench_smollm2_recipe.py`` result files: validation curve, base, final and
+    best accuracy, gain, wall minutes, peak RSS of the process tree, and the command and machine."""
+    runs, sources = [], []
+    for path in bench_results:
+        result = json.loads(path.read_text())
+        if result["details"].get("overrides"):
+            raise SystemExit(
+                f"{path}: measured with overrides {result['details']['overrides']}, not the recipe"
+            )
+        sources.append({k: result[k] for k in ("command", "measured_at", "machine")})
+        for run in result["details"]["runs"]:
+            runs.append(
+                {
+                    "seed": run["seed"],
+                    "curve": run["curve"],
+                    "base": run["base"],
+                    "final": run["final"],
+                    "best": run["best"],
+                    "gain": run["final"] - run["base"],
+                    "wall_min": run["wall_s"] / 60,
+                    "peak_rss_gib": run["peak_rss_gib"],
+                }
+            )
+    return {"runs": sorted(runs, key=lambda r: r["seed"]), "measured_by": sources}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="exit 1 naming every recipe whose figures were measured on other settings")
     hash_cmd = sub.add_parser("hash", help="print a recipe's resolved-config hash")
     hash_cmd.add_argument("recipe", type=Path)
-    record = sub.add_parser("record", help="store a recipe's hash with the figures measured on it")
+    record = sub.add_parser("record", help="store a recipe's hash with the runs measured on it")
     record.add_argument("recipe", type=Path)
     record.add_argument(
-        "--figures", type=Path, required=True, help="JSON of the figures (runs, command, machine)"
+        "--bench-results",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="smollm2_recipe.json files of bench/bench_smollm2_recipe.py runs of this recipe (one per seed or more)",
     )
     args = parser.parse_args()
     if args.command == "hash":
@@ -71,7 +103,7 @@ def main() -> None:
     name = str(args.recipe.resolve().relative_to(REPO))
     data["recipes"][name] = {
         "config_sha256": resolved_config_hash(args.recipe),
-        "figures": json.loads(args.figures.read_text()),
+        "figures": figures_of(args.bench_results),
     }
     FIGURES_FILE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(f"recorded {name} in {FIGURES_FILE}")

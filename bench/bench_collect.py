@@ -127,7 +127,7 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def _memory_poll(pid: int, stop: threading.Event, out: dict[str, int]) -> None:
+def _memory_poll(pid: int, stop: threading.Event, out: dict[str, int], every_s: float = 0.1) -> None:
     """Peak summed PSS of the process tree and the main process's VmHWM, sampled every 0.1 s."""
     while not stop.is_set():
         out["tree_pss_kb"] = max(out.get("tree_pss_kb", 0), sum(_pss_kb(p) for p in _tree_pids(pid)))
@@ -137,7 +137,7 @@ def _memory_poll(pid: int, stop: threading.Event, out: dict[str, int]) -> None:
                     out["hwm_kb"] = max(out.get("hwm_kb", 0), int(line.split()[1]))
         except OSError:
             return
-        stop.wait(0.1)
+        stop.wait(every_s)
 
 
 def _exited(pid: int) -> bool:
@@ -146,14 +146,15 @@ def _exited(pid: int) -> bool:
 
 
 def _run_child(
-    cmd: list[str], env: dict[str, str], watch: Path | None = None, timeout: float = 1800
+    cmd: list[str], env: dict[str, str], watch: Path | None = None, timeout: float = 1800, poll_s: float = 0.1
 ) -> dict[str, Any]:
     """Run a child to completion: wall time, CPU time, peak memory, stdout and (with ``watch``) the time
-    from spawning it to the first complete line in that file."""
+    from spawning it to the first complete line in that file (``poll_s``: how often the tree's PSS is
+    sampled; reading it costs CPU the child then lacks)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stop, memory = threading.Event(), {}
-    poller = threading.Thread(target=_memory_poll, args=(proc.pid, stop, memory), daemon=True)
+    poller = threading.Thread(target=_memory_poll, args=(proc.pid, stop, memory, poll_s), daemon=True)
     poller.start()
     stdout_chunks: list[bytes] = []
     stderr_chunks: list[bytes] = []

@@ -4,7 +4,7 @@ The real CLI runs as a child process against the fake model (tests/fake_model.py
 built-in math env (in-process, the default), at ``--concurrency 65536`` (above what the machine's open-file
 and ephemeral-port limits allow: collect bounds it and says so). For each run size N (65,536, 262,144 and
 1,048,576 rollouts: N/4 task rows, 4 repeats) it records failures, the main process's peak RSS
-(``wait4``'s ``ru_maxrss``), the summed PSS of its process tree (math verifier workers included, 0.1 s
+(``wait4``'s ``ru_maxrss``), the summed PSS of its process tree (math verifier workers included, 1 s
 samples) and rollouts/s (collect's own figure, and N over the child's wall time). The flat-memory figure is
 the slope of peak RSS between the smallest and the largest run, in bytes per rollout.
 
@@ -50,7 +50,7 @@ def scale_run(url: str, n: int, concurrency: int, workdir: Path) -> dict[str, An
            "--model-url", url, "--concurrency", str(concurrency), "--num-repeats", str(REPEATS),
            "--no-progress", "--request-timeout", "600"]  # fmt: skip
     loadavg_start = os.getloadavg()
-    run = _run_child(cmd, _child_env(), timeout=7200)
+    run = _run_child(cmd, _child_env(), timeout=7200, poll_s=1.0)  # peak RSS is exact (wait4); PSS sampled
     metrics = json.loads(out.with_name(out.stem + "_metrics.json").read_text())
     aggregate = out.with_name(out.stem + "_aggregate_metrics.json")
     lines = sum(1 for _ in open(out, "rb"))

@@ -308,10 +308,10 @@ def train_args(config: Path, run: Path, model_dir: Path, data: Path) -> list[str
 
 def train_lines(run: Path) -> list[dict[str, Any]]:
     from gym_bridge.train.logging import read_metrics
+    from tests.train.helpers import TIMING_KEYS
 
-    timing = ("time_", "tokens_per_s", "generation_tokens_per_s")
     return [
-        {k: v for k, v in r.items() if not k.startswith(timing)}
+        {k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)}
         for r in read_metrics(run / "logs")
         if r["split"] == "train"
     ]

@@ -9,6 +9,9 @@ from typing import Any
 from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.server import ResourcesServer, Session
 
+TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s", "step_share/")
+"""Metric keys that measure time: two identical runs differ only in these."""
+
 
 def save_random_tiny(out: Path, seed: int = 0, num_layers: int = 2) -> Path:
     """A randomly initialised tiny Llama with the project's tokenizer, saved where a model name can point."""

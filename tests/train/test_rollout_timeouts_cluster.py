@@ -15,7 +15,14 @@ import pytest
 
 from tests.ray_loopback import two_node_cluster_fixture
 from tests.train.straggler_env import STRAGGLER_SERVER
-from tests.train.test_rollout_timeouts import CLEAN_STEPS, ROLLOUTS, STEPS, shop_run, slowdown, train_steps
+from tests.train.test_rollout_timeouts import (
+    CLEAN_STEPS,
+    ROLLOUTS,
+    STEPS,
+    shop_run,
+    train_steps,
+    within_deadline,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -55,7 +62,7 @@ def test_env_replicas_with_a_tool_that_never_answers_keep_the_runs_pace(
     # 8 sessions a step on each replica; calls 31, 38, 45 of each never answer: one per replica in steps 4-6.
     timed_out = [r["rollouts_timed_out"] for r in steps]
     assert timed_out == [0] * CLEAN_STEPS + [2] * (STEPS - CLEAN_STEPS) and sum(timed_out) == sum(hung) == 6, hung
-    assert slowdown(steps) < 2.0, [r["time_step_s"] for r in steps]
+    assert within_deadline(steps, 1.5), [r["time_step_s"] for r in steps]
     assert all(r["env_replicas_lost"] == 0 and r["request_retries"] == 0 for r in steps)  # a hang is not a loss
     for r in steps[CLEAN_STEPS:]:
         assert r["rollout_failures"] == 2 and r["num_samples"] == ROLLOUTS - 4 * r["groups_dropped_for_timeout"]

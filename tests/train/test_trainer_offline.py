@@ -14,9 +14,7 @@ import pytest
 from gym_bridge.train.config import MasterConfig, load_config
 from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
-from tests.train.helpers import save_random_tiny
-
-TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s", "step_share/")
+from tests.train.helpers import TIMING_KEYS, save_random_tiny
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,21 @@ def test_workers_that_only_start_slowly_are_retried_not_given_up(monkeypatch: py
     asyncio.run(run())
 
 
-def test_stopping_the_server_mid_start_leaves_no_worker_behind() -> None:
+def test_stopping_the_server_mid_start_leaves_no_worker_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_spawn = pool_module._spawn_worker
+
+    def held_until_closed(start_method: str, memory_mb: Any, abandon: threading.Event | None = None) -> Any:
+        """A worker start that stays 'starting' (its process alive) until the pool gives it up: warm
+        workers start in a tenth of a second now, too fast to stop the server between the two."""
+        worker = real_spawn(start_method, memory_mb, abandon)
+        if abandon is not None and abandon.wait(30):
+            worker.process.kill()
+            worker.process.join(5)
+            worker.conn.close()
+            raise pool_module._StartAbandoned
+        return worker
+
+    monkeypatch.setattr(pool_module, "_spawn_worker", held_until_closed)
     before = _live_verifiers()
     server = MathServer(config=MathConfig(pool_size=2))
     running = start_in_thread(server.build_app())

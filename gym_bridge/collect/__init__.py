@@ -47,7 +47,6 @@ from gym_bridge.collect.output import (
     materialized_path_for,
     metrics_path_for,
     prepare_output,
-    read_finished,
     read_keys,
     write_json,
 )
@@ -91,7 +90,6 @@ __all__ = [
     "new_event_loop",
     "parse_env_args",
     "prepare_output",
-    "read_finished",
     "read_keys",
     "rollout_seed",
     "running_policy",

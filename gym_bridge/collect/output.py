@@ -35,7 +35,6 @@ __all__ = [
     "nemo_gym_agent_ref",
     "output_record",
     "prepare_output",
-    "read_finished",
     "read_keys",
     "side_files",
     "slim_record",
@@ -201,21 +200,3 @@ def keyed_records(
 def read_keys(path: Path, warn: Callable[[str], None]) -> set[tuple[int, int]]:
     """The (task, repeat) pairs of a JSONL file of rows or rollouts."""
     return {key for _, key, _ in keyed_records(path, warn) if key is not None}
-
-
-def read_finished(
-    output: Path, warn: Callable[[str], None]
-) -> tuple[set[tuple[int, int]], list[dict[str, Any]]]:
-    """The (task, repeat) pairs already in ``output`` and their slim records (after cutting a torn tail)."""
-    done: set[tuple[int, int]] = set()
-    slim: list[dict[str, Any]] = []
-    for lineno, key, record in keyed_records(output, warn):
-        if key is None:
-            warn(f"{output}:{lineno}: no {TASK_INDEX}/{ROLLOUT_INDEX}; ignored for resuming")
-            continue
-        if key in done:
-            warn(f"{output}:{lineno}: duplicate rollout {key}; counted once")
-            continue
-        done.add(key)
-        slim.append(slim_record(record))
-    return done, slim

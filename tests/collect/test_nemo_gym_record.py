@@ -174,11 +174,13 @@ def test_our_readers_take_the_new_records_and_the_old_ones(reference):
 
 
 def test_resume_reads_keys_from_new_and_old_records(tmp_path, reference):
-    from gym_bridge.collect.output import read_finished
+    from gym_bridge.collect.output import slim_record
+    from gym_bridge.collect.resume_index import read_done
 
     new = json.loads(reference["record"])
     old = {**new, "agent_ref": {"name": "math"}, "_ng_environment_server": "math", "_ng_rollout_index": 1}
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(new) + "\n" + json.dumps(old) + "\n")
-    done, slim = read_finished(path, print)
-    assert done == {(0, 0), (0, 1)} and [s["reward"] for s in slim] == [new["reward"]] * 2
+    slim: list[dict] = []
+    done = read_done(path, print, 2, lambda record: slim.append(slim_record(record)))
+    assert (0, 0) in done and (0, 1) in done and [s["reward"] for s in slim] == [new["reward"]] * 2

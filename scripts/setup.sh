@@ -41,7 +41,7 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-
     (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: bubblewrap not installed" >&2
 fi
 # libseccomp: the code sandbox's system-call filter (pyseccomp binds it; without it the sandbox refuses to start).
-if ! ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+if ! ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     step "installing Debian's libseccomp2 (the code sandbox's system-call filter)"
     (apt-get update -qq && apt-get install -y -qq libseccomp2) >/dev/null 2>&1 || echo "warning: libseccomp2 not installed" >&2
 fi

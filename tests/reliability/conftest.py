@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +28,6 @@ def landed_builtin_servers() -> list[str]:
         for name, target in BUILTIN_SERVERS.items()
         if (REPO / (target.partition(":")[0].replace(".", "/") + ".py")).is_file()
     ]
-
-
-@pytest.fixture(scope="session")
-def builtin_url() -> Iterator[Callable[[str], str]]:
-    """``builtin_url(name)``: the URL of built-in server ``name``, started in-process on first use and
-    shared by every test of the session (the math server's verifier pool takes seconds to start)."""
-    from gym_bridge.envs import load_server_class
-    from gym_bridge.server import ServerSettings
-
-    urls: dict[str, str] = {}
-    with ExitStack() as stack:
-
-        def url(name: str) -> str:
-            if name not in urls:
-                server = load_server_class(name)(ServerSettings())
-                urls[name] = stack.enter_context(start_in_thread(server.build_app(), timeout=120)).url
-            return urls[name]
-
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -14,34 +14,24 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gym_bridge.envs import BUILTIN_SERVERS, load_server_class
-from gym_bridge.server import SESSION_COOKIE, ServerSettings, start_in_thread
+from gym_bridge.envs import BUILTIN_SERVERS
+from gym_bridge.server import SESSION_COOKIE
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = sorted(BUILTIN_SERVERS)
 
 
 @pytest.fixture(scope="module")
-def server_url() -> Iterator[Callable[[str], str]]:
-    """``server_url(name)``: built-in server ``name`` on a loopback port, started on first use."""
-    urls: dict[str, str] = {}
-    with ExitStack() as stack:
-
-        def url(name: str) -> str:
-            if name not in urls:
-                server = load_server_class(name)(ServerSettings())
-                urls[name] = stack.enter_context(start_in_thread(server.build_app(), timeout=120)).url
-            return urls[name]
-
-        yield url
+def server_url(builtin_url: Callable[[str], str]) -> Callable[[str], str]:
+    """``server_url(name)``: built-in server ``name`` on a loopback port (tests/conftest.py's, shared)."""
+    return builtin_url
 
 
 def example_row(name: str, verified_by: str | None = None) -> dict[str, Any]:

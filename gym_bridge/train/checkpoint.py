@@ -275,7 +275,12 @@ class CheckpointManager:
                 if peft_model is None:
                     model.save_pretrained(policy / "weights", safe_serialization=True)
                 else:
-                    peft_model.save_pretrained(policy / "adapter", safe_serialization=True)
+                    # The trainer never resizes the vocabulary, so the embeddings stay the base model's:
+                    # peft's "auto" would look the base model's config up (on the Hub when its name is not a
+                    # local directory) on every save, and warn "Could not find a config file" offline.
+                    peft_model.save_pretrained(
+                        policy / "adapter", safe_serialization=True, save_embedding_layers=False
+                    )
                     if save_merged:
                         from gym_bridge.train.lora import merged_model
 

@@ -190,6 +190,32 @@ def test_setting_up_lora_shows_no_library_deprecation_warnings(tmp_path: Path, m
         lora_learner(tmp_path, model_dir, "policy.dtensor_cfg.activation_checkpointing=true")
 
 
+def test_saving_a_lora_checkpoint_warns_nothing_and_saves_only_the_adapter(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base model named by its Hub id, offline (the SmolLM2 recipe): peft's ``save_embedding_layers="auto"``
+    looked its config up on every save and warned "Could not find a config file ... will assume that the
+    vocabulary was not modified" (issue 35). The trainer never resizes the vocabulary: nothing to look up."""
+    import warnings
+
+    from safetensors.torch import load_file
+
+    from gym_bridge.train.checkpoint import CheckpointManager
+
+    _, learner = lora_learner(tmp_path, model_dir)
+    learner.peft.peft_config["default"].base_model_name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved = CheckpointManager(tmp_path / "ckpt").save(
+            1, model=learner.model, tokenizer=learner.tokenizer, optimizer=learner.optimizer,
+            scheduler=learner.scheduler, data_state={}, config_yaml="", peft_model=learner.peft,
+        )  # fmt: skip
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+    tensors = load_file(saved.path / "policy" / "adapter" / "adapter_model.safetensors")
+    assert tensors and all(".lora_A." in k or ".lora_B." in k for k in tensors)  # no embedding layer copied
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -64,10 +64,10 @@ TARGETS = {
 
 
 async def burst(url: str, body: Any, concurrency: int, total: int) -> float:
-    from gym_bridge.collect import ClientPool, _connection_cap
+    from gym_bridge.collect import ClientPool, connection_cap
     from gym_bridge.retry import RetryPolicy, post_json
 
-    pool = ClientPool(concurrency, _connection_cap())
+    pool = ClientPool(concurrency, connection_cap())
     jobs = iter(range(total))
     policy = RetryPolicy()
 

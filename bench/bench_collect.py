@@ -64,12 +64,12 @@ class NoopServer(ResourcesServer):
 _CEILING = """
 import asyncio, json, sys, time
 import uvloop
-from gym_bridge.collect import ClientPool, _connection_cap
+from gym_bridge.collect import ClientPool, connection_cap
 from gym_bridge.retry import RetryPolicy, post_json
 url, concurrency, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 body = {"input": [{"role": "user", "content": "What is 2 + 3? Put the answer in \\\\boxed{}.", "type": "message"}]}
 async def main():
-    pool = ClientPool(concurrency, _connection_cap())
+    pool = ClientPool(concurrency, connection_cap())
     jobs = iter(range(total))
     policy = RetryPolicy()
     async def worker(i):
@@ -87,12 +87,12 @@ uvloop.run(main())
 # Start-up ceiling: a fresh interpreter, the same client imports, one model answer written as one line.
 _FIRST_ANSWER = """
 import asyncio, json, sys
-from gym_bridge.collect import ClientPool, _connection_cap
+from gym_bridge.collect import ClientPool, connection_cap
 from gym_bridge.retry import RetryPolicy, post_json
 url, out = sys.argv[1], sys.argv[2]
 body = {"input": [{"role": "user", "content": "What is 2 + 3? Put the answer in \\\\boxed{}.", "type": "message"}]}
 async def main():
-    pool = ClientPool(1, _connection_cap())
+    pool = ClientPool(1, connection_cap())
     answer = await post_json(pool.for_worker(0), url + "/responses", body, target="model", policy=RetryPolicy())
     with open(out, "w") as f:
         f.write(json.dumps(answer.data) + "\\n")

@@ -59,10 +59,10 @@ _BODIES = {
 
 
 async def _rate(url: str, path: str, body: Any, concurrency: int, total: int) -> float:
-    from gym_bridge.collect import ClientPool, _connection_cap
+    from gym_bridge.collect import ClientPool, connection_cap
     from gym_bridge.retry import RetryPolicy, post_json
 
-    pool = ClientPool(concurrency, _connection_cap())
+    pool = ClientPool(concurrency, connection_cap())
     jobs = iter(range(total))
     policy = RetryPolicy()
 

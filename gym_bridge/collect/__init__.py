@@ -12,6 +12,8 @@ This package owns ``gym-bridge collect``'s engine (the CLI is ``gym_bridge.comma
 * ``output``: the rollouts file and its side files, flushed line by line and read back by ``--resume``.
 * ``summary``: the run's counters, the metrics file's ``run`` block and the envs' aggregate metrics.
 * ``ray_shards``: ``--ray``: the rollouts run on one shard per Ray node, this process still the one writer.
+* ``reverify``: ``gym-bridge reverify``: a stored run re-scored by the env's ``/verify`` (the agent's own
+  verify step), with collect's queue, files and ``--resume``, no model called.
 
 What a run promises:
 
@@ -57,11 +59,6 @@ from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import new_event_loop
 from gym_bridge.seeding import rollout_seed
 
-# The names ``gym_bridge.reverify`` and ``bench/`` import from before the split.
-_connection_cap = connection_cap
-_keyed_records = keyed_records
-_write_json = write_json
-
 __all__ = [
     "AGENT_LOOP_RESULT",
     "ENV_SERVER",
@@ -85,6 +82,7 @@ __all__ = [
     "env_aggregate_metrics",
     "failures_path_for",
     "iter_tasks",
+    "keyed_records",
     "materialized_path_for",
     "metrics_path_for",
     "new_event_loop",

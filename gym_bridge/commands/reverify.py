@@ -41,9 +41,9 @@ def reverify(
     """Re-verify ROLLOUTS against --env without calling a model; write -o, print how many rewards changed."""
     from rich.console import Console
 
+    from gym_bridge.collect.reverify import ReverifyConfig
+    from gym_bridge.collect.reverify import reverify as run_reverify
     from gym_bridge.commands.resumable import resumable_exit
-    from gym_bridge.reverify import ReverifyConfig
-    from gym_bridge.reverify import reverify as run_reverify
 
     console = Console(stderr=True, soft_wrap=True)
     config = ReverifyConfig(

@@ -3,7 +3,8 @@
 Each rollout is sent back to the env's ``/verify`` as it is stored (the task fields and the model's
 ``response`` it carries), without its old verdict (``reward``, ``reward_components``, ``failure_kind``,
 ``failure_reason``, ``mask_sample``); the env's answer, with the rollout's bookkeeping (``_ng_*`` keys,
-``agent_ref``) put back, is the new record. No model is called.
+``agent_ref``) put back, is the new record. No model is called. The request is the agent's own verify step
+(:func:`gym_bridge.agent.verify_rollout`), so its answer is checked as a collected rollout's is.
 
 The run is collect's, minus the model: the same bounded queue and workers, flushed lines, failures file,
 ``--resume`` (a torn tail cut, only the rollouts the output lacks re-verified; changes among the ones
@@ -21,24 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.agent import _check_verify, make_session
-from gym_bridge.collect import (
+from gym_bridge.agent import EnvSession, make_session, verify_rollout
+from gym_bridge.collect.config import CollectError
+from gym_bridge.collect.output import (
     FAILURE_CLASS,
     ROLLOUT_INDEX,
     TASK_INDEX,
-    CollectError,
     LazyWriter,
-    _keyed_records,
-    _write_json,
     aggregate_metrics_path_for,
-    env_aggregate_metrics,
     failures_path_for,
+    keyed_records,
     prepare_output,
-    run_all,
+    write_json,
 )
+from gym_bridge.collect.run import run_all
+from gym_bridge.collect.summary import env_aggregate_metrics
 from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl
-from gym_bridge.retry import RequestFailed, RetryPolicy, post_json
+from gym_bridge.retry import RequestFailed, RetryPolicy
 
 __all__ = ["ReverifyConfig", "ReverifyResult", "RewardChange", "reverify", "verify_payload"]
 
@@ -157,7 +158,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
     tally = _Tally(result, config.max_examples)
     done: dict[tuple[int, int], float | None] = {}
     if config.resume:
-        for _, key, record in _keyed_records(output, report):
+        for _, key, record in keyed_records(output, report):
             if key is not None:
                 done[key] = _reward(record)
     writer = JsonlWriter(output, append=True)
@@ -184,23 +185,18 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
     async def work() -> None:
         while (record := await queue.get()) is not None:
             key = (record[TASK_INDEX], record[ROLLOUT_INDEX])
+            # the agent's own /verify step, in a session of this record alone (no cookie carried over);
+            # the body is the record as stored, its old verdict left out ("response" keeps its place)
+            env = EnvSession(env_url, policy, config.env_headers)
             try:
-                answer = await post_json(
-                    session,
-                    f"{env_url}/verify",
-                    verify_payload(record),
-                    target="env",
-                    policy=policy,
-                    headers=config.env_headers,
-                    validate=_check_verify,
-                )
+                answer = await verify_rollout(session, env, verify_payload(record), record["response"])
             except RequestFailed as e:
                 result.failed += 1
                 failures.write(
                     {TASK_INDEX: key[0], ROLLOUT_INDEX: key[1], FAILURE_CLASS: e.failure_class, "error": e.message}
                 )
                 continue
-            new = dict(answer.data)
+            new = dict(answer)
             for name, value in record.items():
                 if name.startswith("_ng_") or name == "agent_ref":
                     new[name] = value
@@ -247,5 +243,5 @@ def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> R
         main = reverify_async(config, env_url, report)
         result = run_interruptible(main)
     if result.aggregate_metrics:
-        _write_json(aggregate_metrics_path_for(config.output_path), result.aggregate_metrics, flat_below=3)
+        write_json(aggregate_metrics_path_for(config.output_path), result.aggregate_metrics, flat_below=3)
     return result

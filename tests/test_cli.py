@@ -91,6 +91,25 @@ def test_help_piped_from_a_real_process_is_plain() -> None:
     assert "--max-output-tokens <int>" in out and ".gguf" in out
 
 
+def test_messages_piped_from_a_real_process_are_not_cut_at_80_columns(tmp_path: Path) -> None:
+    """Piped (no terminal, no $COLUMNS) rich broke messages at 80 columns mid-phrase (``one of: code,
+    \\nequivalence_judge``) and boxed typer's usage errors the same way (issue 35). Help is prose and
+    stays wrapped at word breaks within 80 columns (the tests above); a message is one line."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "What is 1 + 1?", "expected_answer": "2"}\n')
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    collect = [sys.executable, "-m", "gym_bridge.cli", "collect", str(tasks), "-o", str(tmp_path / "out.jsonl"),
+               "--model-url", "http://127.0.0.1:9"]  # fmt: skip
+    unknown = subprocess.run([*collect, "--env", "nonsense"], capture_output=True, text=True, timeout=120, env=env)
+    assert unknown.returncode == 2, unknown.stderr
+    known = ", ".join(sorted(BUILTIN_SERVERS))
+    assert f"error: unknown environment 'nonsense': use a URL or one of: {known}" in unknown.stderr.splitlines()
+    bad = subprocess.run([*collect, "--concurrency", "many"], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "╭" not in bad.stderr and "│" not in bad.stderr, bad.stderr
+    [error] = [line for line in bad.stderr.splitlines() if line.startswith("Error: ")]
+    assert "'--concurrency'" in error and error.endswith("integer"), bad.stderr  # the whole message, one line
+
+
 def test_each_builtin_server_has_its_own_default_port() -> None:
     assert set(DEFAULT_PORTS) == set(BUILTIN_SERVERS)
     assert len({*DEFAULT_PORTS.values(), POLICY_PORT}) == len(DEFAULT_PORTS) + 1

@@ -107,13 +107,24 @@ class CollectConfig:
             max_conversation_tokens=self.max_conversation_tokens,
         )  # fmt: skip
 
+    def _max_output_tokens(self) -> int | None:
+        tokens = self.overrides.get("max_output_tokens", self.overrides.get("max_tokens"))
+        valid = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
+        return tokens if valid else None
+
     def timeout_s(self) -> float:
         """The request timeout this run uses (given, or sized)."""
         if self.request_timeout is not None:
             return self.request_timeout
-        tokens = self.overrides.get("max_output_tokens", self.overrides.get("max_tokens"))
-        valid = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
-        return sized_request_timeout(self.concurrency, tokens if valid else None)
+        return sized_request_timeout(self.concurrency, self._max_output_tokens())
+
+    def timeout_origin(self) -> str:
+        """Where :meth:`timeout_s` comes from, in the summary's words: ``--request-timeout``, or what the
+        default was sized for (a bare 1698 s read as a budget nobody had asked for)."""
+        if self.request_timeout is not None:
+            return "--request-timeout"
+        tokens = self._max_output_tokens() or ASSUMED_MAX_TOKENS
+        return f"sized for {self.concurrency} in flight x {tokens} tokens"
 
     def retry_policy(self) -> RetryPolicy:
         """How each model and env request of the run is retried."""

@@ -63,15 +63,14 @@ def audit(
     stall and escape/leak. Exit 0: nothing found; 1: findings; 2: the audit could not run (unreachable
     server, or the honest control answers did not score 1).
     """
-    from rich.console import Console
-
     from gym_bridge.audit import run_audit
     from gym_bridge.audit.attacks import AuditOptions
     from gym_bridge.audit.envs import ENVS
     from gym_bridge.audit.report import print_report
     from gym_bridge.audit.run import AuditError
+    from gym_bridge.console import console
 
-    err = Console(stderr=True, soft_wrap=True)
+    err = console(stderr=True)
     if env not in ENVS:
         err.print(
             f"error: --env must be one of {', '.join(ENVS)}; got {env!r}", markup=False, highlight=False
@@ -116,7 +115,7 @@ def audit(
         except AuditError as e:
             err.print(f"error: {e}", markup=False, highlight=False)
             raise typer.Exit(2) from None
-    print_report(report, Console(soft_wrap=True))
+    print_report(report, console())
     if json_path is not None:
         json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if report.findings:

@@ -208,13 +208,12 @@ def collect(
     ] = 1.0,
 ) -> None:
     """Collect verified rollouts: TASKS x repeats through the model and the env, into -o (NeMo Gym format)."""
-    from rich.console import Console
-
     from gym_bridge.collect import CollectConfig
     from gym_bridge.collect import collect as run_collect
     from gym_bridge.commands.resumable import resumable_exit
+    from gym_bridge.console import console as rich_console
 
-    console = Console(stderr=True)
+    console = rich_console(stderr=True)
     overrides = parse_params(param or [])
     for key, value in (
         ("model", model),
@@ -261,7 +260,7 @@ def collect(
             from gym_bridge.collect.ray_shards import collect_on_ray
 
             result = collect_on_ray(config, ray, report=bar.log, **shown)
-    _print_summary(console, result)
+    _print_summary(console, result, timeout_origin=config.timeout_origin())
     _exit_on_failures(console, result, max_failed_fraction)
 
 
@@ -360,7 +359,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _print_summary(console: Any, result: Any) -> None:
+def _print_summary(console: Any, result: Any, *, timeout_origin: str) -> None:
+    """The run's numbers as a table; ``timeout_origin``: where the per-attempt request timeout came from
+    (:meth:`~gym_bridge.collect.CollectConfig.timeout_origin`)."""
     from rich.table import Table
 
     m = result.metrics
@@ -386,7 +387,7 @@ def _print_summary(console: Any, result: Any) -> None:
         ),
         ("tokens in/out", f"{run.get('input_tokens', 0)}/{run.get('output_tokens', 0)}"),
         ("retries (requests sent again)", run.get("retries")),
-        ("request timeout (s)", run.get("request_timeout_s")),
+        (f"request timeout per attempt (s, {timeout_origin})", run.get("request_timeout_s")),
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))

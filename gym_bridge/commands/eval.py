@@ -68,9 +68,9 @@ def ranked(
     pairwise ranking accuracy, top-1 accuracy and Kendall's tau-b per group and overall."""
     from itertools import islice
 
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from gym_bridge.console import console
     from gym_bridge.evaluation.ranked import GroupResult, evaluate_ranked, iter_ranked
     from gym_bridge.jsonl import JsonlError
 
@@ -93,7 +93,7 @@ def ranked(
         raise _fail(f"--model {model}: {err}") from None
     scorer = ModelScorer(lm, tokenizer, batch_size=batch_size)
 
-    err_console = Console(stderr=True, soft_wrap=True)
+    err_console = console(stderr=True)
     groups_tmp = _atomic_path(groups_out) if groups_out is not None else None
     groups_file = groups_tmp.open("w", encoding="utf-8") if groups_tmp is not None else None
     columns = (

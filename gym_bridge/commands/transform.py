@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gym_bridge.commands.typer_app import App
+from gym_bridge.console import console as rich_console
 from gym_bridge.jsonl import JsonlError
 from transforms.common import in_reward_range, reward_of
 from transforms.dpo import dpo_pairs
@@ -78,7 +79,7 @@ def _run(
     the bad lines and a summary table; a bad line under ``--strict`` exits 1 with nothing written."""
     if out_path.resolve() == in_path.resolve():
         raise typer.BadParameter("the output must not be the input file", param_hint="--output")
-    err_console = Console(stderr=True, soft_wrap=True)
+    err_console = rich_console(stderr=True)
     printer = _ErrorPrinter(err_console)
     try:
         report = pipeline(in_path, out_path, convert, strict=strict, on_error=printer, **options)
@@ -96,7 +97,7 @@ def _run(
     table.add_row("filtered" + (" (tasks)" if report.groups is not None else ""), str(report.filtered))
     if report.groups is not None:
         table.add_row("tasks", str(report.groups))
-    console = Console(soft_wrap=True)
+    console = rich_console()
     console.print(table)
     if report.note:
         console.print(f"note: {report.note}", highlight=False)

@@ -74,6 +74,13 @@ class ReadableGroup(TyperGroup):
         _plain_when_piped(self)
         super().format_help(ctx, formatter)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """A usage error on a piped stderr is click's one ``Error: ...`` line, not a rich box whose
+        message is cut at 80 columns."""
+        if not sys.stderr.isatty():
+            self.rich_markup_mode = None
+        return super().main(*args, **kwargs)
+
 
 class App(typer.Typer):
     """``typer.Typer`` whose groups and commands render their help as described above."""

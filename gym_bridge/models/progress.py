@@ -20,11 +20,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gym_bridge.console import console
+
 __all__ = ["counted", "waiting"]
 
 
 def _console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return console(stderr=True, highlight=False)  # piped: lines whole, not cut at 80 columns
 
 
 @contextmanager

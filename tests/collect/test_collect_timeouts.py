@@ -7,6 +7,9 @@ the summary did not say so.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from collect_helpers import read_jsonl, write_rows
@@ -83,5 +86,27 @@ def test_the_summary_shows_retries_and_the_timeout(tmp_path, boxed_env):
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines() if "│" in line]
     lines = dict(cells)
     assert lines["retries (requests sent again)"] == "2"
-    assert lines["request timeout (s)"] == "300"  # 60 + 8 x 100 / 10 = 140, raised to the 300 s floor
+    # 60 + 8 x 100 / 10 = 140, raised to the 300 s floor; the row says what it was sized for (issue 35)
+    assert lines["request timeout per attempt (s, sized for 8 in flight x 100 tokens)"] == "300"
     assert json.loads((tmp_path / "r_metrics.json").read_text())["run"]["retries"] == 2
+
+
+def test_piped_summary_shows_the_timeout_as_set_and_no_line_is_cut(tmp_path, boxed_env):
+    """The real command, its output piped (no terminal, no $COLUMNS): rich cut lines at 80 columns
+    mid-phrase, and a bare "request timeout (s) 1698" read as a budget nobody had set (issue 35)."""
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(1, 1), arithmetic_row(2, 2)])
+    out = tmp_path / "rollouts_of_a_run_whose_name_is_long_enough_to_run_past_eighty_columns.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    with FakeModel({}) as model:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gym_bridge.cli", "collect", str(tasks), "-o", str(out), "--env", boxed_env[0],
+             "--model-url", model.url, "--request-timeout", "45"],
+            capture_output=True, text=True, timeout=120, env=env,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert f"rollouts: {out}" in lines  # one line, however long
+    [row] = [line for line in lines if "request timeout per attempt" in line]
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["request timeout per attempt (s, --request-timeout)", "45"]
+    widths = {len(line) for line in lines if line.startswith("│")}
+    assert len(widths) == 1  # every row of the table is one line of the same width: no cell wrapped

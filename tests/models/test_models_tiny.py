@@ -1,6 +1,7 @@
 """The tiny-model builder on a reduced recipe: a loadable safetensors checkpoint, caching, evaluation."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,6 +165,8 @@ def test_a_build_says_what_it_does_with_progress_off_a_terminal(
     assert lines[0].startswith(f"building the tiny model (first use; cached afterwards): {SMALL.steps} steps")
     progress = [line for line in lines if f"/{SMALL.steps} steps, loss" in line]
     assert 10 <= len(progress) <= 11 and progress[-1].strip().startswith(f"building the tiny model (first use; cached afterwards): {SMALL.steps}/")
+    # each a whole line: piped, rich cut them at 80 columns ("loss \n0.507", issue 35)
+    assert all(re.fullmatch(r"  .*: \d+/\d+ steps, loss \d+\.\d{3}, \d+ s", line) for line in progress), progress
     assert any(line.startswith("building the tiny model (first use; cached afterwards): done in") for line in lines)
 
 

@@ -297,6 +297,7 @@ class TerminalView:
         self.enabled = enabled
         self._progress = None
         self._val_accuracy: float | None = None  # the latest ones, shown beside the progress bar
+        self._val_tenths = 0  # tenths of the running validation already reported
         self._reward = float("nan")
         if enabled:
             from rich.progress import (
@@ -308,6 +309,8 @@ class TerminalView:
                 TimeRemainingColumn,
             )
 
+            from gym_bridge.console import console
+
             self._progress = Progress(
                 TextColumn("[bold]GRPO"),
                 BarColumn(),
@@ -315,6 +318,7 @@ class TerminalView:
                 TextColumn("{task.fields[summary]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
+                console=console(),  # piped: step lines whole, not cut at 80 columns
                 transient=False,
             )
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, summary="")
@@ -343,6 +347,22 @@ class TerminalView:
         if split == "val" or step % self.every == 0 or quiet_too_long or metrics.get("no_learning_signal"):
             self.print(format_line(step, metrics, split))
             self._last_line = time.monotonic()
+
+    def validation_progress(self, done: int, total: int, elapsed_s: float) -> None:
+        """How far a validation of ``total`` prompts has come (``done`` at 0 when it starts): beside the bar
+        on a terminal; elsewhere (pipes, logs) a line at the start and at each tenth of the prompts
+        (``validation: 50/200 prompts, 45 s``), so minutes of validation do not pass in silence."""
+        if not self.enabled:
+            return
+        if self._progress is not None and self._progress.console.is_terminal:
+            self._progress.update(self._task, summary=f"validation {done}/{total} prompts")
+            return
+        if done == 0:
+            self._val_tenths = 0
+            self.print(f"validation: {total} prompts ...")
+        elif done * 10 // total > self._val_tenths:
+            self._val_tenths = done * 10 // total
+            self.print(f"validation: {done}/{total} prompts, {elapsed_s:.0f} s")
 
     def close(self) -> None:
         if self._progress is not None:

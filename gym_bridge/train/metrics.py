@@ -95,11 +95,13 @@ def validate(
     batch = cfg.grpo.val_batch_size or len(chosen)
     started = time.perf_counter()
     samples: list[Sample] = []
+    view.validation_progress(0, len(chosen), 0.0)
     for start in range(0, len(chosen), batch):
         part = chosen[start : start + batch]
         seeds = [[rollout_seed(cfg.grpo.seed, 0, 0, start + i, 0)] for i in range(len(part))]
         got, _ = sampler.sample(part, seeds, group_offset=start)
         samples.extend(got)
+        view.validation_progress(start + len(part), len(chosen), time.perf_counter() - started)
     rewards_by_dataset: dict[str, list[float]] = defaultdict(list)
     for s in samples:
         rewards_by_dataset[s.dataset].append(s.reward)

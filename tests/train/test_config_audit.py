@@ -252,6 +252,9 @@ def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
         def print(self, text: str) -> None:
             self.lines.append(text)
 
+        def validation_progress(self, done: int, total: int, elapsed_s: float) -> None:
+            pass
+
     prompts = [types.SimpleNamespace(dataset="d") for _ in range(5)]
     for count in (0, 3):
         view = View()

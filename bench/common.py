@@ -173,15 +173,17 @@ def print_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
 @contextmanager
 def builtin_server(
-    name: str, stop_timeout: float = 30, extra_args: tuple[str, ...] = ()
+    name: str, stop_timeout: float = 30, extra_args: tuple[str, ...] = (), tree: Path = REPO
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``gym-bridge serve NAME --port 0 [EXTRA_ARGS]`` as a child process, as users run it: ``(process, url)``.
 
     A child process keeps the server's CPU apart from the bench client's (see :func:`tree_cpu_seconds`);
-    it is stopped (SIGTERM, then SIGKILL after ``stop_timeout`` seconds) when the block ends.
+    it is stopped (SIGTERM, then SIGKILL after ``stop_timeout`` seconds) when the block ends. ``tree``: the
+    source tree whose code it runs (another commit's copy for an A/B; its own directory comes first on
+    the path).
     """
     command = [sys.executable, "-m", "gym_bridge.cli", "serve", name, "--port", "0", *extra_args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=tree)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()

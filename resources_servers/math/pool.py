@@ -18,13 +18,21 @@ must guard its entry point with ``if __name__ == "__main__":``.
 Slow checks leave the lane: a check that has computed for ``slow_after_s`` (CPU seconds of its worker,
 from /proc; wall-clock seconds where that cannot be read) -- a normal one takes milliseconds, a hostile
 one will run into the budget -- no longer counts as one of the pool's ``size`` workers, and a fresh
-worker takes its place, so plain answers do not queue behind answers that will time out. While any check is slow, a freed or new worker goes to the newest waiting check (a burst
-of hostile answers arrives together; what comes after it is not made to wait until the whole burst has
-had its turn), and answers that ran into the budget before wait behind the others. At most
-``slow_workers`` checks are out of the lane at once; workers beyond ``size`` are stopped when they finish
-a check and none waits. CPU seconds, not waiting time: on a machine so loaded that every check crawls,
-more processes would only make every check slower. (Slow workers are not reniced: there a niced check
-that would finish starves into a timeout.)
+worker takes its place; so does, at once, an answer that ran into the budget before. A plain answer must
+not wait for that either (eight hostile answers on two cores take seconds of wall time to compute
+``slow_after_s`` each, and a new worker takes a while to start on a loaded machine), so:
+
+- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` (or run five
+  times that in wall time) gets a worker of its own, before the checks that arrived with them (a burst
+  of hostile answers arrives together and waits its turn; what comes after it does not);
+- while any check is slow (an attack, most likely), every waiting check gets a worker of its own;
+- while either lasts, one idle worker is kept spare for the next check to arrive.
+
+At most ``size + slow_workers`` workers run at once; workers beyond ``size`` are stopped when they finish
+a check and none waits. CPU seconds, not waiting time, mark a check slow: on a machine so loaded that
+every check crawls, more processes would only make every check slower. (Slow workers are not reniced:
+there a niced check that would finish starves into a timeout.) A check's budget and verdict are the same
+wherever it runs.
 
 Workers start when the first check needs one, in the background: warming the fork server (importing
 SymPy and math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
@@ -45,6 +53,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -76,6 +85,9 @@ _Key = tuple[str, str, bool]
 
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
+STUCK_WALL_FACTOR = 5
+"""A lane check running this many times ``stuck_after_s`` in wall time counts as stuck whatever its CPU
+seconds (see :meth:`VerifierPool._lane_stuck`)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +100,10 @@ class _Worker:
     future: asyncio.Future[CheckOutcome] | None = None
     deadline: asyncio.TimerHandle | None = None
     slow_timer: asyncio.TimerHandle | None = None
+    busy: bool = False
+    """Handed to a check (from then until its answer arrives)."""
+    sent_at: float | None = None
+    """When its check was sent (monotonic seconds)."""
     cpu_at_start: float | None = None
     """The worker's CPU seconds when its check was sent (for the slow test)."""
     slow: bool = False
@@ -204,6 +220,7 @@ class VerifierPool:
         cache_chars: int = CACHE_CHARS,
         slow_after_s: float = 0.25,
         slow_workers: int = 0,
+        stuck_after_s: float = 0.05,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -216,6 +233,7 @@ class VerifierPool:
         self.cache_chars = cache_chars
         self.slow_after_s = slow_after_s
         self.slow_workers = slow_workers
+        self.stuck_after_s = stuck_after_s
         self.stats = PoolStats()
         self._cache: OrderedDict[_Key, CheckOutcome] = OrderedDict()
         self._cached_chars = 0
@@ -228,6 +246,9 @@ class VerifierPool:
         self._idle: deque[_Worker] | None = None
         self._waiters: deque[asyncio.Future[_Worker]] = deque()
         """Checks waiting for a worker, oldest first."""
+        self._late_waiters: deque[asyncio.Future[_Worker]] = deque()
+        """Checks that arrived while the lane was stuck or a check slow (see :meth:`_lane_stuck`): they
+        get a worker of their own, before the others."""
         self._suspect_waiters: deque[asyncio.Future[_Worker]] = deque()
         """Checks waiting for a worker whose answer ran into the budget before: served after the others."""
         self._suspects: OrderedDict[_Key, None] = OrderedDict()
@@ -237,6 +258,9 @@ class VerifierPool:
         self._closed = False
         self._abandon = threading.Event()
         """Set on close: worker starts still waiting for their worker give up (see :func:`_spawn_worker`)."""
+        self._starter = ThreadPoolExecutor(size + slow_workers + 1, thread_name_prefix="math-verifier-start")
+        """Threads that wait for starting workers: their own, so that a burst of starts during an attack
+        neither waits for asyncio's few default threads nor holds them from the server's other work."""
         self._launched = False
         """Whether the workers were asked to start (by the first check)."""
         self._starting = 0
@@ -304,11 +328,11 @@ class VerifierPool:
             if not self._workers and self._start_failures_other_than_timeouts:
                 self._broken = True
                 logger.error("%s", self._broken_message())
-                for waiter in [*self._waiters, *self._suspect_waiters]:  # they get the reason
-                    if not waiter.done():
-                        waiter.set_exception(RuntimeError(self._broken_message()))
-                self._waiters.clear()
-                self._suspect_waiters.clear()
+                for waiters in (self._waiters, self._late_waiters, self._suspect_waiters):
+                    for waiter in waiters:  # they get the reason
+                        if not waiter.done():
+                            waiter.set_exception(RuntimeError(self._broken_message()))
+                    waiters.clear()
             else:
                 for _ in range(self.size - len(self._workers)):  # the failed ones: retried with backoff
                     self._in_background(self._respawn())
@@ -324,7 +348,7 @@ class VerifierPool:
         if not counted:
             self._spawning += 1
         spawning = self._loop.run_in_executor(
-            None, _spawn_worker, self.start_method, self.memory_mb, self._abandon
+            self._starter, _spawn_worker, self.start_method, self.memory_mb, self._abandon
         )
         try:
             worker = await asyncio.shield(spawning)
@@ -397,7 +421,33 @@ class VerifierPool:
     @property
     def _waiting(self) -> int:
         """Checks waiting for a worker."""
-        return len(self._waiters) + len(self._suspect_waiters)
+        return len(self._waiters) + len(self._late_waiters) + len(self._suspect_waiters)
+
+    def _queue_for(self, suspect: bool) -> deque[asyncio.Future[_Worker]]:
+        """Where a check that finds no idle worker waits (see :meth:`_release` for the order)."""
+        if suspect:
+            return self._suspect_waiters
+        if self.slow_workers and (self._slow or self._lane_stuck()):
+            return self._late_waiters
+        return self._waiters
+
+    def _lane_stuck(self) -> bool:
+        """Whether ``size`` checks of the lane have each computed ``stuck_after_s`` CPU seconds, or run
+        :data:`STUCK_WALL_FACTOR` times that in wall time (on a machine so loaded that CPU seconds come
+        slowly), already. A plain check takes milliseconds: a check that arrives now would wait for ones
+        that may well run into the budget, unless it gets a worker of its own; one that arrived with
+        them (a burst) waits its turn, so that it cannot take that worker."""
+        now = time.monotonic()
+        stuck = 0
+        for w in self._workers:
+            if not (w.alive and w.busy and not w.slow and w.sent_at is not None):
+                continue
+            if now - w.sent_at >= STUCK_WALL_FACTOR * self.stuck_after_s:
+                stuck += 1
+                continue
+            cpu = _cpu_seconds(w.pid) if w.cpu_at_start is not None else None
+            stuck += cpu is not None and w.cpu_at_start is not None and cpu - w.cpu_at_start >= self.stuck_after_s
+        return stuck >= self.size
 
     async def _acquire(self, suspect: bool) -> _Worker:
         """An idle worker, or the next one freed or started (see :meth:`_release` for the order)."""
@@ -406,19 +456,20 @@ class VerifierPool:
             while self._idle:
                 worker = self._idle.popleft()
                 if worker.alive:
+                    worker.busy = True
                     return worker
             if self._broken:
                 raise RuntimeError(self._broken_message())
             waiter: asyncio.Future[_Worker] = self._loop.create_future()
-            (self._suspect_waiters if suspect else self._waiters).append(waiter)
-            if self._slow:
+            queue = self._queue_for(suspect)
+            queue.append(waiter)
+            if queue is not self._waiters or self._slow:
                 self._grow()
             try:
                 worker = await waiter
             except asyncio.CancelledError:
-                for waiters in (self._waiters, self._suspect_waiters):
-                    if waiter in waiters:
-                        waiters.remove(waiter)
+                if waiter in queue:
+                    queue.remove(waiter)
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._release(waiter.result())  # handed over just now: pass it on
                 raise
@@ -426,33 +477,69 @@ class VerifierPool:
                 return worker
 
     def _release(self, w: _Worker) -> None:
-        """Hand a free worker to a waiting check. Checks whose answer ran into the budget before come
-        last; while a check is out of the lane (an attack, most likely), the newest waiting check comes
-        first: a burst of answers that will time out arrives together, and a plain answer sent after it
-        then waits for one free worker, not for the whole burst to be dispatched."""
+        """A worker is free: hand it (or another idle one) to a waiting check, or keep it idle."""
         assert self._idle is not None
-        for waiters in (self._waiters, self._suspect_waiters):
+        w.busy = False
+        self._idle.append(w)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand idle workers to waiting checks while :meth:`_next_waiter` names one."""
+        assert self._idle is not None
+        while self._idle:
+            if not self._idle[0].alive:
+                self._idle.popleft()
+                continue
+            waiter = self._next_waiter()
+            if waiter is None:
+                return
+            w = self._idle.popleft()
+            w.busy = True
+            waiter.set_result(w)
+
+    def _next_waiter(self) -> asyncio.Future[_Worker] | None:
+        """The waiting check that gets the next free worker (taken from its queue), or None.
+
+        Checks that arrived while the lane was stuck or a check slow come first (oldest first): they
+        were not part of a burst that may still be waiting. The others get a worker while the lane has a
+        place for it (fewer than ``size`` checks running that are not slow), or any worker while a check
+        is slow (an attack, most likely: it has shown itself, so the workers started meanwhile serve
+        everyone), the newest first: a burst of answers that will time out arrives together, and one
+        sent after it should not wait for the whole burst to be dispatched. Checks whose answer ran into
+        the budget before come last."""
+        lane_open = (
+            not self.slow_workers
+            or bool(self._slow)
+            or sum(x.alive and x.busy and not x.slow for x in self._workers) < self.size
+        )
+        for waiters in (self._late_waiters, self._waiters, self._suspect_waiters):
+            if waiters is not self._late_waiters and not lane_open:
+                return None
             while waiters:
                 waiter = waiters.pop() if self._slow and waiters is self._waiters else waiters.popleft()
                 if not waiter.done():
-                    waiter.set_result(w)
-                    return
-        self._idle.append(w)
+                    return waiter
+        return None
 
     async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
         assert self._idle is not None and self._loop is not None
         key = (expected, candidate, whole_text)
-        worker = await self._acquire(suspect=self.slow_workers > 0 and key in self._suspects)
+        suspect = self.slow_workers > 0 and key in self._suspects
+        worker = await self._acquire(suspect)
         self.stats.checks += 1
         task_id = next(self._task_ids)
         future: asyncio.Future[CheckOutcome] = self._loop.create_future()
-        worker.task_id, worker.future = task_id, future
+        worker.task_id, worker.future, worker.sent_at = task_id, future, time.monotonic()
         worker.deadline = self._loop.call_later(
             self.timeout_s + self.kill_grace_s, self._on_deadline, worker, task_id
         )
-        if self.slow_workers:
+        if suspect and len(self._slow) < self.slow_workers:  # it ran into the budget before
+            self._leave_lane(worker)
+        elif self.slow_workers:
             worker.cpu_at_start = _cpu_seconds(worker.pid)
             worker.slow_timer = self._loop.call_later(self.slow_after_s, self._on_slow, worker, task_id)
+            if self._slow or len(self._workers) > self.size:  # an attack or a stuck lane: see _grow
+                self._grow()  # (the spare it may have taken)
         try:
             worker.conn.send((task_id, expected, candidate, self.timeout_s, whole_text))
         except (OSError, ValueError) as e:
@@ -485,6 +572,7 @@ class VerifierPool:
             w.conn.close()
         await asyncio.gather(*(asyncio.to_thread(_stop_process, w.process) for w in workers))
         self._workers.clear()
+        self._starter.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ event-loop callbacks
 
@@ -519,9 +607,12 @@ class VerifierPool:
 
     def _trim(self) -> None:
         """Stop idle workers beyond ``size`` (not counting slow ones) while no check waits: the ones
-        started to replace a slow check that has ended, or to serve a burst."""
+        started to replace a slow check that has ended, or to serve a burst; one idle worker stays
+        spare while a check is slow or the lane is stuck."""
         assert self._idle is not None
         while self._waiting == 0 and len(self._workers) - len(self._slow) > self.size and self._idle:
+            if len(self._idle) == 1 and self.slow_workers and (self._slow or self._lane_stuck()):
+                return  # the spare (see _grow)
             w = self._idle.popleft()
             if w.alive:
                 self._stop(w)
@@ -546,7 +637,7 @@ class VerifierPool:
 
     def _on_slow(self, w: _Worker, task_id: int) -> None:
         """A check may have computed for ``slow_after_s``: if so, take its worker out of the lane (see the
-        module doc)."""
+        module doc). If not yet, and the lane is stuck, start the spare now, before the next check comes."""
         if w.task_id != task_id or not w.alive or w.slow or len(self._slow) >= self.slow_workers:
             return
         assert self._loop is not None
@@ -555,19 +646,40 @@ class VerifierPool:
             left = self.slow_after_s - (cpu - w.cpu_at_start)
             if left > 0:  # waiting for a CPU, not computing: look again once it could have
                 w.slow_timer = self._loop.call_later(max(left, 0.02), self._on_slow, w, task_id)
+                if self._lane_stuck():
+                    self._grow()
                 return
+        self._leave_lane(w)
+
+    def _leave_lane(self, w: _Worker) -> None:
+        """Count a worker's check as slow: it no longer holds one of the ``size`` lane places."""
         w.slow = True
         self._slow.add(w)
         self.stats.slow_checks += 1
         self._grow()
 
     def _grow(self) -> None:
-        """Start workers so that ``size`` are free of slow checks (at most ``size + slow_workers`` in all)."""
-        if self._closed:
+        """Start workers (at most ``size + slow_workers`` in all) so that ``size`` are free of slow
+        checks; so that every check that arrived while the lane was stuck has one coming; while any check
+        is slow, so that every waiting check has one coming; and while either lasts, so that one more is
+        spare for the next check to arrive.
+
+        Why: a lane worker is freed by a hostile check only once that check has computed
+        ``slow_after_s``, which takes several times longer in wall time with eight of them sharing two
+        cores; a check that waits for that waits behind the attack. Starting a worker forks a warm one
+        (tens of CPU milliseconds), but on a loaded machine that still takes a while: the spare is ready
+        when the next plain answer arrives."""
+        if self._closed or not self.slow_workers:  # no slow lane: every check waits its turn
             return
-        fast = len(self._workers) - len(self._slow) + self._spawning
+        assert self._idle is not None
+        coming = self._spawning + sum(w.alive for w in self._idle)
+        wanted = self.size - (len(self._workers) - len(self._slow) + self._spawning)
+        if self._slow:
+            wanted = max(wanted, self._waiting + 1 - coming)
+        elif self._late_waiters or self._lane_stuck():
+            wanted = max(wanted, len(self._late_waiters) + 1 - coming)
         room = self.size + self.slow_workers - len(self._workers) - self._spawning
-        for _ in range(min(self.size - fast, room)):
+        for _ in range(min(wanted, room)):
             self.stats.lane_spawns += 1
             self._spawning += 1  # counted now: the next _grow (same loop turn) must see it
             self._in_background(self._respawn(counted=True))
@@ -588,7 +700,7 @@ class VerifierPool:
             w.deadline.cancel()
         if w.slow_timer is not None:
             w.slow_timer.cancel()
-        w.task_id, w.future, w.deadline, w.slow_timer = None, None, None, None
+        w.task_id, w.future, w.deadline, w.slow_timer, w.sent_at = None, None, None, None, None
 
     def _detach(self, w: _Worker, outcome: CheckOutcome) -> None:
         """Stop watching a worker and answer its pending check with ``outcome``."""
@@ -626,6 +738,7 @@ class VerifierPool:
             pass
         w.conn.close()
         if not self._closed:
+            self._trim()
             self._in_background(self._replace(w))
 
     async def _replace(self, dead: _Worker) -> None:

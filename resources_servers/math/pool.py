@@ -22,8 +22,8 @@ worker takes its place; so does, at once, an answer that ran into the budget bef
 not wait for that either (eight hostile answers on two cores take seconds of wall time to compute
 ``slow_after_s`` each, and a new worker takes a while to start on a loaded machine), so:
 
-- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` (or run five
-  times that in wall time) gets a worker of its own, before the checks that arrived with them (a burst
+- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` (or run twice
+  that in wall time) gets a worker of its own, before the checks that arrived with them (a burst
   of hostile answers arrives together and waits its turn; what comes after it does not);
 - while any check is slow (an attack, most likely), every waiting check gets a worker of its own;
 - while either lasts, one idle worker is kept spare for the next check to arrive.
@@ -85,9 +85,10 @@ _Key = tuple[str, str, bool]
 
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
-STUCK_WALL_FACTOR = 5
+STUCK_WALL_FACTOR = 2
 """A lane check running this many times ``stuck_after_s`` in wall time counts as stuck whatever its CPU
-seconds (see :meth:`VerifierPool._lane_stuck`)."""
+seconds (see :meth:`VerifierPool._lane_stuck`): on a loaded machine CPU seconds come slowly, and a burst
+of answers reaches the workers within milliseconds of each other, not a tenth of a second."""
 
 
 @dataclass(eq=False)
@@ -165,7 +166,9 @@ class WorkerStartTimeout(RuntimeError):
     one, so the pool keeps trying instead of giving up (see :meth:`VerifierPool._start_one`)."""
 
 
-def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.Event | None = None) -> _Worker:
+def _spawn_worker(
+    start_method: str, memory_mb: int | None, abandon: threading.Event | None = None
+) -> _Worker:
     """Start one worker process and wait until it reports warm (blocking: run it in a thread).
 
     Setting ``abandon`` stops the wait (and the worker) within a few milliseconds.
@@ -189,7 +192,9 @@ def _spawn_worker(start_method: str, memory_mb: int | None, abandon: threading.E
             if abandon is not None and abandon.is_set():
                 raise _StartAbandoned
             if time.monotonic() > deadline:
-                raise WorkerStartTimeout(f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s")
+                raise WorkerStartTimeout(
+                    f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s"
+                )
         kind, pid = parent_conn.recv()
         if kind != "ready":
             raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
@@ -437,16 +442,19 @@ class VerifierPool:
         slowly), already. A plain check takes milliseconds: a check that arrives now would wait for ones
         that may well run into the budget, unless it gets a worker of its own; one that arrived with
         them (a burst) waits its turn, so that it cannot take that worker."""
+        running = [w for w in self._workers if w.alive and w.busy and not w.slow and w.sent_at is not None]
+        if len(running) < self.size:
+            return False
         now = time.monotonic()
         stuck = 0
-        for w in self._workers:
-            if not (w.alive and w.busy and not w.slow and w.sent_at is not None):
-                continue
+        for w in running:
             if now - w.sent_at >= STUCK_WALL_FACTOR * self.stuck_after_s:
                 stuck += 1
                 continue
             cpu = _cpu_seconds(w.pid) if w.cpu_at_start is not None else None
-            stuck += cpu is not None and w.cpu_at_start is not None and cpu - w.cpu_at_start >= self.stuck_after_s
+            stuck += (
+                cpu is not None and w.cpu_at_start is not None and cpu - w.cpu_at_start >= self.stuck_after_s
+            )
         return stuck >= self.size
 
     async def _acquire(self, suspect: bool) -> _Worker:
@@ -504,13 +512,14 @@ class VerifierPool:
         were not part of a burst that may still be waiting. The others get a worker while the lane has a
         place for it (fewer than ``size`` checks running that are not slow), or any worker while a check
         is slow (an attack, most likely: it has shown itself, so the workers started meanwhile serve
-        everyone), the newest first: a burst of answers that will time out arrives together, and one
+        everyone, but the spare), the newest first: a burst of answers that will time out arrives together, and one
         sent after it should not wait for the whole burst to be dispatched. Checks whose answer ran into
         the budget before come last."""
-        lane_open = (
-            not self.slow_workers
-            or bool(self._slow)
-            or sum(x.alive and x.busy and not x.slow for x in self._workers) < self.size
+        lane_open = not self.slow_workers or (
+            (bool(self._slow) or sum(x.alive and x.busy and not x.slow for x in self._workers) < self.size)
+            and not (
+                sum(x.alive for x in self._idle) <= 1 and (self._slow or self._lane_stuck())
+            )  # the spare
         )
         for waiters in (self._late_waiters, self._waiters, self._suspect_waiters):
             if waiters is not self._late_waiters and not lane_open:
@@ -537,7 +546,8 @@ class VerifierPool:
             self._leave_lane(worker)
         elif self.slow_workers:
             worker.cpu_at_start = _cpu_seconds(worker.pid)
-            worker.slow_timer = self._loop.call_later(self.slow_after_s, self._on_slow, worker, task_id)
+            first_look = min(self.slow_after_s, STUCK_WALL_FACTOR * self.stuck_after_s)
+            worker.slow_timer = self._loop.call_later(first_look, self._on_slow, worker, task_id)
             if self._slow or len(self._workers) > self.size:  # an attack or a stuck lane: see _grow
                 self._grow()  # (the spare it may have taken)
         try:
@@ -644,11 +654,13 @@ class VerifierPool:
         cpu = _cpu_seconds(w.pid)
         if cpu is not None and w.cpu_at_start is not None:
             left = self.slow_after_s - (cpu - w.cpu_at_start)
-            if left > 0:  # waiting for a CPU, not computing: look again once it could have
-                w.slow_timer = self._loop.call_later(max(left, 0.02), self._on_slow, w, task_id)
-                if self._lane_stuck():
-                    self._grow()
-                return
+        else:  # wall-clock seconds where /proc cannot be read
+            left = self.slow_after_s - (time.monotonic() - (w.sent_at or 0.0))
+        if left > 0:  # waiting for a CPU, not computing: look again once it could have
+            w.slow_timer = self._loop.call_later(max(left, 0.02), self._on_slow, w, task_id)
+            if self._lane_stuck():
+                self._grow()
+            return
         self._leave_lane(w)
 
     def _leave_lane(self, w: _Worker) -> None:
@@ -657,6 +669,7 @@ class VerifierPool:
         self._slow.add(w)
         self.stats.slow_checks += 1
         self._grow()
+        self._dispatch()  # a lane place is free, and every waiting check may now have a worker
 
     def _grow(self) -> None:
         """Start workers (at most ``size + slow_workers`` in all) so that ``size`` are free of slow

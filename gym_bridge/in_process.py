@@ -25,6 +25,8 @@ from typing import Any
 import httpx
 from multidict import CIMultiDict
 
+from gym_bridge.json_http import PARSED_BODY
+
 __all__ = ["InProcessClient", "InProcessResponse"]
 
 _MAX_TARGETS = 4096
@@ -39,6 +41,9 @@ class InProcessResponse:
     headers: CIMultiDict[str]
     """Case-insensitive, repeatable (``set-cookie``): what aiohttp answers with (cheaper than httpx's)."""
     content: bytes
+    parsed: Any = None
+    """What ``content`` parses to, when the app handed it over (:attr:`~gym_bridge.json_http.Route.fresh_json`:
+    a value made for this answer alone); None: parse ``content``."""
 
 
 class _Lifespan:
@@ -154,10 +159,10 @@ class InProcessClient:
             await answered.wait()  # as a server does: the client is gone only once the answer is sent
             return {"type": "http.disconnect"}
 
-        status, answer_headers, body, started = 500, [], bytearray(), False
+        status, answer_headers, body, started, parsed = 500, [], bytearray(), False, None
 
         async def send(message: dict[str, Any]) -> None:
-            nonlocal status, answer_headers, started
+            nonlocal status, answer_headers, started, parsed
             if message["type"] == "http.response.start":
                 started = True
                 status = message["status"]
@@ -165,6 +170,8 @@ class InProcessClient:
             elif message["type"] == "http.response.body":
                 body.extend(message.get("body", b""))
                 if not message.get("more_body", False):
+                    if len(body) == len(message.get("body", b"")):  # the answer came whole, in this message
+                        parsed = message.get(PARSED_BODY)
                     answered.set()
 
         try:
@@ -179,7 +186,7 @@ class InProcessClient:
             answered.set()
         if not started:
             raise httpx.RemoteProtocolError("the app ended without an answer")
-        return InProcessResponse(status, CIMultiDict(answer_headers), bytes(body))
+        return InProcessResponse(status, CIMultiDict(answer_headers), bytes(body), parsed)
 
     def _target(self, url: httpx.URL | str) -> tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]:
         parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)

@@ -172,14 +172,18 @@ def _parsed_yarl(url: str) -> URL:
     return URL(url)
 
 
-async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, Any, bytes]:
-    """One POST: ``(status, headers, body)``; transport trouble raises ``TimeoutError`` or :class:`SendFailed`."""
+async def _send(
+    client: Client, url: str, payload: bytes, headers: dict[str, str]
+) -> tuple[int, Any, bytes, Any]:
+    """One POST: ``(status, headers, body, parsed)``, ``parsed`` the body's JSON value when the client was
+    handed it (:class:`~gym_bridge.in_process.InProcessResponse`), else None; transport trouble raises
+    ``TimeoutError`` or :class:`SendFailed`."""
     if isinstance(client, RoutedClient):
         client = client.client_for(url)
     if isinstance(client, aiohttp.ClientSession):
         try:
             async with client.post(_parsed_yarl(url), data=payload, headers=headers) as response:
-                return response.status, response.headers, await response.read()
+                return response.status, response.headers, await response.read(), None
         except aiohttp.ServerTimeoutError as e:  # only when the session itself sets timeouts
             raise _TimedOut(type(e).__name__) from e
         except aiohttp.ClientError as e:  # connection refused or reset, a body cut short, a bad URL
@@ -194,7 +198,7 @@ async def _send(client: Client, url: str, payload: bytes, headers: dict[str, str
         raise _TimedOut(type(e).__name__) from e
     except httpx.TransportError as e:
         raise SendFailed(e) from e
-    return response.status_code, response.headers, response.content
+    return response.status_code, response.headers, response.content, getattr(response, "parsed", None)
 
 
 class RoutedClient:
@@ -227,7 +231,7 @@ async def post_once(
     For a caller with a policy of its own (the end of run's ``/aggregate_metrics``). Raises
     ``TimeoutError``, or :class:`SendFailed` for transport trouble (its ``cause``: the client's own error).
     """
-    return await _within(timeout, _send(client, url, payload, headers))
+    return (await _within(timeout, _send(client, url, payload, headers)))[:3]
 
 
 class _TimedOut(TimeoutError):
@@ -275,7 +279,7 @@ async def post_json(
         attempt += 1
         retry_after: float | None = None
         try:
-            status, response_headers, content = await _within(
+            status, response_headers, content, parsed = await _within(
                 min(policy.request_timeout, remaining), _send(client, url, payload, send_headers)
             )
         except TimeoutError as e:
@@ -295,7 +299,7 @@ async def post_json(
                 if not expect_json:
                     return HttpResult(status, response_headers, content, None, attempt, timeouts)
                 try:
-                    data = parse_json(content)
+                    data = parse_json(content) if parsed is None else parsed
                 except ValueError as e:
                     failure_class = f"{target}_bad_response"
                     message = (

@@ -351,7 +351,7 @@ class ResourcesServer:
             Route("POST", "/seed_session", self._seed, body=ResourcesSeedSessionRequest | legacy_seed, adapter=_OBJECT,
                   default=None if self.seed_request_model else dict, summary="Start a rollout's session from its task row"),
             Route("POST", "/verify", self._verify_content, body=ResourcesVerifyRequest | self.verify_request_model,
-                  adapter=_OBJECT, raw_json=True, summary="Score a rollout"),
+                  adapter=_OBJECT, raw_json=True, fresh_json=True, summary="Score a rollout"),  # a dump each time
             Route("POST", "/close_session", self._close, body=ResourcesCloseSessionRequest, with_context=False,
                   summary="End an Environment Server's session (idempotent; the id is never seeded again)"),
             Route("POST", "/aggregate_metrics", aggregate, body=Any, summary="Metrics over verified rollouts",

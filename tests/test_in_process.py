@@ -6,7 +6,10 @@ import asyncio
 from typing import Any
 
 from gym_bridge.in_process import InProcessClient
+from gym_bridge.jsonl import compact_json, parse_json
 from gym_bridge.retry import RetryPolicy, RoutedClient, post_json
+from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.server import ResourcesServer, Session
 
 
 def _app(events: list[str]) -> Any:
@@ -78,3 +81,48 @@ def test_the_routed_client_sends_mounted_urls_in_process_and_the_rest_to_the_def
     answers, sent_elsewhere = asyncio.run(go())
     assert answers == [{"from": "app"}, {"from": "default"}, {"from": "default"}]
     assert sent_elsewhere == ["http://127.0.0.1:9/v1/responses", "http://env.in-processx/verify"]
+
+
+class _EchoingEnv(ResourcesServer):
+    """Scores 1 and adds values that JSON changes on the way (a tuple, int keys, tiny floats, odd text);
+    a row with ``"nan": true`` gets a NaN reward, which has no JSON form."""
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        reward = float("nan") if getattr(body, "nan", False) else 1.0
+        extras = {"tiny": 1e-07, "big": 2**70, "pair": (1, 2.5), "by_id": {1: "one"}, "text": "é\u2028\x1f\"\\"}
+        return VerifyResponse(**dump(body), reward=reward, **extras)
+
+
+def test_a_verify_answer_is_handed_over_in_process_exactly_as_its_body_parses() -> None:
+    """``/verify`` (``Route.fresh_json``) hands its answer over as parsed: the very value the body parses
+    to, types included; a route without the flag, and an answer that cannot be encoded, hand nothing over."""
+    row = {"responses_create_params": {"input": "2+2?"}, "tag": ["kept", {"n": 0.1}]}
+    response = {"id": "r", "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]}
+
+    async def go() -> list[Any]:
+        client = InProcessClient()
+        base = await client.mount("env", _EchoingEnv().build_app())
+        headers = {"content-type": "application/json"}
+        seeded = await client.post(f"{base}/seed_session", content=compact_json(row).encode(), headers=headers)
+        cookie = {"cookie": seeded.headers["set-cookie"].split(";")[0]}
+        body = compact_json({**row, "response": response}).encode()
+        verified = await client.post(f"{base}/verify", content=body, headers={**headers, **cookie})
+        again = await client.post(f"{base}/verify", content=body, headers={**headers, **cookie})
+        nan_body = compact_json({**row, "nan": True, "response": response}).encode()
+        refused = await client.post(f"{base}/verify", content=nan_body, headers={**headers, **cookie})
+        policy = RetryPolicy(max_attempts=1, request_timeout=5)
+        result = await post_json(client, f"{base}/verify", {**row, "response": response}, target="env", policy=policy)
+        await client.aclose()
+        return [seeded, verified, again, refused, result]
+
+    seeded, verified, again, refused, result = asyncio.run(go())
+    assert seeded.status_code == 200 and seeded.parsed is None  # /seed_session's answer is not handed over
+    assert verified.status_code == 200 and verified.parsed is not None
+    assert verified.parsed == parse_json(verified.content)
+    assert compact_json(verified.parsed) == verified.content.decode()  # the same types: the same text
+    assert verified.parsed["pair"] == [1, 2.5] and verified.parsed["by_id"] == {"1": "one"}
+    assert verified.parsed["tiny"] == 1e-07 and verified.parsed["tag"] == row["tag"]
+    assert again.parsed == verified.parsed and again.parsed is not verified.parsed  # a value for each answer
+    verified.parsed["tag"].append("changed")  # the caller owns it: the next answer is not touched
+    assert result.data == parse_json(again.content) and result.data["tag"] == ["kept", {"n": 0.1}]
+    assert refused.status_code == 500 and refused.parsed is None  # a NaN reward is refused, not handed over

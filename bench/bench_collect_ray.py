@@ -63,7 +63,7 @@ def run_arm(nodes: int, tasks: Path, out: Path, model_url: str, concurrency: int
         result = collect(config, report=lambda m: None)
         return {"nodes": 0, "rollouts_per_s": result.metrics["run"]["rollouts_per_s"], "written": result.written}
     from gym_bridge.collect.ray_shards import collect_on_ray
-    from gym_bridge.generation.ray_local import import_ray
+    from gym_bridge.distributed.ray_local import import_ray
 
     import_ray()  # loopback settings before the cluster's processes start
     from ray.cluster_utils import Cluster

@@ -145,7 +145,7 @@ def main() -> None:
     import ray
     import torch
 
-    from gym_bridge.generation.ray_local import start_local_ray
+    from gym_bridge.distributed.ray_local import start_local_ray
 
     torch.set_num_threads(1)
     start_local_ray(num_cpus=3, object_store_memory_mb=200)  # both backends' replicas at once

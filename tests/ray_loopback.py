@@ -26,7 +26,7 @@ def loopback_ray_fixture(num_cpus: int, object_store_memory_mb: int = 100) -> Ca
     def local_ray() -> Iterator[Any]:
         import ray
 
-        from gym_bridge.generation.ray_local import start_local_ray
+        from gym_bridge.distributed.ray_local import start_local_ray
 
         assert start_local_ray(num_cpus=num_cpus, object_store_memory_mb=object_store_memory_mb), (
             "Ray was already running in this process"
@@ -48,7 +48,7 @@ def two_node_cluster_fixture() -> Callable[..., Any]:
         import ray
         from ray.cluster_utils import Cluster
 
-        from gym_bridge.generation.ray_local import import_ray
+        from gym_bridge.distributed.ray_local import import_ray
 
         import_ray()  # loopback settings in place before any node starts
         assert not ray.is_initialized()
@@ -131,7 +131,7 @@ def listeners(root: Any = None) -> list[tuple[str, str, int, int]]:
 
 def off_loopback(entries: list[tuple[str, str, int, int]]) -> list[tuple[str, str, int, int]]:
     """The entries whose address is not loopback (what must stay empty)."""
-    from gym_bridge.generation.ray_local import is_loopback
+    from gym_bridge.distributed.ray_local import is_loopback
 
     return [entry for entry in entries if not is_loopback(entry[1])]
 
@@ -150,7 +150,7 @@ def ray_start_cluster(home: Path, head_ip: str = "127.0.0.2", worker_ip: str = "
     """
     import psutil
 
-    from gym_bridge.generation.ray_cluster import _ask_head
+    from gym_bridge.distributed.ray_cluster import _ask_head
 
     ray_cli = str(Path(sys.executable).with_name("ray"))
     temp = Path(tempfile.mkdtemp(prefix="gbr-", dir="/tmp"))  # short: Ray's unix socket paths live in it

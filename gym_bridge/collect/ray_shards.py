@@ -18,7 +18,7 @@ and ``--resume`` finishes the rest on the nodes still alive (a shard that does n
 left out). An ``--env`` given as a URL is used as is by every shard, so it must be reachable from every
 node, as must ``--model-url``.
 
-Without an address Ray is started on 127.0.0.1 (:func:`~gym_bridge.generation.ray_local.start_local_ray`);
+Without an address Ray is started on 127.0.0.1 (:func:`~gym_bridge.distributed.ray_local.start_local_ray`);
 with one (or ``RAY_ADDRESS``) the driver joins that cluster. The driver also starts the named envs
 itself, only to answer ``/aggregate_metrics`` over the finished file at the end.
 """
@@ -57,7 +57,7 @@ class CollectShard:
 
     def where(self) -> dict[str, Any]:
         """The node this shard runs on (for the metrics file) and its process id."""
-        from gym_bridge.generation.ray_cluster import node_here
+        from gym_bridge.distributed.ray_cluster import node_here
 
         return {**node_here(), "env_urls": dict(self.url_of)}
 
@@ -154,7 +154,7 @@ class RayShards:
 
     def close(self) -> None:
         """Stop every shard's envs, then the actors themselves."""
-        from gym_bridge.generation.ray_cluster import close_actors
+        from gym_bridge.distributed.ray_cluster import close_actors
 
         close_actors(self.ray, self.actors)
 
@@ -170,9 +170,9 @@ def join_ray(address: str | None, report: Callable[[str], None] = print) -> tupl
     ``owned``: this call connected or started Ray, so the caller ends it with ``ray.shutdown()`` (which,
     for a joined cluster, only disconnects this driver). A missing Ray is a :class:`CollectError`
     naming the extra to install; a cluster that wants a token this process cannot give, one naming what
-    to set (:func:`~gym_bridge.generation.ray_cluster.check_token_auth`).
+    to set (:func:`~gym_bridge.distributed.ray_cluster.check_token_auth`).
     """
-    from gym_bridge.generation.ray_local import (
+    from gym_bridge.distributed.ray_local import (
         RAY_EXTRA_HINT,
         RayUnavailableError,
         import_ray,
@@ -191,7 +191,7 @@ def join_ray(address: str | None, report: Callable[[str], None] = print) -> tupl
             return ray, start_local_ray(num_cpus=os.cpu_count() or 1)
         except RuntimeError as e:
             raise CollectError(f"--ray: {e}") from None
-    from gym_bridge.generation.ray_cluster import connect_ray
+    from gym_bridge.distributed.ray_cluster import connect_ray
 
     try:
         return ray, connect_ray(address, keys="--ray (or RAY_ADDRESS)", say=report)

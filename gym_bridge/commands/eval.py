@@ -84,11 +84,12 @@ def ranked(
     if total == 0:
         raise _fail(f"{ranked_groups}: no ranked groups")
 
-    from gym_bridge.evaluation.scoring import ModelScorer, load_scoring_model
+    from gym_bridge.evaluation.scoring import ModelScorer
     from gym_bridge.models.registry import ModelNotFoundError
+    from gym_bridge.train.checkpoint import load_model_or_checkpoint
 
     try:
-        lm, tokenizer = load_scoring_model(model, device=device)
+        lm, tokenizer = load_model_or_checkpoint(model, device=device)
     except (ModelNotFoundError, ValueError, OSError, RuntimeError) as err:
         raise _fail(f"--model {model}: {err}") from None
     scorer = ModelScorer(lm, tokenizer, batch_size=batch_size)

@@ -56,8 +56,8 @@ def train(
         typer.echo(config_to_yaml(cfg), nl=False)
         return
 
-    from gym_bridge.generation.ray_cluster import RayClusterError
-    from gym_bridge.generation.ray_local import RayUnavailableError
+    from gym_bridge.distributed.ray_cluster import RayClusterError
+    from gym_bridge.distributed.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.train.checkpoint import CheckpointWriteError

@@ -6,16 +6,15 @@ is the mean log-probability of those response tokens (a sum would favour short r
 response has no tokens to average and scores ``-inf`` (last). Sequences longer than the model's
 context keep their end: the prompt is cut from the left, so every response token that fits is scored.
 
-:func:`load_scoring_model` takes what ``--model`` takes: a built-in name, a directory or hub id (through
-the one loader, :func:`gym_bridge.models.registry.load_model_and_tokenizer`), or a trainer checkpoint
-(``step_<n>/``, or a checkpoint directory, whose latest step is used).
+The model comes from the caller: ``gym-bridge eval`` loads what ``--model`` names with
+:func:`gym_bridge.train.checkpoint.load_model_or_checkpoint` (a trainer checkpoint included), the
+trainer's ranked validation passes its policy. So this package needs nothing of the trainer's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.chat import items_to_messages, render_prompt
@@ -24,7 +23,7 @@ from gym_bridge.schema import content_text
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["ModelScorer", "checkpoint_of", "load_scoring_model", "prompt_messages", "response_text"]
+__all__ = ["ModelScorer", "prompt_messages", "response_text"]
 
 
 def prompt_messages(prompt: str | list[Any]) -> list[dict[str, Any]]:
@@ -77,7 +76,7 @@ class ModelScorer:
     def _score(self, prompt_ids: list[int], responses: list[list[int]]) -> list[float]:
         import torch
 
-        from gym_bridge.train.logprobs import gather_logprobs
+        from gym_bridge.models.logprobs import gather_logprobs
 
         rows, starts = [], []
         for ids in responses:
@@ -100,59 +99,3 @@ class ModelScorer:
         logits = self.model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
         logprobs = gather_logprobs(logits, input_ids[:, 1:]) * mask
         return (logprobs.sum(-1) / mask.sum(-1)).tolist()
-
-
-def checkpoint_of(path: Path) -> Path | None:
-    """The trainer checkpoint at ``path``: ``path`` itself (``step_<n>/``), or the latest ``step_<n>``
-    of a checkpoint directory; None when ``path`` is not one."""
-    if (path / "policy").is_dir():
-        return path
-    from gym_bridge.train.checkpoint import CheckpointManager
-
-    latest = CheckpointManager(path).latest()
-    return latest.path if latest is not None else None
-
-
-def _base_model_name(checkpoint: Path) -> str:
-    """The model a LoRA checkpoint's adapter sits on: ``policy.model_name`` of its saved config."""
-    import yaml
-
-    config = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
-    name = (config.get("policy") or {}).get("model_name")
-    if not isinstance(name, str):
-        raise ValueError(f"{checkpoint}/config.yaml names no policy.model_name for the adapter's base model")
-    return name
-
-
-def load_scoring_model(name: str, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer ``--model name`` means, a trainer checkpoint included (full weights,
-    the merged model, or base model + LoRA adapter, merged here)."""
-    path = Path(name).expanduser()
-    checkpoint = checkpoint_of(path) if path.is_dir() else None
-    if checkpoint is None:
-        from gym_bridge.models.registry import load_model_and_tokenizer
-
-        return load_model_and_tokenizer(name, device=device)
-    return _load_checkpoint(checkpoint, device)
-
-
-def _load_checkpoint(checkpoint: Path, device: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    from gym_bridge.models.registry import load_model_and_tokenizer
-
-    policy = checkpoint / "policy"
-    tokenizer_dir = policy / "tokenizer"
-    tokenizer_name = str(tokenizer_dir) if tokenizer_dir.is_dir() else None
-    for whole in (policy / "weights", policy / "merged"):
-        if whole.is_dir():
-            return load_model_and_tokenizer(str(whole), device=device, tokenizer_name=tokenizer_name)
-    adapter = policy / "adapter"
-    if not adapter.is_dir():
-        raise ValueError(f"{checkpoint} has neither policy/weights, policy/merged nor policy/adapter")
-    from peft import PeftModel
-
-    from gym_bridge.train.lora import without_peft_deprecation_warnings
-
-    model, tokenizer = load_model_and_tokenizer(_base_model_name(checkpoint), device=device, tokenizer_name=tokenizer_name)
-    with without_peft_deprecation_warnings():
-        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    return merged.eval(), tokenizer

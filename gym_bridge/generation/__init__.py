@@ -3,7 +3,11 @@
 :mod:`~gym_bridge.generation.backend` is the interface (no torch import);
 :mod:`~gym_bridge.generation.transformers_backend` runs a local Hugging Face model;
 :mod:`~gym_bridge.generation.vllm_backend` drives vLLM where it is installed (CUDA machines);
-:mod:`~gym_bridge.generation.ray_backend` runs transformers replicas in Ray actors (``[ray]`` extra).
+:mod:`~gym_bridge.generation.ray_backend` runs transformers replicas in Ray actors (``[ray]`` extra);
+:mod:`~gym_bridge.generation.weights` hands a trainer's weights (plain or LoRA-merged) to a backend.
+
+Generation floor: imports the models floor (the loader, the log-prob gather, the shared-prefix pass)
+and Ray's set-up (:mod:`gym_bridge.distributed`); the trainer and the policy server import it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ top-p/top-k-truncated distribution that was sampled from. That makes them direct
 trainer's own log-probabilities (what NeMo RL compares against ``generation_logprobs``) and matches
 vLLM's default ``logprobs_mode="raw_logprobs"``. A GRPO trainer's backends are built with
 ``logprobs_mode="processed"`` instead: the temperature-scaled distribution the row was sampled from,
-which is what the trainer's own log-probs are (:mod:`gym_bridge.train.logprobs`). Pure dataclasses
+which is what the trainer's own log-probs are (:mod:`gym_bridge.models.logprobs`). Pure dataclasses
 here: no torch import.
 """
 

@@ -14,7 +14,7 @@ tokens a local backend samples:
   torch tensors were 5x slower (tiny model 47 -> 9 ms, 34M parameters 800 -> 180 ms).
 
 The model reaches the actors as ``config`` + ``state_dict`` + tokenizer through the object store: no
-files, no hub. Ray runs on loopback only (:mod:`~gym_bridge.generation.ray_local`). Ray is optional:
+files, no hub. Ray runs on loopback only (:mod:`~gym_bridge.distributed.ray_local`). Ray is optional:
 building a :class:`RayBackend` without it raises :class:`RayUnavailableError` naming the ``[ray]`` extra.
 """
 
@@ -26,9 +26,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from gym_bridge.distributed.ray_cluster import connect_ray, in_bundle, remove_placement, reserve
+from gym_bridge.distributed.ray_local import RayUnavailableError, import_ray, start_local_ray
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
-from gym_bridge.generation.ray_cluster import connect_ray, in_bundle, remove_placement, reserve
-from gym_bridge.generation.ray_local import RayUnavailableError, import_ray, start_local_ray
 from gym_bridge.models.registry import load_model_and_tokenizer
 
 __all__ = ["GenerationReplica", "RayBackend", "RayUnavailableError", "split_by_prompt"]

@@ -28,8 +28,8 @@ from gym_bridge.generation.backend import (
     GenerationResult,
 )
 from gym_bridge.generation.weights import lora_merged, plain_state_dict
-from gym_bridge.train.logprobs import gather_logprobs
-from gym_bridge.train.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
+from gym_bridge.models.logprobs import gather_logprobs
+from gym_bridge.models.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
 __all__ = ["TransformersBackend", "checked_stop_token_ids"]
 

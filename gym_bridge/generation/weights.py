@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.host_memory import release_freed_memory
+from gym_bridge.models.host_memory import release_freed_memory
 
 __all__ = [
     "MergedLoraWeights",

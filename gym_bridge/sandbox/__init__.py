@@ -27,6 +27,8 @@ The sandbox is generic (any argv); the code environment's test harness is one us
 live in their own modules: limits (:mod:`gym_bridge.sandbox.limits`), command lines of the backends
 (:mod:`gym_bridge.sandbox.backends`), the running process (:mod:`gym_bridge.sandbox.process`) and the
 concurrency slots (:mod:`gym_bridge.sandbox.slots`); this module ties them together.
+
+Substrate floor: imports nothing else of gym_bridge; the code environment imports it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "CheckpointWriteError",
+    "checkpoint_of",
     "get_rng_state",
+    "load_model_or_checkpoint",
     "set_rng_state",
 ]
 
@@ -378,3 +380,56 @@ class CheckpointManager:
         for checkpoint in deleted:
             self._discard(checkpoint.path)
         return deleted
+
+
+# ---------------------------------------------------------------------- a checkpoint as a model
+
+
+def checkpoint_of(path: Path) -> Path | None:
+    """The trainer checkpoint at ``path``: ``path`` itself (``step_<n>/``), or the latest ``step_<n>``
+    of a checkpoint directory; None when ``path`` is not one."""
+    if (path / "policy").is_dir():
+        return path
+    latest = CheckpointManager(path).latest()
+    return latest.path if latest is not None else None
+
+
+def _base_model_name(checkpoint: Path) -> str:
+    """The model a LoRA checkpoint's adapter sits on: ``policy.model_name`` of its saved config."""
+    import yaml
+
+    config = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
+    name = (config.get("policy") or {}).get("model_name")
+    if not isinstance(name, str):
+        raise ValueError(f"{checkpoint}/config.yaml names no policy.model_name for the adapter's base model")
+    return name
+
+
+def load_model_or_checkpoint(name: str, device: str = "cpu") -> tuple[Any, Any]:
+    """The model and tokenizer ``--model name`` means: a built-in name, a directory or hub id (through
+    the one loader, :func:`gym_bridge.models.registry.load_model_and_tokenizer`), or a trainer checkpoint
+    (``step_<n>/``, or a checkpoint directory, whose latest step is used: full weights, the merged model,
+    or base model + LoRA adapter, merged here)."""
+    from gym_bridge.models.registry import load_model_and_tokenizer
+
+    path = Path(name).expanduser()
+    checkpoint = checkpoint_of(path) if path.is_dir() else None
+    if checkpoint is None:
+        return load_model_and_tokenizer(name, device=device)
+    policy = checkpoint / "policy"
+    tokenizer_dir = policy / "tokenizer"
+    tokenizer_name = str(tokenizer_dir) if tokenizer_dir.is_dir() else None
+    for whole in (policy / "weights", policy / "merged"):
+        if whole.is_dir():
+            return load_model_and_tokenizer(str(whole), device=device, tokenizer_name=tokenizer_name)
+    adapter = policy / "adapter"
+    if not adapter.is_dir():
+        raise ValueError(f"{checkpoint} has neither policy/weights, policy/merged nor policy/adapter")
+    from peft import PeftModel
+
+    from gym_bridge.train.lora import without_peft_deprecation_warnings
+
+    model, tokenizer = load_model_and_tokenizer(_base_model_name(checkpoint), device=device, tokenizer_name=tokenizer_name)
+    with without_peft_deprecation_warnings():
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    return merged.eval(), tokenizer

@@ -17,8 +17,8 @@ STRICT_SPREAD over ``num_nodes`` nodes (STRICT_PACK for one): Ray places all of 
 node's workers share its bundle, and no two bundles share a node (per-node PACK groups, NeMo RL's
 default, can land on one node when it has room). Waited for with ``cluster.placement_timeout_s``;
 too small a cluster is an error naming the keys. Ray: a private one on 127.0.0.1
-(:func:`~gym_bridge.generation.ray_local.start_local_ray`), or the cluster at ``cluster.ray_address``
-/ ``RAY_ADDRESS`` (:mod:`~gym_bridge.generation.ray_cluster`).
+(:func:`~gym_bridge.distributed.ray_local.start_local_ray`), or the cluster at ``cluster.ray_address``
+/ ``RAY_ADDRESS`` (:mod:`~gym_bridge.distributed.ray_cluster`).
 
 Rendezvous: a TCP store that rank 0 serves on its node's IP as Ray reports it (127.0.0.1 on a
 private or simulated cluster), from a socket bound to that address alone (torch's own store listens on
@@ -204,8 +204,8 @@ class TrainingWorkers:
     """The trainer's handle on the data-parallel workers: :attr:`Learner.workers`."""
 
     def __init__(self, cfg: MasterConfig, learner: Learner, *, start_timeout_s: float = 600.0) -> None:
-        from gym_bridge.generation.ray_cluster import connect_ray, in_bundle, reserve, resolve_address
-        from gym_bridge.generation.ray_local import import_ray, start_local_ray
+        from gym_bridge.distributed.ray_cluster import connect_ray, in_bundle, reserve, resolve_address
+        from gym_bridge.distributed.ray_local import import_ray, start_local_ray
 
         ray = import_ray()
         cluster = cfg.cluster
@@ -282,7 +282,7 @@ class TrainingWorkers:
         shut down (or disconnect from) a Ray this started (joined)."""
         import ray
 
-        from gym_bridge.generation.ray_cluster import remove_placement
+        from gym_bridge.distributed.ray_cluster import remove_placement
 
         if self.workers:
             try:

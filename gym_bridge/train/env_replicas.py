@@ -6,7 +6,7 @@ the step. Here each replica is a Ray actor (:class:`EnvReplica`) that starts the
 :func:`~gym_bridge.envs.running_env`, as a ``collect --ray`` shard does on its node, but listening on
 its node's address (Ray's, so 127.0.0.1 on a private or simulated cluster) so the trainer's agent
 loop reaches it over HTTP, with a bearer token made for the run. One placement group per env
-(:func:`~gym_bridge.generation.ray_cluster.reserve`: all replicas or a clear error naming the keys),
+(:func:`~gym_bridge.distributed.ray_cluster.reserve`: all replicas or a clear error naming the keys),
 ``env.<name>.placement_strategy`` (SPREAD by default), ``num_workers`` CPUs (else 1) per bundle.
 The trainer gets :class:`~gym_bridge.env_router.ReplicaEndpoints`; the agent loop's
 :class:`~gym_bridge.env_router.SessionRouter` keeps each session on one replica.
@@ -46,8 +46,8 @@ class EnvReplica:
     """One replica (the body of a Ray actor): a built-in server on this node's address."""
 
     def __init__(self, server: str, workers: int | None, settings: dict[str, Any], token: str) -> None:
+        from gym_bridge.distributed.ray_cluster import node_here
         from gym_bridge.envs import running_env
-        from gym_bridge.generation.ray_cluster import node_here
 
         self._stack = ExitStack()
         self.place = node_here()
@@ -68,8 +68,8 @@ class EnvReplicas:
 
     def __init__(self, name: str, env: EnvConfig, placement_timeout_s: float, token: str,
                  start_timeout_s: float = 300.0) -> None:  # fmt: skip
-        from gym_bridge.generation.ray_cluster import in_bundle, reserve
-        from gym_bridge.generation.ray_local import import_ray
+        from gym_bridge.distributed.ray_cluster import in_bundle, reserve
+        from gym_bridge.distributed.ray_local import import_ray
 
         ray = import_ray()
         self.name, self.token = name, token
@@ -108,7 +108,7 @@ class EnvReplicas:
 
     def close(self) -> None:
         """Stop each server, kill the actors by handle, give the placement back."""
-        from gym_bridge.generation.ray_cluster import close_actors, remove_placement
+        from gym_bridge.distributed.ray_cluster import close_actors, remove_placement
 
         if self.actors:
             close_actors(self._ray, self.actors)
@@ -123,8 +123,8 @@ def start_env_replicas(cfg: MasterConfig, stack: ExitStack) -> dict[str, EnvRepl
     wanted = {name: env for name, env in cfg.env.items() if env.replicas}
     if not wanted:
         return {}
-    from gym_bridge.generation.ray_cluster import connect_ray, resolve_address
-    from gym_bridge.generation.ray_local import import_ray, start_local_ray
+    from gym_bridge.distributed.ray_cluster import connect_ray, resolve_address
+    from gym_bridge.distributed.ray_local import import_ray, start_local_ray
 
     ray = import_ray()
     address = resolve_address(cfg.cluster.ray_address)

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gym_bridge.train.logprobs import gather_logprobs
+from gym_bridge.models.logprobs import gather_logprobs
 from gym_bridge.train.policy_losses import SurrogateTerms
 from gym_bridge.train.registry import POLICY_LOSSES
 
@@ -138,7 +138,7 @@ def gather_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torc
     """Log-probs (b, s-1) of tokens 1..s-1 under logits (b, s, V) of a causal LM, in float32.
 
     ``logits[:, j]`` predicts ``input_ids[:, j + 1]``; the last position's logits are unused.
-    The shift of NeMo RL's loss, then :func:`gym_bridge.train.logprobs.gather_logprobs`.
+    The shift of NeMo RL's loss, then :func:`gym_bridge.models.logprobs.gather_logprobs`.
     """
     return gather_logprobs(logits[:, :-1].float(), input_ids[:, 1:])
 

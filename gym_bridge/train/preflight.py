@@ -49,7 +49,7 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
     problems.extend(device_problems(cfg))  # CUDA asked for and absent, bf16 on a GPU without it
     replicated = [name for name, env in cfg.env.items() if env.replicas]
     if replicated and importlib.util.find_spec("ray") is None:
-        from gym_bridge.generation.ray_local import RAY_EXTRA_HINT
+        from gym_bridge.distributed.ray_local import RAY_EXTRA_HINT
 
         problems.extend(f"env.{name}.replicas runs the env's replicas on Ray: {RAY_EXTRA_HINT}" for name in replicated)
     for name, env in cfg.env.items():
@@ -81,7 +81,7 @@ def _ray_cluster_problems(cfg: MasterConfig) -> list[str]:
     """The cluster at ``cluster.ray_address`` (or ``RAY_ADDRESS``), when the run puts anything on Ray:
     no head there, or one whose token authentication this process cannot pass (Ray 2.60), is said now
     rather than after the model has loaded."""
-    from gym_bridge.generation.ray_cluster import resolve_address
+    from gym_bridge.distributed.ray_cluster import resolve_address
 
     address = resolve_address(cfg.cluster.ray_address)
     uses_ray = (
@@ -91,7 +91,7 @@ def _ray_cluster_problems(cfg: MasterConfig) -> list[str]:
     )
     if not address or not uses_ray or importlib.util.find_spec("ray") is None:
         return []
-    from gym_bridge.generation.ray_cluster import RayClusterError, check_cluster
+    from gym_bridge.distributed.ray_cluster import RayClusterError, check_cluster
 
     try:
         check_cluster(address, "cluster.ray_address (or RAY_ADDRESS)")

@@ -3,7 +3,7 @@
 Micro-batches are length-sorted index groups: fixed-size (``policy.train_micro_batch_size`` /
 ``logprob_batch_size``), token-budgeted (dynamic batching), or, with ``policy.share_prompt_prefix``,
 fixed-size groups that keep each prompt's rows together so each distinct prompt runs once
-(:mod:`gym_bridge.train.shared_prefix`).
+(:mod:`gym_bridge.models.shared_prefix`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.batching import dynamic_micro_batches, pad_and_stack
-from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.logprobs import token_logprobs
-from gym_bridge.train.packing import PackedRows, pack_rows, packed_micro_batches
-from gym_bridge.train.rollouts import Sample
-from gym_bridge.train.shared_prefix import (
+from gym_bridge.models.logprobs import token_logprobs
+from gym_bridge.models.shared_prefix import (
     CommonStart,
     PrefixPlan,
     plan_prefixes,
@@ -28,6 +24,10 @@ from gym_bridge.train.shared_prefix import (
     shared_prefix_logprobs,
     shares_prefixes,
 )
+from gym_bridge.train.batching import dynamic_micro_batches, pad_and_stack
+from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.packing import PackedRows, pack_rows, packed_micro_batches
+from gym_bridge.train.rollouts import Sample
 
 __all__ = [
     "MicroBatch",
@@ -51,7 +51,7 @@ class MicroBatch:
     token_mask: torch.Tensor
     generation_logprobs: torch.Tensor | None
     prefixes: PrefixPlan | None = None
-    """Set when the rows' prompts run once each (:mod:`gym_bridge.train.shared_prefix`)."""
+    """Set when the rows' prompts run once each (:mod:`gym_bridge.models.shared_prefix`)."""
     token_ids: list[list[int]] = field(default_factory=list)
     packed: PackedRows | None = None
     """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.packing`)."""
@@ -114,9 +114,9 @@ def micro_batch_logprobs(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """(b, T-1) next-token log-probs of a micro-batch at ``temperature`` (``policy.generation.temperature``:
-    :mod:`gym_bridge.train.logprobs`), one prompt pass per distinct prompt if planned;
-    ``chunk_size``: ``policy.logprob_chunk_size`` (:func:`gym_bridge.train.logprobs.hidden_logprobs`);
-    ``start``: the common start of the step's prompts, already run (:func:`~gym_bridge.train.shared_prefix.common_start`)."""
+    :mod:`gym_bridge.models.logprobs`), one prompt pass per distinct prompt if planned;
+    ``chunk_size``: ``policy.logprob_chunk_size`` (:func:`gym_bridge.models.logprobs.hidden_logprobs`);
+    ``start``: the common start of the step's prompts, already run (:func:`~gym_bridge.models.shared_prefix.common_start`)."""
     if mb.prefixes is not None:
         return shared_prefix_logprobs(
             model, mb.token_ids, mb.token_mask, mb.prefixes, pad_token_id, chunk_size, start, temperature

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from gym_bridge.chat import tools_to_chat_tools
+from gym_bridge.distributed.ray_cluster import resolve_address
 from gym_bridge.generation.ray_backend import RayBackend
-from gym_bridge.generation.ray_cluster import resolve_address
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
 from gym_bridge.generation.weights import weights_snapshot as frozen_weights

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from gym_bridge.models.host_memory import release_freed_memory
+from gym_bridge.models.shared_prefix import common_start
 from gym_bridge.train.advantages import AdvantageInputs, estimate_advantages
 from gym_bridge.train.config import GRPOConfig, MasterConfig
 from gym_bridge.train.device import Placement
-from gym_bridge.train.host_memory import release_freed_memory
 from gym_bridge.train.loss import reduce_microbatch_metrics
 from gym_bridge.train.reward_components import gdpo_components, training_rewards
 from gym_bridge.train.reward_shaping import shape_rewards
@@ -34,14 +35,13 @@ from gym_bridge.train.sequences import (
     pad_rows,
     shares_prompts,
 )
-from gym_bridge.train.shared_prefix import common_start
 
 __all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 
 
 RELEASE_MIN_GAIN = 128 * 2**20
 """Bytes the resident size must have grown by since the last trim for the update to trim again
-(:func:`~gym_bridge.train.host_memory.release_freed_memory`): SmolLM2-135M's micro-batches grow it by
+(:func:`~gym_bridge.models.host_memory.release_freed_memory`): SmolLM2-135M's micro-batches grow it by
 600-850 MiB, the tiny model's whole update by ~70 MiB, whose trims took a fifth of its step."""
 
 
@@ -181,7 +181,7 @@ def optimizer_steps(
     metrics returned are this process's share.
 
     On CPU the allocator's free pages go back to the OS before the pass (what generation freed) and
-    after each micro-batch's backward pass (its activations): :mod:`gym_bridge.train.host_memory`.
+    after each micro-batch's backward pass (its activations): :mod:`gym_bridge.models.host_memory`.
     """
     model, samples, place = learner.model, batch.samples, learner.placement
     on_host = place.device.type == "cpu"

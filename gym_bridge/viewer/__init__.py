@@ -8,6 +8,9 @@ advantages (:mod:`.groups`, reusing :mod:`gym_bridge.metrics` and :mod:`gym_brid
 per-token log-prob colouring (:mod:`.tokens`), run comparison (:mod:`.compare`), training-run
 directories (:mod:`.run_dir`) and the FastAPI app with its templates (:mod:`.app`).
 
+Viewer floor: imports evaluation (ranked groups), the trainer's advantages and run-directory file
+names, the tokenizer and the record formats; nothing imports it but ``gym-bridge view``.
+
 Nothing here imports torch or transformers at start; the advantage of a group (torch) and a
 ``--tokenizer`` (transformers) are loaded the first time they are needed.
 """

@@ -30,7 +30,7 @@ NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[Any]:
-    from gym_bridge.generation.ray_local import import_ray
+    from gym_bridge.distributed.ray_local import import_ray
 
     import_ray()  # the loopback settings, before any Ray process starts
     from ray.cluster_utils import Cluster

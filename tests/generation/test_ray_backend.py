@@ -232,7 +232,7 @@ def test_every_ray_socket_is_on_loopback(ray_backend: Any) -> None:
 
 
 def test_is_loopback() -> None:
-    from gym_bridge.generation.ray_local import is_loopback
+    from gym_bridge.distributed.ray_local import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.1")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.0.2.2")

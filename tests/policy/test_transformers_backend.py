@@ -246,7 +246,7 @@ def test_repeated_prompts_share_one_prefill_and_stay_exact(backend, tiny_model, 
 def test_distinct_prompts_with_a_common_start_run_it_once_and_stay_exact(backend, tiny_model, tokenizer):
     """Validation-shaped batch: different problems behind one system prompt. The common start runs once
     (batch 1), each problem's own end after it; every row equals the row run alone and the plain pass."""
-    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
+    from gym_bridge.models.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
 
     system = "Solve the problem. End your reply with: The answer is N. Show one short line of work first."
     prompts = [

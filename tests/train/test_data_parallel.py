@@ -91,7 +91,7 @@ def test_two_workers_give_the_losses_and_weights_of_one_process(
 def test_workers_split_micro_batches_and_every_socket_is_on_loopback(tmp_path: Path, local_ray: Any) -> None:
     import psutil
 
-    from gym_bridge.generation.ray_local import is_loopback
+    from gym_bridge.distributed.ray_local import is_loopback
     from gym_bridge.train.config import load_config
     from gym_bridge.train.data_parallel import TrainingWorkers
     from gym_bridge.train.setup import build_learner

@@ -127,7 +127,7 @@ def test_a_cluster_too_small_is_a_clear_error_at_start_not_a_hang(
 def test_an_unreachable_ray_address_is_an_error_naming_the_key(tmp_path: Path) -> None:
     import socket
 
-    from gym_bridge.generation.ray_cluster import connect_ray
+    from gym_bridge.distributed.ray_cluster import connect_ray
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -139,7 +139,7 @@ def test_an_unreachable_ray_address_is_an_error_naming_the_key(tmp_path: Path) -
 
 
 def test_the_address_comes_from_the_key_then_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gym_bridge.generation.ray_cluster import _is_loopback_address, resolve_address
+    from gym_bridge.distributed.ray_cluster import _is_loopback_address, resolve_address
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert resolve_address(None) is None  # a private Ray on 127.0.0.1

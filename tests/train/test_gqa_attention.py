@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from gym_bridge.train import gqa_attention  # noqa: E402
-from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
-from gym_bridge.train.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
+from gym_bridge.models import gqa_attention  # noqa: E402
+from gym_bridge.models.logprobs import token_logprobs  # noqa: E402
+from gym_bridge.models.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
 from tests.train.helpers import random_grpo_batch  # noqa: E402
 
 PAD = 0

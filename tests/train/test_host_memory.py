@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.train import host_memory
+from gym_bridge.models import host_memory
 
 
 def _rss_bytes() -> int:

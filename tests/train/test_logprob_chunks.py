@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from gym_bridge.models.logprobs import hidden_logprobs, token_logprobs  # noqa: E402
+from gym_bridge.models.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
-from gym_bridge.train.logprobs import hidden_logprobs, token_logprobs  # noqa: E402
-from gym_bridge.train.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
 from tests.train.helpers import random_grpo_batch  # noqa: E402
 
 PAD = 0

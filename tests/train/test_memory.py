@@ -138,7 +138,7 @@ def test_activation_checkpointing_recomputes_saves_less_and_keeps_gradients(
 
 
 def test_activation_checkpointing_turns_prompt_sharing_off(tmp_path: Path, model_dir: Path) -> None:
-    from gym_bridge.train.shared_prefix import shares_prefixes
+    from gym_bridge.models.shared_prefix import shares_prefixes
 
     assert shares_prefixes(learner_for(tmp_path / "a", model_dir).model)
     learner = learner_for(tmp_path / "b", model_dir, f"{DTENSOR}.activation_checkpointing=true")

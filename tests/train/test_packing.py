@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from gym_bridge.models.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.batching import pad_and_stack  # noqa: E402
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
-from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.train.packing import (  # noqa: E402
     keeps_sequences_apart,
     pack_rows,

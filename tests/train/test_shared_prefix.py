@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gym_bridge.train.logprobs import token_logprobs  # noqa: E402
-from gym_bridge.train.shared_prefix import (  # noqa: E402
+from gym_bridge.models.logprobs import token_logprobs  # noqa: E402
+from gym_bridge.models.shared_prefix import (  # noqa: E402
     plan_prefixes,
     prefix_micro_batches,
     prompt_length,
@@ -133,7 +133,7 @@ def test_models_with_capped_logits_use_the_plain_pass(model: Any) -> None:
 def test_prompts_with_a_common_start_match_the_plain_pass(model: Any, seed: int) -> None:
     """Distinct prompts behind one long common start (a system prompt and worked examples): the start
     runs once for all of them, and log-probs and gradients are still the plain pass's."""
-    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
+    from gym_bridge.models.shared_prefix import MIN_COMMON_PREFIX, common_prefix_length
 
     token_ids, loss_masks = grpo_batch(seed)
     start = [random.Random(seed + 10).randrange(3, 300) for _ in range(MIN_COMMON_PREFIX + 4)]
@@ -168,7 +168,7 @@ def test_a_common_start_run_once_for_several_micro_batches_gives_their_gradients
     """An optimizer step's micro-batches share one run of the prompts' common start (CommonStart):
     log-probs and summed gradients equal those of each micro-batch running the start itself, and the
     start goes through the model once instead of once per micro-batch."""
-    from gym_bridge.train.shared_prefix import MIN_COMMON_PREFIX, common_start
+    from gym_bridge.models.shared_prefix import MIN_COMMON_PREFIX, common_start
 
     token_ids, loss_masks = grpo_batch(5, prompts=4, per_prompt=3)
     start = [random.Random(11).randrange(3, 300) for _ in range(MIN_COMMON_PREFIX + 6)]

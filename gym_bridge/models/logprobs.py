@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gym_bridge.train.gqa_attention import grouped_query_attention
+from gym_bridge.models.gqa_attention import grouped_query_attention
 
 __all__ = ["gather_logprobs", "hidden_logprobs", "projects_hidden_states_plainly", "scaled_logits", "token_logprobs"]
 
@@ -91,7 +91,7 @@ def token_logprobs(
     Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
     ``chunk_size``: :func:`hidden_logprobs`' (a model whose logits are not plainly ``lm_head(hidden)``
     gets its full logits from its own forward pass, unchunked). Grouped key/value heads are read in
-    place, not repeated per query head (:mod:`gym_bridge.train.gqa_attention`).
+    place, not repeated per query head (:mod:`gym_bridge.models.gqa_attention`).
     """
     inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if position_ids is not None:

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from gym_bridge.train.gqa_attention import grouped_query_attention
-from gym_bridge.train.logprobs import hidden_logprobs, projects_hidden_states_plainly
+from gym_bridge.models.gqa_attention import grouped_query_attention
+from gym_bridge.models.logprobs import hidden_logprobs, projects_hidden_states_plainly
 
 __all__ = [
     "MIN_COMMON_PREFIX",
@@ -321,7 +321,7 @@ def shared_prefix_logprobs(
 
     ``token_mask`` is the micro-batch's right-padded next-token mask (position t-1 holds token t);
     it must be 0 inside each row's prompt, which :func:`prompt_length` guarantees for loss masks.
-    ``chunk_size``: see :func:`gym_bridge.train.logprobs.hidden_logprobs`. ``start``: the step's
+    ``chunk_size``: see :func:`gym_bridge.models.logprobs.hidden_logprobs`. ``start``: the step's
     :class:`CommonStart` (then call its ``backward`` after the last micro-batch's).
     """
     with grouped_query_attention(model):

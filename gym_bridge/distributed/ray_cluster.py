@@ -1,6 +1,6 @@
 """Join an existing Ray cluster and reserve its resources with placement groups, or fail fast.
 
-Why a module of its own: :mod:`~gym_bridge.generation.ray_local` starts a private single-node Ray on
+Why a module of its own: :mod:`~gym_bridge.distributed.ray_local` starts a private single-node Ray on
 127.0.0.1; this one is for a cluster someone else started (``ray start --head`` on one node,
 ``ray start --address=HEAD:PORT`` on the others). Both the data-parallel training workers and the
 generation replicas reserve what they need here, as one placement group each (Ray's gang
@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gym_bridge.generation.ray_local import import_ray, is_loopback
+from gym_bridge.distributed.ray_local import import_ray, is_loopback
 
 __all__ = [
     "RayClusterError",

@@ -14,7 +14,7 @@ module still loose in this directory.
 4. **environments and the agent** (``agent``, ``envs``, ``env_router``, ``user_sim``, ``judge``).
 5. **evaluation** (``evaluation/``), then the **runs** (``collect/``, ``train/``, ``audit/``,
    ``integrations/``), then the **viewer** (``viewer/``).
-6. **commands** on top (``commands/``, ``cli``, ``reverify``).
+6. **commands** on top (``commands/``, ``cli``).
 """
 
 __version__ = "0.1.0"  # the package version (pyproject reads it from here)

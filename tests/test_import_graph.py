@@ -71,7 +71,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         {"gym_bridge.collect", "gym_bridge.train", "gym_bridge.audit", "gym_bridge.integrations"},
     ),
     ("viewer: rollout files and training runs as a web page", {"gym_bridge.viewer"}),
-    ("commands: the CLI", {"gym_bridge.commands", "gym_bridge.cli", "gym_bridge.reverify"}),
+    ("commands: the CLI", {"gym_bridge.commands", "gym_bridge.cli"}),
 ]
 """The floor plan, bottom first (summarised in ``gym_bridge/__init__.py``'s docstring)."""
 

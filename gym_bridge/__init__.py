@@ -8,7 +8,7 @@ module still loose in this directory.
 1. **records**: the formats everything reads and writes (``schema``, ``chat``, ``jsonl``,
    ``aggregate``, ``metrics``, ``seeding``, ``nemo_gym_record``; ``data``; the sibling ``transforms``).
 2. **substrate**: the HTTP layer (``json_http``, ``server``, ``in_process``, ``retry``, ``deadlines``,
-   ...), the sandbox (``sandbox/``) and Ray (``distributed/``).
+   ...), the consoles (``console``), the sandbox (``sandbox/``) and Ray (``distributed/``).
 3. **models** (``models/``: loading, log-probs, the forward passes), then **generation**
    (``generation/``: sampling backends), then the **policy** server (``policy/``).
 4. **environments and the agent** (``agent``, ``envs``, ``env_router``, ``user_sim``, ``judge``).

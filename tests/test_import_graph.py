@@ -41,17 +41,34 @@ LAYERS: list[tuple[str, set[str]]] = [
     (
         "records: the formats everything reads and writes",
         {
-            "gym_bridge", "gym_bridge.schema", "gym_bridge.chat", "gym_bridge.jsonl", "gym_bridge.aggregate",
-            "gym_bridge.metrics", "gym_bridge.seeding", "gym_bridge.nemo_gym_shapes", "gym_bridge.nemo_gym_record",
-            "gym_bridge.data", "transforms",
+            "gym_bridge",
+            "gym_bridge.schema",
+            "gym_bridge.chat",
+            "gym_bridge.jsonl",
+            "gym_bridge.aggregate",
+            "gym_bridge.metrics",
+            "gym_bridge.seeding",
+            "gym_bridge.nemo_gym_shapes",
+            "gym_bridge.nemo_gym_record",
+            "gym_bridge.data",
+            "transforms",
         },
     ),
     (
-        "substrate: HTTP, deadlines and retries, the sandbox, Ray",
+        "substrate: HTTP, deadlines and retries, the consoles, the sandbox, Ray",
         {
-            "gym_bridge.body_budget", "gym_bridge.deadlines", "gym_bridge.retry", "gym_bridge.event_loop",
-            "gym_bridge.request_guard", "gym_bridge.json_http", "gym_bridge.server", "gym_bridge.in_process",
-            "gym_bridge.resources_sessions", "gym_bridge.mcp_tools", "gym_bridge.sandbox",
+            "gym_bridge.console",
+            "gym_bridge.body_budget",
+            "gym_bridge.deadlines",
+            "gym_bridge.retry",
+            "gym_bridge.event_loop",
+            "gym_bridge.request_guard",
+            "gym_bridge.json_http",
+            "gym_bridge.server",
+            "gym_bridge.in_process",
+            "gym_bridge.resources_sessions",
+            "gym_bridge.mcp_tools",
+            "gym_bridge.sandbox",
             "gym_bridge.distributed",
         },
     ),
@@ -61,8 +78,12 @@ LAYERS: list[tuple[str, set[str]]] = [
     (
         "environments and the agent",
         {
-            "gym_bridge.agent", "gym_bridge.envs", "gym_bridge.env_router", "gym_bridge.user_sim",
-            "gym_bridge.judge", "gym_bridge.nemo_gym_entry",
+            "gym_bridge.agent",
+            "gym_bridge.envs",
+            "gym_bridge.env_router",
+            "gym_bridge.user_sim",
+            "gym_bridge.judge",
+            "gym_bridge.nemo_gym_entry",
         },
     ),
     ("evaluation: a model scored on stored data", {"gym_bridge.evaluation"}),
@@ -148,7 +169,9 @@ def _package_imports() -> list[tuple[str, str, str, bool]]:
             for target in targets:
                 target = _resolve(target, modules)
                 if target and unit_of(target) != unit_of(name):
-                    found.add((unit_of(name), unit_of(target), f"{name}:{node.lineno}", id(node) in typing_only))
+                    found.add(
+                        (unit_of(name), unit_of(target), f"{name}:{node.lineno}", id(node) in typing_only)
+                    )
     return sorted(found)
 
 
@@ -211,8 +234,10 @@ def test_the_package_scan_sees_function_local_and_type_checking_imports() -> Non
     # commands/eval.py imports the trainer's checkpoint loader inside its command function
     assert any(a == "gym_bridge.commands" and b == "gym_bridge.train" for a, b, _, _ in found)
     # train/metrics.py imports evaluation only inside functions
-    assert any(a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.metrics:")
-               for a, b, w, _ in found)
+    assert any(
+        a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.metrics:")
+        for a, b, w, _ in found
+    )
     # mcp_tools names the server's types under TYPE_CHECKING
     assert ("gym_bridge.mcp_tools", "gym_bridge.server") in {(a, b) for a, b, _, typing in found if typing}
     assert unit_of("gym_bridge.train.config.schema") == "gym_bridge.train"

@@ -4,6 +4,11 @@ Rows are read one at a time and handed to ``concurrency`` workers through a smal
 not grow with the file and no more than ``concurrency`` rollouts run. Repeats come in NeMo Gym's
 "aabbcc" order; with ``seed`` set, each rollout's model request carries ``seed`` = a hash of
 (seed, task, repeat): repeats differ, and a rerun asks for the same samples.
+
+:func:`collect_async` reads top to bottom: :meth:`CollectRun.start` (what a resumed run has done, the
+files, the agent, the workers), :meth:`CollectRun.produce` and the workers (:meth:`CollectRun.work`, each
+rollout written by :meth:`CollectRun.finish`), the envs' aggregates, :meth:`CollectRun.write_metrics`.
+:func:`collect` around it starts the named envs and the policy, and serves envs in-process.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import run_interruptible
 from gym_bridge.jsonl import JsonlError, JsonlWriter
 from gym_bridge.metrics import RewardTally
+from gym_bridge.retry import RetryPolicy
 from gym_bridge.seeding import rollout_seed
 
 if TYPE_CHECKING:
     from gym_bridge.in_process import InProcessClient
 
-__all__ = ["RolloutExecutor", "collect", "collect_async", "run_all"]
+__all__ = ["CollectRun", "RolloutExecutor", "collect", "collect_async", "run_all"]
 
 
 class RolloutExecutor(Protocol):
@@ -68,7 +74,7 @@ class RolloutExecutor(Protocol):
         ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     task_index: int
     rollout_index: int
@@ -101,124 +107,147 @@ async def collect_async(
     in-process on this loop (the caller mounts them and shuts them down); the other URLs go over HTTP.
     ``local_servers``: env -> the server object of each env mounted in-process (its end-of-run aggregate is
     computed here from the spool, :mod:`gym_bridge.collect.local_aggregate`)."""
-    stats = RunStats()
-    output, failures_path = config.output_path, failures_path_for(config.output_path)
-    # Nothing grows with the run: the rewards are tallied as records come (a task's group reduced to counts
-    # once its repeats are all back), records for /aggregate_metrics wait in a file, and a resumed run's
-    # earlier rollouts are a bit each, their records counted as they are read.
-    tally = RewardTally()
-    # /aggregate_metrics takes the run's records as they are written; a resumed run's earlier ones first
-    spool = AggregateSpool(output.parent, router.url_of)
+    run = CollectRun.start(
+        config, router, model_url, report=report, on_progress=on_progress, on_start=on_start,
+        executor=executor, stop=stop, in_process=in_process,
+    )  # fmt: skip
+    aggregate: list[dict[str, Any]] = []
+    try:
+        await run_all([run.produce(), *(run.work(i) for i in range(run.workers))])
+        run.writer.close()  # the rollouts file is whole before the envs are asked for their aggregates
+        aggregate = await run.env_aggregates(local_servers)
+    finally:
+        await run.close()
+    return run.write_metrics(aggregate)
 
-    def earlier(record: dict[str, Any]) -> None:
-        tally.add(record)
-        spool.add(record, (router.route(record) or (None, None, None))[2], None)
 
-    done = read_done(output, report, config.num_repeats, earlier) if config.resume else PairSet(config.num_repeats)
-    already_done = len(done)
-    early_close = done.largest_repeat < config.num_repeats  # a task's group is whole once its repeats are back
-    for task in [t for t in tally.open if early_close and isinstance(t, int)]:
-        if all((task, r) in done for r in range(config.num_repeats)):
-            tally.close(task)  # (the others wait for this run's rollouts of them)
-    if on_start is not None:
-        rows = count_rows(config.tasks_path)
-        rows = rows if config.limit is None else min(rows, config.limit)
-        planned = rows * config.num_repeats
-        on_start(max(0, planned - done.count_below(rows)))
-    materialized_path = materialized_path_for(output)
-    materialized_done = read_pairs(materialized_path, report, config.num_repeats) if config.resume else PairSet(1)
-    writer = JsonlWriter(output, append=True)
-    failures = LazyWriter(failures_path, append=config.resume)
-    materialized = LazyWriter(materialized_path, append=config.resume)
-    retry = config.retry_policy()
-    agent_config = AgentConfig(
-        model_url=model_url,
-        max_steps=config.max_steps,
-        overrides=dict(config.overrides),
-        model_retry=retry,
-        env_retry=retry,
-        model_headers=dict(config.model_headers),
-        env_headers=dict(config.env_headers),
-        rollout_timeout_s=config.rollout_timeout,
-        user=config.user_config(model_url),
-    )
-    workers = config.concurrency
-    mounted = set(in_process.urls) if in_process is not None else set()
-    hosts = len({urlsplit(url).netloc for url in [model_url, *router.urls()] if url not in mounted})
-    bound = concurrency_bound(hosts) if executor is None else None
-    if bound is not None and workers > bound[0]:
-        report(f"--concurrency {workers:,} is more than this machine can hold open at once ({bound[1]}); "
-               f"running {bound[0]:,} rollouts at a time")  # fmt: skip
-        workers = bound[0]
-    queue: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=max(64, 2 * workers))
-    pool = ClientPool(workers, connection_cap(), hosts, in_process)
-    outstanding: dict[int, int] = {}
+@dataclass(slots=True, eq=False)
+class CollectRun:
+    """One collection's state, set up by :meth:`start`: :meth:`produce` queues the task rows' rollouts,
+    ``workers`` copies of :meth:`work` run them, :meth:`finish` writes each one down as it ends, and
+    :meth:`write_metrics` sums the run up.
+
+    Nothing here grows with the run: the rewards are tallied as records come (a task's group reduced to
+    counts once its repeats are all back), records for ``/aggregate_metrics`` wait in a file (``spool``),
+    and a resumed run's earlier rollouts are a bit each (``done``), their records counted as they are read.
+    """
+
+    config: CollectConfig
+    router: Router
+    report: Callable[[str], None]
+    on_progress: Callable[[RunStats, int], None] | None
+    executor: RolloutExecutor | None
+    stop: threading.Event | None
+    """Once set, workers take no more rollouts (Ctrl-C)."""
+    stats: RunStats
+    tally: RewardTally
+    spool: AggregateSpool
+    """The run's records as ``/aggregate_metrics`` takes them (a resumed run's earlier ones first)."""
+    done: PairSet
+    """The (task, repeat) pairs already in the output (``resume``); this run makes the others."""
+    already_done: int
+    early_close: bool
+    """Whether a task's reward group is whole once its ``num_repeats`` are back (no earlier rollout has a
+    larger repeat), so it can be reduced to counts then."""
+    materialized_done: PairSet
+    """The (task, repeat) pairs already in the materialized inputs file."""
+    writer: JsonlWriter
+    failures: LazyWriter
+    materialized: LazyWriter
+    retry: RetryPolicy
+    agent_config: AgentConfig
+    workers: int
+    """Rollouts at once: ``config.concurrency``, or fewer when this machine cannot hold that many open."""
+    bound: tuple[int, str] | None
+    """The most rollouts this machine can have in flight over HTTP, and why (None: no bound)."""
+    queue: asyncio.Queue[_Job | None]
+    pool: ClientPool
+    outstanding: dict[int, int]
     """Task -> its rollouts of this run not finished yet; at 0 its reward group is closed."""
 
-    def record_failure(entry: dict[str, Any]) -> None:
-        failures.write(entry)
-        stats.add_failure(entry[FAILURE_CLASS])
+    @classmethod
+    def start(
+        cls,
+        config: CollectConfig,
+        router: Router,
+        model_url: str,
+        *,
+        report: Callable[[str], None],
+        on_progress: Callable[[RunStats, int], None] | None,
+        on_start: Callable[[int], None] | None,
+        executor: RolloutExecutor | None,
+        stop: threading.Event | None,
+        in_process: InProcessClient | None,
+    ) -> CollectRun:
+        """Read what a resumed run has done, open the files, size the pool of workers and its connections
+        (inside the event loop that runs them)."""
+        output = config.output_path
+        # 1. What is done: a resumed run's earlier records, tallied and spooled as they are read.
+        tally = RewardTally()
+        spool = AggregateSpool(output.parent, router.url_of)
 
-    def bad_row(task_index: int, err: JsonlError) -> None:
-        report(f"skipping bad task row: {err}")
-        record_failure(
-            {TASK_INDEX: task_index, ROLLOUT_INDEX: None, FAILURE_CLASS: "bad_task", "error": str(err), "attempts": 0}
-        )
+        def earlier(record: dict[str, Any]) -> None:
+            tally.add(record)
+            spool.add(record, _env_of(router, record), None)
 
-    async def produce() -> None:
-        for task_index, row in iter_tasks(config.tasks_path, limit=config.limit, on_bad=bad_row):
-            routed = router.route(row)
+        done = read_done(output, report, config.num_repeats, earlier) if config.resume else PairSet(config.num_repeats)
+        early_close = done.largest_repeat < config.num_repeats
+        for task in [t for t in tally.open if early_close and isinstance(t, int)]:
+            if all((task, r) in done for r in range(config.num_repeats)):
+                tally.close(task)  # (the others wait for this run's rollouts of them)
+        if on_start is not None:
+            on_start(_planned(config, done))
+        # 2. The files: rollouts and failures as they come, each (task, repeat) as it is run.
+        materialized_path = materialized_path_for(output)
+        materialized_done = read_pairs(materialized_path, report, config.num_repeats) if config.resume else PairSet(1)
+        writer = JsonlWriter(output, append=True)
+        failures = LazyWriter(failures_path_for(output), append=config.resume)
+        materialized = LazyWriter(materialized_path, append=config.resume)
+        # 3. The agent: the model, the retry policy, the headers, the deadline, the user.
+        retry = config.retry_policy()
+        agent_config = _agent_config(config, model_url, retry)
+        # 4. How many at once, and the connections they share.
+        hosts = _http_hosts(model_url, router, in_process)
+        workers, bound = _workers(config.concurrency, hosts, executor, report)
+        return cls(
+            config, router, report, on_progress, executor, stop,
+            stats=RunStats(), tally=tally, spool=spool, done=done, already_done=len(done),
+            early_close=early_close, materialized_done=materialized_done,
+            writer=writer, failures=failures, materialized=materialized, retry=retry, agent_config=agent_config,
+            workers=workers, bound=bound, queue=asyncio.Queue(maxsize=max(64, 2 * workers)),
+            pool=ClientPool(workers, connection_cap(), hosts, in_process), outstanding={},
+        )  # fmt: skip
+
+    async def produce(self) -> None:
+        """Queue each task row's rollouts not done yet, in NeMo Gym's "aabbcc" order, each written to the
+        materialized inputs first; a row that cannot run is a failure. Then one None per worker."""
+        config, done, queue = self.config, self.done, self.queue
+        for task_index, row in iter_tasks(config.tasks_path, limit=config.limit, on_bad=self.bad_row):
+            routed = self.router.route(row)
             if routed is None:
-                problem = f"row {task_index}: no env for it ({router.describe()})"
-                bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
+                problem = f"row {task_index}: no env for it ({self.router.describe()})"
+                self.bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
                 continue
             todo = [r for r in range(config.num_repeats) if (task_index, r) not in done]
             if not todo:
-                if early_close:
-                    tally.close(task_index)
+                if self.early_close:
+                    self.tally.close(task_index)
                 continue
-            outstanding[task_index] = len(todo)  # all of them before the first is queued
+            self.outstanding[task_index] = len(todo)  # all of them before the first is queued
             for rollout_index in todo:
                 job = _Job(task_index, rollout_index, row, *routed)
-                if (task_index, rollout_index) not in materialized_done:
-                    materialized.write(_materialized_row(job, config, agent_config))
+                if (task_index, rollout_index) not in self.materialized_done:
+                    self.materialized.write(_materialized_row(job, config, self.agent_config))
                 await queue.put(job)
         # Only at the end: a cancelled producer (Ctrl-C, a failed worker) has no one left to take them, and
         # waiting on a full queue there hung the run.
-        for _ in range(workers):
+        for _ in range(self.workers):
             await queue.put(None)
 
-    def finish(job: _Job, rollout: Rollout) -> None:
-        stats.add_requests(rollout.metrics)
-        if rollout.record is not None:
-            record = _output_record(job, rollout.record)
-            spool.add(record, job.env_name, writer.write_line)  # the line, then the record kept stripped
-            tally.add(record)
-            stats.add_written(record, rollout.metrics.total_s)
-        else:
-            f = rollout.failure
-            assert f is not None
-            record_failure(
-                {
-                    TASK_INDEX: job.task_index,
-                    ROLLOUT_INDEX: job.rollout_index,
-                    "agent_ref": job.agent_ref(),
-                    FAILURE_CLASS: f.failure_class,
-                    "error": f.message,
-                    "attempts": f.attempts,
-                    "stage": f.stage,
-                }
-            )
-        left = outstanding.pop(job.task_index) - 1
-        if left:
-            outstanding[job.task_index] = left
-        elif early_close:
-            tally.close(job.task_index)
-        if on_progress is not None:
-            on_progress(stats, 1)
-
-    async def work(i: int) -> None:
-        client = pool.for_worker(i)
+    async def work(self, i: int) -> None:
+        """Worker ``i``: run the queued rollouts one at a time, here or on the executor, until a None."""
+        client, queue, stop, executor = self.pool.for_worker(i), self.queue, self.stop, self.executor
+        config, agent_config, finish = self.config, self.agent_config, self.finish
         while not (stop is not None and stop.is_set()) and (job := await queue.get()) is not None:
             # as NeMo Gym's /run body: the materialized row (agent_ref included), which the env echoes
             task = {**job.row, "agent_ref": job.agent_ref(), TASK_INDEX: job.task_index, ROLLOUT_INDEX: job.rollout_index}
@@ -229,49 +258,142 @@ async def collect_async(
                 rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
             finish(job, rollout)
 
-    aggregate: list[dict[str, Any]] = []
-    try:
-        await run_all([produce(), *(work(i) for i in range(workers))])
-        writer.close()
-        aggregate = await env_aggregate_metrics(
-            pool.client, output, router.url_of, report, timeout=retry.request_timeout, spool=spool,
-            env_of=lambda record: (router.route(record) or (None, None, None))[2],
-            local=local_servers, group_size=config.num_repeats if early_close else None,
-        )
-    finally:
-        spool.close()
-        writer.close()
-        failures.close()
-        materialized.close()
-        await pool.aclose()
+    def finish(self, job: _Job, rollout: Rollout) -> None:
+        """Write one ended rollout down: its record (output line, spool, tally) or its failure; close its
+        task's reward group once the task's last rollout of this run is back."""
+        stats = self.stats
+        stats.add_requests(rollout.metrics)
+        if rollout.record is not None:
+            record = _output_record(job, rollout.record)
+            self.spool.add(record, job.env_name, self.writer.write_line)  # the line, then the record kept stripped
+            self.tally.add(record)
+            stats.add_written(record, rollout.metrics.total_s)
+        else:
+            f = rollout.failure
+            assert f is not None
+            self.record_failure(
+                {
+                    TASK_INDEX: job.task_index,
+                    ROLLOUT_INDEX: job.rollout_index,
+                    "agent_ref": job.agent_ref(),
+                    FAILURE_CLASS: f.failure_class,
+                    "error": f.message,
+                    "attempts": f.attempts,
+                    "stage": f.stage,
+                }
+            )
+        outstanding = self.outstanding
+        left = outstanding.pop(job.task_index) - 1
+        if left:
+            outstanding[job.task_index] = left
+        elif self.early_close:
+            self.tally.close(job.task_index)
+        if self.on_progress is not None:
+            self.on_progress(stats, 1)
 
-    metrics = tally.result()
-    tally.discard()
-    if components := tally.component_means():
-        metrics["reward_components"] = components  # mean per component; pass@k stays on reward
-    metrics["run"] = stats.run_metrics(
-        already_done=already_done, concurrency=workers, num_repeats=config.num_repeats
+    def record_failure(self, entry: dict[str, Any]) -> None:
+        self.failures.write(entry)
+        self.stats.add_failure(entry[FAILURE_CLASS])
+
+    def bad_row(self, task_index: int, err: JsonlError) -> None:
+        self.report(f"skipping bad task row: {err}")
+        self.record_failure(
+            {TASK_INDEX: task_index, ROLLOUT_INDEX: None, FAILURE_CLASS: "bad_task", "error": str(err), "attempts": 0}
+        )
+
+    async def env_aggregates(self, local_servers: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Each env's ``/aggregate_metrics`` over the run's records (NeMo Gym's ``_aggregate_metrics.json``)."""
+        return await env_aggregate_metrics(
+            self.pool.client, self.config.output_path, self.router.url_of, self.report,
+            timeout=self.retry.request_timeout, spool=self.spool, env_of=lambda record: _env_of(self.router, record),
+            local=local_servers, group_size=self.config.num_repeats if self.early_close else None,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Close the files and the connections (after an error or Ctrl-C too)."""
+        self.spool.close()
+        self.writer.close()
+        self.failures.close()
+        self.materialized.close()
+        await self.pool.aclose()
+
+    def write_metrics(self, aggregate: list[dict[str, Any]]) -> CollectResult:
+        """Write the metrics file (rewards, pass@k, the ``run`` block) and NeMo Gym's aggregate file."""
+        config, retry, stats, output = self.config, self.retry, self.stats, self.config.output_path
+        metrics = self.tally.result()
+        self.tally.discard()
+        if components := self.tally.component_means():
+            metrics["reward_components"] = components  # mean per component; pass@k stays on reward
+        run = metrics["run"] = stats.run_metrics(
+            already_done=self.already_done, concurrency=self.workers, num_repeats=config.num_repeats
+        )
+        if self.workers != config.concurrency:
+            run.update(concurrency_requested=config.concurrency, concurrency_bound=self.bound and self.bound[1])
+        run.update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
+        if self.executor is not None:
+            run.update(self.executor.run_metrics())
+        metrics_path = metrics_path_for(output)
+        write_json(metrics_path, metrics)
+        if aggregate:
+            write_aggregate_file(aggregate_metrics_path_for(output), aggregate)
+        return CollectResult(
+            output,
+            self.failures.path,
+            metrics_path,
+            metrics,
+            stats.done,
+            stats.failed,
+            stats.bad_rows,
+            self.already_done,
+            aggregate,
+        )
+
+
+def _env_of(router: Router, record: dict[str, Any]) -> str | None:
+    """The env a stored record's row is routed to (None: none)."""
+    routed = router.route(record)
+    return None if routed is None else routed[2]
+
+
+def _planned(config: CollectConfig, done: PairSet) -> int:
+    """How many rollouts this run will make: every (row, repeat) up to ``limit``, less those done."""
+    rows = count_rows(config.tasks_path)
+    rows = rows if config.limit is None else min(rows, config.limit)
+    return max(0, rows * config.num_repeats - done.count_below(rows))
+
+
+def _agent_config(config: CollectConfig, model_url: str, retry: RetryPolicy) -> AgentConfig:
+    """How each rollout runs: the run's model, overrides, retry policy, headers, deadline and user."""
+    return AgentConfig(
+        model_url=model_url,
+        max_steps=config.max_steps,
+        overrides=dict(config.overrides),
+        model_retry=retry,
+        env_retry=retry,
+        model_headers=dict(config.model_headers),
+        env_headers=dict(config.env_headers),
+        rollout_timeout_s=config.rollout_timeout,
+        user=config.user_config(model_url),
     )
-    if workers != config.concurrency:
-        metrics["run"].update(concurrency_requested=config.concurrency, concurrency_bound=bound and bound[1])
-    metrics["run"].update(request_timeout_s=retry.request_timeout, retry_timeouts=retry.retry_timeouts)
-    if executor is not None:
-        metrics["run"].update(executor.run_metrics())
-    metrics_path = metrics_path_for(output)
-    write_json(metrics_path, metrics)
-    if aggregate:
-        write_aggregate_file(aggregate_metrics_path_for(output), aggregate)
-    return CollectResult(
-        output,
-        failures_path,
-        metrics_path,
-        metrics,
-        stats.done,
-        stats.failed,
-        stats.bad_rows,
-        already_done,
-        aggregate,
-    )
+
+
+def _http_hosts(model_url: str, router: Router, in_process: InProcessClient | None) -> int:
+    """How many hosts the run talks to over HTTP (the envs mounted in-process are not)."""
+    mounted = set(in_process.urls) if in_process is not None else set()
+    return len({urlsplit(url).netloc for url in [model_url, *router.urls()] if url not in mounted})
+
+
+def _workers(
+    concurrency: int, hosts: int, executor: RolloutExecutor | None, report: Callable[[str], None]
+) -> tuple[int, tuple[int, str] | None]:
+    """``concurrency``, or the most rollouts this machine can hold open to ``hosts`` when that is fewer
+    (said so with ``report``); and that bound (None with an ``executor``: the rollouts run elsewhere)."""
+    bound = concurrency_bound(hosts) if executor is None else None
+    if bound is not None and concurrency > bound[0]:
+        report(f"--concurrency {concurrency:,} is more than this machine can hold open at once ({bound[1]}); "
+               f"running {bound[0]:,} rollouts at a time")  # fmt: skip
+        return bound[0], bound
+    return concurrency, bound
 
 
 def _output_record(job: _Job, record: dict[str, Any]) -> dict[str, Any]:

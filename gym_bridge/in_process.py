@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from multidict import CIMultiDict
 
-from gym_bridge.json_http import PARSED_BODY
+from gym_bridge.json_http import BODY_IN_HAND, PARSED_BODY
 
 __all__ = ["InProcessClient", "InProcessResponse"]
 
@@ -97,6 +97,47 @@ class _Lifespan:
         await self._task
 
 
+class _Exchange:
+    """One request's ASGI ``receive`` and ``send``, and the answer they collect."""
+
+    __slots__ = ("body", "content", "delivered", "done", "headers", "parsed", "started", "status", "waiter")
+
+    def __init__(self, content: bytes) -> None:
+        self.content, self.delivered, self.done = content, False, False
+        self.status, self.headers, self.body, self.started, self.parsed = 500, [], bytearray(), False, None
+        self.waiter: asyncio.Future[None] | None = None
+        """Made only when the app asks for a message past the body (few do)."""
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.delivered:
+            self.delivered = True
+            return {"type": "http.request", "body": self.content, "more_body": False}
+        if not self.done:  # as a server does: the client is gone only once the answer is sent
+            if self.waiter is None:
+                self.waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self.waiter)
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = message["status"]
+            self.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
+        elif message["type"] == "http.response.body":
+            chunk = message.get("body", b"")
+            self.body.extend(chunk)
+            if not message.get("more_body", False):
+                if len(self.body) == len(chunk):  # the answer came whole, in this message
+                    self.parsed = message.get(PARSED_BODY)
+                self.finish()
+
+    def finish(self) -> None:
+        """The answer is complete (or the app returned): a receive() waiting for the client to go returns."""
+        self.done = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
 class InProcessClient:
     """Serves ASGI apps under made-up origins on the current event loop and posts to them directly.
 
@@ -147,46 +188,24 @@ class InProcessClient:
             "headers": raw_headers,
             "client": ("127.0.0.1", 0),
             "server": server,
+            # The whole body, which a JsonApp takes from here (no receive() and no body deadline to set up);
+            # other apps read it from receive() as usual.
+            "extensions": {BODY_IN_HAND: content},
         }
-        delivered = False
-        answered = asyncio.Event()
-
-        async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": content, "more_body": False}
-            await answered.wait()  # as a server does: the client is gone only once the answer is sent
-            return {"type": "http.disconnect"}
-
-        status, answer_headers, body, started, parsed = 500, [], bytearray(), False, None
-
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal status, answer_headers, started, parsed
-            if message["type"] == "http.response.start":
-                started = True
-                status = message["status"]
-                answer_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body":
-                body.extend(message.get("body", b""))
-                if not message.get("more_body", False):
-                    if len(body) == len(message.get("body", b"")):  # the answer came whole, in this message
-                        parsed = message.get(PARSED_BODY)
-                    answered.set()
-
+        exchange = _Exchange(content)
         try:
-            await app(scope, receive, send)
+            await app(scope, exchange.receive, exchange.send)
         except Exception as exc:
-            if started:  # the answer was under way: over HTTP, a connection cut mid-answer
+            if exchange.started:  # the answer was under way: over HTTP, a connection cut mid-answer
                 raise httpx.RemoteProtocolError(f"the app failed mid-answer: {exc!r}") from exc
             # What uvicorn answers for an app that raised before answering.
             return InProcessResponse(500, CIMultiDict({"content-type": "text/plain; charset=utf-8"}),
                                      b"Internal Server Error")  # fmt: skip
         finally:
-            answered.set()
-        if not started:
+            exchange.finish()
+        if not exchange.started:
             raise httpx.RemoteProtocolError("the app ended without an answer")
-        return InProcessResponse(status, CIMultiDict(answer_headers), bytes(body), parsed)
+        return InProcessResponse(exchange.status, CIMultiDict(exchange.headers), bytes(exchange.body), exchange.parsed)
 
     def _target(self, url: httpx.URL | str) -> tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]:
         parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)

@@ -36,6 +36,7 @@ from gym_bridge.jsonl import compact_json, parse_json
 from gym_bridge.request_guard import RequestGuard
 
 __all__ = [
+    "BODY_IN_HAND",
     "MAX_JSON_DEPTH",
     "PARSED_BODY",
     "Answer",
@@ -52,6 +53,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 256
+BODY_IN_HAND = "gym_bridge.body"
+"""Key of a request scope's ``extensions`` that holds the whole body, from a caller on the same loop
+(:class:`~gym_bridge.in_process.InProcessClient`): read from there, with the same limits, instead of
+awaiting ``receive()`` under the body deadline."""
 PARSED_BODY = "gym_bridge.parsed_body"
 """Key of an ``http.response.body`` message that carries the value its ``body`` parses to (:attr:`Route.fresh_json`)."""
 """Deepest nesting of arrays and objects a request body may have (deeper: 400 naming this limit)."""
@@ -460,8 +465,16 @@ class JsonApp:
             try:
                 if size is not None and not claim.reserve_now(size):
                     await claim.reserve(size, self.body_timeout_s)
-                deadlines = task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
-                raw = await read_body(receive, limit, claim, deadlines)
+                extensions = scope.get("extensions")
+                raw = extensions.get(BODY_IN_HAND) if extensions else None
+                if raw is not None:  # the whole body is here already (an in-process caller's)
+                    if len(raw) > limit:
+                        raise BodyTooLarge
+                    if raw:
+                        claim.take(len(raw))
+                else:
+                    deadlines = task_deadlines(self.body_timeout_s) if self.body_timeout_s is not None else None
+                    raw = await read_body(receive, limit, claim, deadlines)
             except BodyTooLarge:
                 return self._too_big(limit), []
             except BodiesBusy:
@@ -507,7 +520,7 @@ class JsonApp:
                 return result
             if route.raw_json:
                 answer = json_answer(200, result)
-                return answer._replace(value=result) if route.fresh_json else answer
+                return Answer(200, answer.body, (), result) if route.fresh_json else answer
             # As FastAPI serializes the value of a route annotated ``-> Any``: pydantic's JSON.
             return Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
         except ValueError as exc:

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from gym_bridge.in_process import InProcessClient
+from gym_bridge.json_http import JsonApp, Route
 from gym_bridge.jsonl import compact_json, parse_json
 from gym_bridge.retry import RetryPolicy, RoutedClient, post_json
 from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
@@ -89,7 +90,13 @@ class _EchoingEnv(ResourcesServer):
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         reward = float("nan") if getattr(body, "nan", False) else 1.0
-        extras = {"tiny": 1e-07, "big": 2**70, "pair": (1, 2.5), "by_id": {1: "one"}, "text": "é\u2028\x1f\"\\"}
+        extras = {
+            "tiny": 1e-07,
+            "big": 2**70,
+            "pair": (1, 2.5),
+            "by_id": {1: "one"},
+            "text": 'é\u2028\x1f"\\',
+        }
         return VerifyResponse(**dump(body), reward=reward, **extras)
 
 
@@ -97,13 +104,20 @@ def test_a_verify_answer_is_handed_over_in_process_exactly_as_its_body_parses() 
     """``/verify`` (``Route.fresh_json``) hands its answer over as parsed: the very value the body parses
     to, types included; a route without the flag, and an answer that cannot be encoded, hand nothing over."""
     row = {"responses_create_params": {"input": "2+2?"}, "tag": ["kept", {"n": 0.1}]}
-    response = {"id": "r", "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}]}
+    response = {
+        "id": "r",
+        "output": [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "4"}]}
+        ],
+    }
 
     async def go() -> list[Any]:
         client = InProcessClient()
         base = await client.mount("env", _EchoingEnv().build_app())
         headers = {"content-type": "application/json"}
-        seeded = await client.post(f"{base}/seed_session", content=compact_json(row).encode(), headers=headers)
+        seeded = await client.post(
+            f"{base}/seed_session", content=compact_json(row).encode(), headers=headers
+        )
         cookie = {"cookie": seeded.headers["set-cookie"].split(";")[0]}
         body = compact_json({**row, "response": response}).encode()
         verified = await client.post(f"{base}/verify", content=body, headers={**headers, **cookie})
@@ -111,7 +125,9 @@ def test_a_verify_answer_is_handed_over_in_process_exactly_as_its_body_parses() 
         nan_body = compact_json({**row, "nan": True, "response": response}).encode()
         refused = await client.post(f"{base}/verify", content=nan_body, headers={**headers, **cookie})
         policy = RetryPolicy(max_attempts=1, request_timeout=5)
-        result = await post_json(client, f"{base}/verify", {**row, "response": response}, target="env", policy=policy)
+        result = await post_json(
+            client, f"{base}/verify", {**row, "response": response}, target="env", policy=policy
+        )
         await client.aclose()
         return [seeded, verified, again, refused, result]
 
@@ -126,3 +142,47 @@ def test_a_verify_answer_is_handed_over_in_process_exactly_as_its_body_parses() 
     verified.parsed["tag"].append("changed")  # the caller owns it: the next answer is not touched
     assert result.data == parse_json(again.content) and result.data["tag"] == ["kept", {"n": 0.1}]
     assert refused.status_code == 500 and refused.parsed is None  # a NaN reward is refused, not handed over
+
+
+def test_an_in_process_body_is_held_to_the_limits_and_still_reaches_apps_that_receive_it() -> None:
+    """A JsonApp takes an in-process body from the scope (no receive(), no body deadline) under the same
+    limits as over HTTP; an app that reads receive() gets the body, then the client's leaving only once it
+    has answered."""
+
+    async def echo(body: Any, _: Any) -> Any:
+        return body
+
+    json_app = JsonApp(
+        [Route("POST", "/echo", echo, body=dict[str, Any], raw_json=True)], title="t", max_body_bytes=64
+    )
+    seen: list[str] = []
+
+    async def receiving_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app([])(scope, receive, send)
+            return
+        seen.append((await receive())["body"].decode())
+        later = asyncio.ensure_future(receive())
+        await asyncio.sleep(0)
+        assert not later.done()  # the client is still there: no answer yet
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+        seen.append((await later)["type"])
+
+    async def go() -> list[Any]:
+        client = InProcessClient()
+        base = await client.mount("json", json_app)
+        other = await client.mount("raw", receiving_app)
+        headers = {"content-type": "application/json"}
+        small = await client.post(f"{base}/echo", content=b'{"a": 1}', headers=headers)
+        large = await client.post(
+            f"{base}/echo", content=compact_json({"a": "x" * 100}).encode(), headers=headers
+        )
+        raw = await client.post(f"{other}/anything", content=b'{"b": 2}', headers=headers)
+        await client.aclose()
+        return [small, large, raw]
+
+    small, large, raw = asyncio.run(go())
+    assert (small.status_code, parse_json(small.content)) == (200, {"a": 1})
+    assert large.status_code == 413 and b"64 bytes" in large.content
+    assert raw.status_code == 200 and seen == ['{"b": 2}', "http.disconnect"]

@@ -1,0 +1,97 @@
+"""The multi-turn recipe, measured: the tiny model learning to answer the scripted user's corrected question.
+
+Runs ``gym-bridge train`` on ``recipes/grpo_multi_turn_tiny.yaml`` for each seed, each in its own process
+(one thread: ``OMP_NUM_THREADS=1`` unless set), and reads the held-out success rate (the 100 validation
+conversations, sampled at temperature 1.0; success = the reply to the correction is right) from the run's
+``metrics.jsonl``: before training (step 0), after (the last step) and the curve, the wall time and the
+peak resident memory of the run's whole process tree. Writes ``bench/results/multi_turn_recipe.json``
+and the curves, ``bench/results/multi_turn_recipe.png``.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_multi_turn_recipe.py            # seeds 42 1 2
+    .venv/bin/python bench/bench_multi_turn_recipe.py grpo.max_num_steps=20 --seeds 42
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_smollm2_recipe import run_recipe  # noqa: E402  (one training run in a child process)
+from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+
+RESULT_NAME = "multi_turn_recipe"
+RECIPE = REPO / "recipes" / "grpo_multi_turn_tiny.yaml"
+
+
+def plot_curves(runs: list[dict[str, Any]], path: Path) -> Path:
+    """One held-out success line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for run in runs:
+        steps, success = zip(*run["curve"], strict=True)
+        ax.plot(steps, success, marker="o", label=f"seed {run['seed']} ({success[0]:.2f} -> {success[-1]:.2f})")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("held-out success (100 conversations, t=1.0)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("tiny model, multi-turn GRPO with a scripted user, CPU")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 2])
+    parser.add_argument("--keep", type=Path, default=None, help="keep each run's log, metrics, rollouts under KEEP/seed<k>/")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    runs = []
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) if args.keep is None else args.keep / f"seed{seed}"
+            out.mkdir(parents=True, exist_ok=True)
+            print(f"seed {seed} ... ({out})", flush=True)
+            run = run_recipe(RECIPE, seed, out, list(args.overrides))
+        run["peak_rss_mib"] = run.pop("peak_rss_gib") * 1024
+        print(f"seed {seed}: held-out success {run['base']:.2f} -> {run['final']:.2f} (best {run['best']:.2f}), "
+              f"{run['wall_s'] / 60:.1f} min, peak {run['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
+        runs.append(run)
+    base, final = statistics.fmean(r["base"] for r in runs), statistics.fmean(r["final"] for r in runs)
+    rose = sum(r["final"] > r["base"] for r in runs)
+    label = "tiny multi-turn GRPO (scripted user corrects the question)"
+    rows = [
+        figure(f"{label}: held-out success after training", final, "success rate", baseline=base,
+               note=f"baseline: the same runs' step-0 success; mean of seeds {args.seeds}; "
+               f"gain {final - base:+.3f}; rose on {rose} of {len(runs)} seeds"),
+        *(figure(f"{label}: held-out success after training, seed {r['seed']}", r["final"], "success rate",
+                 baseline=r["base"], note="baseline: step 0 of the same run") for r in runs),
+        figure(f"{label}: wall time per seed", statistics.fmean(r["wall_s"] for r in runs) / 60, "min",
+               note=f"whole run incl. model load and validations, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; "
+               f"all seeds: {sum(r['wall_s'] for r in runs) / 60:.1f} min"),
+        figure(f"{label}: peak RSS", max(r["peak_rss_mib"] for r in runs), "MiB",
+               note="whole process tree (trainer, rollout process, env server), sampled every 0.5 s"),
+    ]  # fmt: skip
+    path = write_results(RESULT_NAME, rows, details={"recipe": str(RECIPE.relative_to(REPO)), "runs": runs,
+                                                     "overrides": list(args.overrides)})  # fmt: skip
+    print(path)
+    print(plot_curves(runs, path.with_suffix(".png")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The math_chat server over real HTTP: the reply to the user's last message is scored, the record keeps all turns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gym_bridge.server import start_in_thread
+from resources_servers.math.app import MathConfig, MathServer
+from resources_servers.math_chat.app import MathChatServer
+
+CONFIG = MathConfig(pool_size=1)
+
+
+def _assistant(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def _body(output: list[dict[str, Any]], expected: str) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": "What is 3 + 9?"}]},
+        "response": {"id": "resp_1", "output": output},
+        "expected_answer": expected,
+    }
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[dict[str, str]]:
+    with (
+        start_in_thread(MathChatServer(config=CONFIG).build_app()) as chat,
+        start_in_thread(MathServer(config=CONFIG).build_app()) as math,
+    ):
+        yield {"math_chat": chat.url, "math": math.url}
+
+
+def _verify(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = httpx.post(f"{url}/verify", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+CORRECTED = [_assistant("\\boxed{12}"), _user("Sorry, I meant 3 + 4."), _assistant("\\boxed{7}")]
+
+
+def test_the_reply_to_the_last_user_message_is_scored(urls: dict[str, str]) -> None:
+    out = _verify(urls["math_chat"], _body(CORRECTED, "7"))
+    assert out["reward"] == 1.0 and out["extracted_answer"] == "7" and out["scored_after_user_turns"] == 1
+    assert out["response"]["output"] == CORRECTED  # the record keeps every turn
+    # The first answer is not the final one: a reply that repeats it scores 0.
+    repeated = [*CORRECTED[:2], _assistant("\\boxed{12}")]
+    assert _verify(urls["math_chat"], _body(repeated, "7"))["reward"] == 0.0
+    assert _verify(urls["math_chat"], _body(repeated, "12"))["reward"] == 1.0
+
+
+def test_the_math_server_reads_every_reply_joined(urls: dict[str, str]) -> None:
+    """Why math_chat exists: NeMo Gym's rule hands math-verify both boxes, the set {12, 7}: never right."""
+    out = _verify(urls["math"], _body(CORRECTED, "7"))
+    assert out["reward"] == 0.0 and out["extraction_method"] == "all_boxes"
+
+
+def test_a_last_reply_without_a_box_never_scores_an_earlier_answer(urls: dict[str, str]) -> None:
+    output = [_assistant("\\boxed{7}"), _user("Sorry, I meant 3 + 4."), _assistant("seven")]
+    out = _verify(urls["math_chat"], _body(output, "7"))
+    assert out["reward"] == 0.0 and out["failure_kind"] == "no_answer"
+
+
+def test_without_user_turns_the_whole_output_is_the_reply(urls: dict[str, str]) -> None:
+    out = _verify(urls["math_chat"], _body([_assistant("\\boxed{12}")], "12"))
+    assert out["reward"] == 1.0 and out["scored_after_user_turns"] == 0
+
+
+def test_bad_input_is_a_4xx_naming_the_field(urls: dict[str, str]) -> None:
+    body = _body(CORRECTED, "7")
+    del body["expected_answer"]
+    answer = httpx.post(f"{urls['math_chat']}/verify", json=body, timeout=60)
+    assert 400 <= answer.status_code < 500 and "expected_answer" in answer.text
+
+
+def test_near_scale_adds_the_shaped_component_beside_the_reward(urls: dict[str, str]) -> None:
+    def scored(answer: str, expected: str) -> dict[str, Any]:
+        body = _body([*CORRECTED[:2], _assistant(answer)], expected)
+        return _verify(urls["math_chat"], {**body, "verifier_metadata": {"near_scale": 4}})
+
+    assert scored("\\boxed{7}", "7")["reward_components"] == {"correct": 1.0, "near": 1.0}
+    off_by_one = scored("\\boxed{8}", "7")
+    assert off_by_one["reward"] == 0.0 and off_by_one["reward_components"] == {"correct": 0.0, "near": 0.75}
+    assert scored("\\boxed{-5}", "-3")["reward_components"]["near"] == 0.5
+    assert scored("\\boxed{20}", "7")["reward_components"]["near"] == 0.0
+    assert scored("no box", "7")["reward_components"] == {"correct": 0.0, "near": 0.0}
+    # Only the reply to the last user message counts for near too: the first answer (12) is far off.
+    assert scored("\\boxed{6}", "7")["reward_components"]["near"] == 0.75
+    # Without near_scale there are no components.
+    assert _verify(urls["math_chat"], _body(CORRECTED, "7")).get("reward_components") is None
+
+
+def test_a_bad_near_scale_is_a_4xx_naming_it(urls: dict[str, str]) -> None:
+    body = {**_body(CORRECTED, "7"), "verifier_metadata": {"near_scale": 0}}
+    answer = httpx.post(f"{urls['math_chat']}/verify", json=body, timeout=60)
+    assert answer.status_code == 422 and "verifier_metadata.near_scale" in answer.text
+    body = {**_body(CORRECTED, "7"), "verifier_metadata": {"min_user_turns": "1"}}
+    answer = httpx.post(f"{urls['math_chat']}/verify", json=body, timeout=60)
+    assert answer.status_code == 422 and "verifier_metadata.min_user_turns" in answer.text
+
+
+def test_min_user_turns_scores_0_before_the_users_message(urls: dict[str, str]) -> None:
+    """A first reply cut off at max_output_tokens ends the conversation before the correction; its box
+    must not be scored against the corrected question."""
+    meta = {"verifier_metadata": {"min_user_turns": 1, "near_scale": 4}}
+    cut = _verify(urls["math_chat"], {**_body([_assistant("\\boxed{7} and so on and")], "7"), **meta})
+    assert cut["reward"] == 0.0 and cut["failure_kind"] == "too_few_user_turns"
+    assert cut["reward_components"] == {"correct": 0.0, "near": 0.0}
+    assert _verify(urls["math_chat"], {**_body(CORRECTED, "7"), **meta})["reward"] == 1.0

@@ -22,11 +22,11 @@ worker takes its place; so does, at once, an answer that ran into the budget bef
 not wait for that either (eight hostile answers on two cores take seconds of wall time to compute
 ``slow_after_s`` each, and a new worker takes a while to start on a loaded machine), so:
 
-- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` (or run twice
-  that in wall time) gets a worker of its own, before the checks that arrived with them (a burst
-  of hostile answers arrives together and waits its turn; what comes after it does not);
-- while any check is slow (an attack, most likely), every waiting check gets a worker of its own;
-- while either lasts, one idle worker is kept spare for the next check to arrive.
+- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` CPU seconds, or
+  while any check is slow (an attack, most likely), gets a worker of its own, before the checks that
+  arrived with the stuck ones (a burst of hostile answers arrives together and waits its turn for
+  the lane; what comes ``stuck_after_s`` or more after it does not);
+- meanwhile one idle worker is kept spare for the next check to arrive.
 
 At most ``size + slow_workers`` workers run at once; workers beyond ``size`` are stopped when they finish
 a check and none waits. CPU seconds, not waiting time, mark a check slow: on a machine so loaded that
@@ -85,10 +85,9 @@ _Key = tuple[str, str, bool]
 
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
-STUCK_WALL_FACTOR = 2
-"""A lane check running this many times ``stuck_after_s`` in wall time counts as stuck whatever its CPU
-seconds (see :meth:`VerifierPool._lane_stuck`): on a loaded machine CPU seconds come slowly, and a burst
-of answers reaches the workers within milliseconds of each other, not a tenth of a second."""
+POLL_S = 0.05
+"""How often a lane check's CPU seconds are read while checks wait for a worker (see
+:meth:`VerifierPool._on_slow`)."""
 
 
 @dataclass(eq=False)
@@ -105,6 +104,8 @@ class _Worker:
     """Handed to a check (from then until its answer arrives)."""
     sent_at: float | None = None
     """When its check was sent (monotonic seconds)."""
+    arrived_at: float = 0.0
+    """When its check arrived at the pool (monotonic seconds; it may have waited since)."""
     cpu_at_start: float | None = None
     """The worker's CPU seconds when its check was sent (for the slow test)."""
     slow: bool = False
@@ -175,7 +176,9 @@ def _spawn_worker(
     """
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload([WORKER_MODULE])
+        # This module too: a new worker unpickles _worker_entry from it, and importing it there (asyncio
+        # and all) cost each start ~50 ms of CPU, ten times the rest of the start.
+        ctx.set_forkserver_preload([WORKER_MODULE, __name__])
     parent_conn, child_conn = ctx.Pipe(duplex=True)
     process = ctx.Process(
         target=_worker_entry, args=(child_conn, memory_mb), name="math-verifier", daemon=True
@@ -188,13 +191,15 @@ def _spawn_worker(
     child_conn.close()
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not parent_conn.poll(0.02):
+        while True:  # the deadline first: a start now takes milliseconds, less than one poll
             if abandon is not None and abandon.is_set():
                 raise _StartAbandoned
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 raise WorkerStartTimeout(
                     f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s"
                 )
+            if parent_conn.poll(0.02):
+                break
         kind, pid = parent_conn.recv()
         if kind != "ready":
             raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
@@ -252,8 +257,10 @@ class VerifierPool:
         self._waiters: deque[asyncio.Future[_Worker]] = deque()
         """Checks waiting for a worker, oldest first."""
         self._late_waiters: deque[asyncio.Future[_Worker]] = deque()
-        """Checks that arrived while the lane was stuck or a check slow (see :meth:`_lane_stuck`): they
+        """Checks that came after the lane got stuck (see :meth:`_lane_stuck` and :meth:`_promote`): they
         get a worker of their own, before the others."""
+        self._arrived: dict[asyncio.Future[_Worker], float] = {}
+        """When each waiting check arrived (monotonic seconds)."""
         self._suspect_waiters: deque[asyncio.Future[_Worker]] = deque()
         """Checks waiting for a worker whose answer ran into the budget before: served after the others."""
         self._suspects: OrderedDict[_Key, None] = OrderedDict()
@@ -429,59 +436,82 @@ class VerifierPool:
         return len(self._waiters) + len(self._late_waiters) + len(self._suspect_waiters)
 
     def _queue_for(self, suspect: bool) -> deque[asyncio.Future[_Worker]]:
-        """Where a check that finds no idle worker waits (see :meth:`_release` for the order)."""
+        """Where a check that finds no idle worker waits (see :meth:`_next_waiter` for the order)."""
         if suspect:
             return self._suspect_waiters
         if self.slow_workers and (self._slow or self._lane_stuck()):
             return self._late_waiters
         return self._waiters
 
+    def _lane_checks(self) -> list[_Worker]:
+        """Workers running a check of the lane (sent, not slow)."""
+        return [w for w in self._workers if w.alive and w.busy and not w.slow and w.sent_at is not None]
+
+    def _lane_busy(self) -> int:
+        """Workers handed to a check that is not slow (sent or about to be)."""
+        return sum(w.alive and w.busy and not w.slow for w in self._workers)
+
     def _lane_stuck(self) -> bool:
-        """Whether ``size`` checks of the lane have each computed ``stuck_after_s`` CPU seconds, or run
-        :data:`STUCK_WALL_FACTOR` times that in wall time (on a machine so loaded that CPU seconds come
-        slowly), already. A plain check takes milliseconds: a check that arrives now would wait for ones
-        that may well run into the budget, unless it gets a worker of its own; one that arrived with
-        them (a burst) waits its turn, so that it cannot take that worker."""
-        running = [w for w in self._workers if w.alive and w.busy and not w.slow and w.sent_at is not None]
+        """Whether ``size`` checks of the lane have each computed ``stuck_after_s`` CPU seconds already.
+        A plain check takes milliseconds: a check that arrives now would wait for ones that may well run
+        into the budget, unless it gets a worker of its own. CPU seconds, not wall time: on a loaded
+        machine every check takes long, and more processes would only slow them all."""
+        running = self._lane_checks()
         if len(running) < self.size:
             return False
-        now = time.monotonic()
         stuck = 0
         for w in running:
-            if now - w.sent_at >= STUCK_WALL_FACTOR * self.stuck_after_s:
-                stuck += 1
-                continue
             cpu = _cpu_seconds(w.pid) if w.cpu_at_start is not None else None
-            stuck += (
-                cpu is not None and w.cpu_at_start is not None and cpu - w.cpu_at_start >= self.stuck_after_s
-            )
+            if cpu is None or w.cpu_at_start is None:  # wall seconds where /proc cannot be read
+                stuck += time.monotonic() - (w.sent_at or 0.0) >= self.stuck_after_s
+            else:
+                stuck += cpu - w.cpu_at_start >= self.stuck_after_s
         return stuck >= self.size
 
+    def _promote(self) -> None:
+        """The lane is stuck: checks waiting that arrived ``stuck_after_s`` or more after the newest of
+        the lane's checks are not part of its burst (a burst reaches the pool within milliseconds), so
+        they join the checks that get a worker of their own."""
+        lane = self._lane_checks()
+        if not lane or not self._waiters:
+            return
+        after = max(w.arrived_at for w in lane) + self.stuck_after_s
+        late = [waiter for waiter in self._waiters if self._arrived.get(waiter, 0.0) >= after]
+        for waiter in late:
+            self._waiters.remove(waiter)
+            self._late_waiters.append(waiter)
+
     async def _acquire(self, suspect: bool) -> _Worker:
-        """An idle worker, or the next one freed or started (see :meth:`_release` for the order)."""
+        """An idle worker, or the next one freed or started (see :meth:`_next_waiter` for the order)."""
         assert self._idle is not None and self._loop is not None
+        arrived = time.monotonic()
         while True:
             while self._idle:
                 worker = self._idle.popleft()
                 if worker.alive:
-                    worker.busy = True
+                    worker.busy, worker.arrived_at = True, arrived
                     return worker
             if self._broken:
                 raise RuntimeError(self._broken_message())
             waiter: asyncio.Future[_Worker] = self._loop.create_future()
             queue = self._queue_for(suspect)
             queue.append(waiter)
-            if queue is not self._waiters or self._slow:
+            self._arrived[waiter] = arrived
+            if queue is self._late_waiters:
                 self._grow()
             try:
                 worker = await waiter
             except asyncio.CancelledError:
-                if waiter in queue:
-                    queue.remove(waiter)
+                for waiters in (self._waiters, self._late_waiters, self._suspect_waiters):
+                    if waiter in waiters:  # (it may have been promoted meanwhile)
+                        waiters.remove(waiter)
                 if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._release(waiter.result())  # handed over just now: pass it on
                 raise
+            finally:
+                self._arrived.pop(waiter, None)
             if worker.alive:
+                worker.arrived_at = arrived
                 return worker
 
     def _release(self, w: _Worker) -> None:
@@ -508,18 +538,16 @@ class VerifierPool:
     def _next_waiter(self) -> asyncio.Future[_Worker] | None:
         """The waiting check that gets the next free worker (taken from its queue), or None.
 
-        Checks that arrived while the lane was stuck or a check slow come first (oldest first): they
-        were not part of a burst that may still be waiting. The others get a worker while the lane has a
-        place for it (fewer than ``size`` checks running that are not slow), or any worker while a check
-        is slow (an attack, most likely: it has shown itself, so the workers started meanwhile serve
-        everyone, but the spare), the newest first: a burst of answers that will time out arrives together, and one
-        sent after it should not wait for the whole burst to be dispatched. Checks whose answer ran into
-        the budget before come last."""
+        Checks that came after the lane got stuck come first (oldest first): each gets a worker of its
+        own. The others get a worker while the lane has a place for it (fewer than ``size`` checks
+        running that are not slow), but not the spare (see :meth:`_grow`); while a check is slow (an
+        attack, most likely), the newest first: a burst of answers that will time out arrives together,
+        and one sent after it should not wait for the whole burst to be dispatched. Checks whose answer
+        ran into the budget before come last."""
+        assert self._idle is not None
         lane_open = not self.slow_workers or (
-            (bool(self._slow) or sum(x.alive and x.busy and not x.slow for x in self._workers) < self.size)
-            and not (
-                sum(x.alive for x in self._idle) <= 1 and (self._slow or self._lane_stuck())
-            )  # the spare
+            self._lane_busy() < self.size
+            and not (sum(w.alive for w in self._idle) <= 1 and (self._slow or self._lane_stuck()))  # spare
         )
         for waiters in (self._late_waiters, self._waiters, self._suspect_waiters):
             if waiters is not self._late_waiters and not lane_open:
@@ -546,7 +574,7 @@ class VerifierPool:
             self._leave_lane(worker)
         elif self.slow_workers:
             worker.cpu_at_start = _cpu_seconds(worker.pid)
-            first_look = min(self.slow_after_s, STUCK_WALL_FACTOR * self.stuck_after_s)
+            first_look = min(self.slow_after_s, self.stuck_after_s)
             worker.slow_timer = self._loop.call_later(first_look, self._on_slow, worker, task_id)
             if self._slow or len(self._workers) > self.size:  # an attack or a stuck lane: see _grow
                 self._grow()  # (the spare it may have taken)
@@ -646,22 +674,29 @@ class VerifierPool:
         )
 
     def _on_slow(self, w: _Worker, task_id: int) -> None:
-        """A check may have computed for ``slow_after_s``: if so, take its worker out of the lane (see the
-        module doc). If not yet, and the lane is stuck, start the spare now, before the next check comes."""
-        if w.task_id != task_id or not w.alive or w.slow or len(self._slow) >= self.slow_workers:
+        """A lane check has run a while: once it has computed ``slow_after_s``, take its worker out of
+        the lane (see the module doc). Until then, while the lane is stuck, start the spare before the
+        next check comes and give the checks that came after the burst a worker of their own."""
+        if w.task_id != task_id or not w.alive or w.slow:
             return
         assert self._loop is not None
         cpu = _cpu_seconds(w.pid)
         if cpu is not None and w.cpu_at_start is not None:
-            left = self.slow_after_s - (cpu - w.cpu_at_start)
+            used = cpu - w.cpu_at_start
         else:  # wall-clock seconds where /proc cannot be read
-            left = self.slow_after_s - (time.monotonic() - (w.sent_at or 0.0))
-        if left > 0:  # waiting for a CPU, not computing: look again once it could have
-            w.slow_timer = self._loop.call_later(max(left, 0.02), self._on_slow, w, task_id)
-            if self._lane_stuck():
-                self._grow()
+            used = time.monotonic() - (w.sent_at or 0.0)
+        if used >= self.slow_after_s and len(self._slow) < self.slow_workers:
+            self._leave_lane(w)
             return
-        self._leave_lane(w)
+        if self._lane_stuck():
+            self._promote()
+            self._grow()
+            self._dispatch()
+        left = self.slow_after_s - used
+        if left <= 0 and not self._waiters:  # the slow lane is full and nothing waits: stop looking
+            return
+        delay = min(left, POLL_S) if self._waiters or left <= 0 else left  # waiting: look often
+        w.slow_timer = self._loop.call_later(max(delay, 0.02), self._on_slow, w, task_id)
 
     def _leave_lane(self, w: _Worker) -> None:
         """Count a worker's check as slow: it no longer holds one of the ``size`` lane places."""
@@ -673,23 +708,21 @@ class VerifierPool:
 
     def _grow(self) -> None:
         """Start workers (at most ``size + slow_workers`` in all) so that ``size`` are free of slow
-        checks; so that every check that arrived while the lane was stuck has one coming; while any check
-        is slow, so that every waiting check has one coming; and while either lasts, so that one more is
-        spare for the next check to arrive.
+        checks, and, while the lane is stuck or a check slow, so that every check that came after the
+        burst has one coming and one more is spare for the next check to arrive.
 
         Why: a lane worker is freed by a hostile check only once that check has computed
         ``slow_after_s``, which takes several times longer in wall time with eight of them sharing two
         cores; a check that waits for that waits behind the attack. Starting a worker forks a warm one
-        (tens of CPU milliseconds), but on a loaded machine that still takes a while: the spare is ready
-        when the next plain answer arrives."""
+        in milliseconds, but on a loaded machine that takes a while: the spare is ready when the next
+        plain answer arrives. The burst itself gets no extra workers: more processes computing answers
+        that will time out would only leave less CPU to the checks that will not."""
         if self._closed or not self.slow_workers:  # no slow lane: every check waits its turn
             return
         assert self._idle is not None
         coming = self._spawning + sum(w.alive for w in self._idle)
         wanted = self.size - (len(self._workers) - len(self._slow) + self._spawning)
-        if self._slow:
-            wanted = max(wanted, self._waiting + 1 - coming)
-        elif self._late_waiters or self._lane_stuck():
+        if self._slow or self._late_waiters or self._lane_stuck():
             wanted = max(wanted, len(self._late_waiters) + 1 - coming)
         room = self.size + self.slow_workers - len(self._workers) - self._spawning
         for _ in range(min(wanted, room)):

@@ -11,8 +11,9 @@ question, so the task is one it can start on: the user corrects their question a
                                                                      reply holding "boxed")
     assistant: \\boxed{7}                     (scored: the reply to the user's last message)
 
-The tiny model answers a question well alone (greedy 0.89) but poorly after an earlier turn: before
-training, about one reply in six to the corrected question is right. The reward (the ``math_chat`` server:
+The tiny model answers a question well alone (greedy 0.885, its build report) but poorly after an
+earlier turn: before training, about one reply in six to the corrected question is right (step 0 of
+``bench/results/multi_turn_recipe.json``). The reward (the ``math_chat`` server:
 only the reply to the user's last message counts, ``extraction: boxed``) pays for answering the corrected
 question; ``verifier_metadata.near_scale`` adds the shaped ``near`` component (how close the answer is),
 which the recipe trains on beside ``correct``. A reply without a box is not answered by the user and

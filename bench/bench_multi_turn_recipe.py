@@ -9,6 +9,7 @@ and the curves, ``bench/results/multi_turn_recipe.png``.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_multi_turn_recipe.py            # seeds 42 1 2
     .venv/bin/python bench/bench_multi_turn_recipe.py grpo.max_num_steps=20 --seeds 42
+    .venv/bin/python bench/bench_multi_turn_recipe.py --quick       # seed 42, 4 steps, 20 conversations
 """
 
 from __future__ import annotations
@@ -58,16 +59,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 2])
     parser.add_argument("--keep", type=Path, default=None, help="keep each run's log, metrics, rollouts under KEEP/seed<k>/")
+    parser.add_argument("--quick", action="store_true", help="seed 42, 4 steps, validation on 20 conversations")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    seeds, overrides = args.seeds, list(args.overrides)
+    if args.quick:
+        seeds = [42]
+        overrides += ["grpo.max_num_steps=4", "grpo.val_period=0", "grpo.max_val_samples=20", "grpo.val_batch_size=20"]
     runs = []
-    for seed in args.seeds:
+    for seed in seeds:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) if args.keep is None else args.keep / f"seed{seed}"
             out.mkdir(parents=True, exist_ok=True)
             print(f"seed {seed} ... ({out})", flush=True)
-            run = run_recipe(RECIPE, seed, out, list(args.overrides))
+            run = run_recipe(RECIPE, seed, out, overrides)
         run["peak_rss_mib"] = run.pop("peak_rss_gib") * 1024
         print(f"seed {seed}: held-out success {run['base']:.2f} -> {run['final']:.2f} (best {run['best']:.2f}), "
               f"{run['wall_s'] / 60:.1f} min, peak {run['peak_rss_mib']:.0f} MiB", flush=True)  # fmt: skip
@@ -77,7 +83,7 @@ def main() -> None:
     label = "tiny multi-turn GRPO (scripted user corrects the question)"
     rows = [
         figure(f"{label}: held-out success after training", final, "success rate", baseline=base,
-               note=f"baseline: the same runs' step-0 success; mean of seeds {args.seeds}; "
+               note=f"baseline: the same runs' step-0 success; mean of seeds {seeds}; "
                f"gain {final - base:+.3f}; rose on {rose} of {len(runs)} seeds"),
         *(figure(f"{label}: held-out success after training, seed {r['seed']}", r["final"], "success rate",
                  baseline=r["base"], note="baseline: step 0 of the same run") for r in runs),
@@ -87,8 +93,8 @@ def main() -> None:
         figure(f"{label}: peak RSS", max(r["peak_rss_mib"] for r in runs), "MiB",
                note="whole process tree (trainer, rollout process, env server), sampled every 0.5 s"),
     ]  # fmt: skip
-    path = write_results(RESULT_NAME, rows, details={"recipe": str(RECIPE.relative_to(REPO)), "runs": runs,
-                                                     "overrides": list(args.overrides)})  # fmt: skip
+    details = {"recipe": str(RECIPE.relative_to(REPO)), "runs": runs, "overrides": overrides}
+    path = write_results(RESULT_NAME, rows, quick=args.quick, details=details)
     print(path)
     print(plot_curves(runs, path.with_suffix(".png")))
 

@@ -186,6 +186,10 @@ async def _send(
                 return response.status, response.headers, await response.read(), None
         except aiohttp.ServerTimeoutError as e:  # only when the session itself sets timeouts
             raise _TimedOut(type(e).__name__) from e
+        except aiohttp.ClientOSError as e:
+            if _NOT_SENT in str(e):
+                raise NotSent(e) from e
+            raise SendFailed(e) from e
         except aiohttp.ClientError as e:  # connection refused or reset, a body cut short, a bad URL
             raise SendFailed(e) from e
     import httpx
@@ -246,6 +250,23 @@ class SendFailed(Exception):
         self.cause = cause
 
 
+class NotSent(SendFailed):
+    """The pooled connection was closed before the request went out: the server never saw it.
+
+    A busy client reuses a keep-alive connection that the server closed while it sat idle (the client's
+    loop had not yet read the close). Sending it again on another connection is not a retry: it costs
+    the server nothing and does not count as an attempt (up to :data:`MAX_NOT_SENT` a request).
+    """
+
+
+_NOT_SENT = "Can not write request body"
+"""aiohttp's words (``ClientOSError``) when the connection closed before the request was written."""
+
+MAX_NOT_SENT = 64
+"""Most sends of one request that may fail unsent before they count as attempts: each one closes a
+stale pooled connection, so a pool full of them drains rather than failing the request."""
+
+
 async def post_json(
     client: Client,
     url: str,
@@ -271,7 +292,7 @@ async def post_json(
         send_headers.update(headers)
     deadline = time.monotonic() + policy.budget
     failure_class, message, status = f"{target}_timeout", "no attempt made", None
-    attempt = timeouts = 0
+    attempt = timeouts = not_sent = 0
     while attempt < policy.max_attempts:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -292,6 +313,10 @@ async def post_json(
                 message += "; not sent again: the server may still be working on it"
                 break
         except SendFailed as e:
+            if isinstance(e, NotSent) and not_sent < MAX_NOT_SENT:
+                not_sent += 1
+                attempt -= 1  # the server never saw it: send it again now, on another connection
+                continue
             failure_class, status = f"{target}_connection_error", None
             message = f"{type(e.cause).__name__} talking to {url}: {e.cause or 'connection failed'}"
         else:

@@ -86,8 +86,8 @@ _Key = tuple[str, str, bool]
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
 POLL_S = 0.05
-"""How often a lane check's CPU seconds are read while checks wait for a worker (see
-:meth:`VerifierPool._on_slow`)."""
+"""How often a lane check's CPU seconds are read while checks wait for a worker or until it has computed
+``stuck_after_s`` (see :meth:`VerifierPool._on_slow`)."""
 
 
 @dataclass(eq=False)
@@ -695,7 +695,9 @@ class VerifierPool:
         left = self.slow_after_s - used
         if left <= 0 and not self._waiters:  # the slow lane is full and nothing waits: stop looking
             return
-        delay = min(left, POLL_S) if self._waiters or left <= 0 else left  # waiting: look often
+        # Look often while checks wait, or until this one could count as stuck (for the spare).
+        often = self._waiters or left <= 0 or used < self.stuck_after_s
+        delay = min(left, POLL_S) if often else left
         w.slow_timer = self._loop.call_later(max(delay, 0.02), self._on_slow, w, task_id)
 
     def _leave_lane(self, w: _Worker) -> None:

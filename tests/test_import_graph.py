@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "gym_bridge.deadlines",
             "gym_bridge.retry",
             "gym_bridge.event_loop",
+            "gym_bridge.gc_policy",
             "gym_bridge.request_guard",
             "gym_bridge.json_http",
             "gym_bridge.server",

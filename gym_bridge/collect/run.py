@@ -48,6 +48,7 @@ from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
 from gym_bridge.event_loop import run_interruptible
+from gym_bridge.gc_policy import rare_collections
 from gym_bridge.jsonl import JsonlError, JsonlWriter
 from gym_bridge.metrics import RewardTally
 from gym_bridge.retry import RetryPolicy
@@ -481,6 +482,7 @@ def collect(
                                  on_start=on_start, executor=executor, stop=stop, in_process=in_process,
                                  local_servers=local if executor is None else None)  # fmt: skip
 
+        stack.enter_context(rare_collections())  # a busy loop's rollouts hold no cycles: see gc_policy
         if apps:
             return run_interruptible(_serving_in_process(routes, urls, apps, main), stop)
         return run_interruptible(main(Router(routes, list(urls.values()))), stop)

@@ -30,7 +30,7 @@ from bench_collect import NoopServer
 from gym_bridge.generation.backend import GenerationBackend, GenerationResult
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.server import start_in_thread
+from gym_bridge.serving.server import start_in_thread
 
 class Instant(GenerationBackend):
     def __init__(self):
@@ -65,7 +65,7 @@ TARGETS = {
 
 async def burst(url: str, body: Any, concurrency: int, total: int) -> float:
     from gym_bridge.collect import ClientPool, connection_cap
-    from gym_bridge.retry import RetryPolicy, post_json
+    from gym_bridge.serving.retry import RetryPolicy, post_json
 
     pool = ClientPool(concurrency, connection_cap())
     jobs = iter(range(total))

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.server import ResourcesServer, Session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import figure, write_results  # noqa: E402
@@ -65,7 +65,7 @@ _CEILING = """
 import asyncio, json, sys, time
 import uvloop
 from gym_bridge.collect import ClientPool, connection_cap
-from gym_bridge.retry import RetryPolicy, post_json
+from gym_bridge.serving.retry import RetryPolicy, post_json
 url, concurrency, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 body = {"input": [{"role": "user", "content": "What is 2 + 3? Put the answer in \\\\boxed{}.", "type": "message"}]}
 async def main():
@@ -88,7 +88,7 @@ uvloop.run(main())
 _FIRST_ANSWER = """
 import asyncio, json, sys
 from gym_bridge.collect import ClientPool, connection_cap
-from gym_bridge.retry import RetryPolicy, post_json
+from gym_bridge.serving.retry import RetryPolicy, post_json
 url, out = sys.argv[1], sys.argv[2]
 body = {"input": [{"role": "user", "content": "What is 2 + 3? Put the answer in \\\\boxed{}.", "type": "message"}]}
 async def main():

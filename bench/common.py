@@ -227,7 +227,7 @@ def trl_answer_dataset(path: Path) -> Any:
     """A task JSONL as TRL rows: ``prompt`` (the request's messages) and ``expected_answer``."""
     from datasets import Dataset
 
-    from gym_bridge.jsonl import iter_jsonl
+    from gym_bridge.records.jsonl import iter_jsonl
 
     rows = [row for _, row in iter_jsonl(path)]
     return Dataset.from_list(

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer on the tiny model, scored by gym-bridge's math resources server over HTTP.
 
-The math server starts in-process on a free loopback port (``gym_bridge.envs.running_env``; pass
+The math server starts in-process on a free loopback port (``gym_bridge.rollout.envs.running_env``; pass
 ``--env http://...`` to use a running server, ours or NeMo Gym's), the tasks are NeMo Gym task rows
 (``recipes/data/arith_train.jsonl``) and :class:`gym_bridge.integrations.trl.GymReward` calls
 ``/seed_session`` and ``/verify`` for every completion. Runs on CPU in well under a minute:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
     from gym_bridge.integrations.trl import GymReward, task_dataset
     from gym_bridge.models.tiny import ensure_tiny
 

@@ -1,4 +1,4 @@
-"""Live check: NeMo Gym 0.7.0's own HTTP client passes our servers' request guard (gym_bridge/request_guard.py).
+"""Live check: NeMo Gym 0.7.0's own HTTP client passes our servers' request guard (gym_bridge/serving/request_guard.py).
 
 Starts our tool_use server, then, in NeMo Gym's venv, sends ``/seed_session``, ``/verify`` and ``/health`` through
 ``nemo_gym.server_utils.request`` (the aiohttp client every NeMo Gym agent and collector uses) under the
@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from gym_bridge.server import start_in_thread
+from gym_bridge.serving.server import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 
 ROW = Path(__file__).resolve().parents[1] / "resources_servers/tool_use/data/example.jsonl"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from gym_bridge.aggregate import strip_for_aggregation
-from gym_bridge.envs import running_env
+from gym_bridge.records.aggregate import strip_for_aggregation
+from gym_bridge.rollout.envs import running_env
 
 OUT = Path(__file__).resolve().parents[1] / "tests/data/nemo_gym/aggregate_metrics_0.7.0.json"
 CASES = [  # (answer text, expected_answer, task, repeat)

@@ -1,11 +1,11 @@
-"""Regenerate ``gym_bridge/nemo_gym_shapes.py``: the field order and defaults of the objects in a NeMo Gym rollout record.
+"""Regenerate ``gym_bridge/records/nemo_gym_shapes.py``: the field order and defaults of the objects in a NeMo Gym rollout record.
 
 NeMo Gym writes a rollout as its pydantic models dump it: every declared field, in declaration order,
 defaults filled in (``parallel_tool_calls: true``, ``tools: []``, ``phase: null``, ...), extra fields
-after. gym-bridge writes the same record (:mod:`gym_bridge.nemo_gym_record`) from this table, so the
+after. gym-bridge writes the same record (:mod:`gym_bridge.records.nemo_gym_record`) from this table, so the
 table is read off NeMo Gym's own models rather than typed in. Run it with NeMo Gym's Python:
 
-    /tmp/nemogym-dev/venv/bin/python scripts/nemo_gym_record_shapes.py > gym_bridge/nemo_gym_shapes.py
+    /tmp/nemogym-dev/venv/bin/python scripts/nemo_gym_record_shapes.py > gym_bridge/records/nemo_gym_shapes.py
 """
 
 from __future__ import annotations

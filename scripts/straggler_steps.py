@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default=str(ROOT / "recipes/grpo_math_tiny.yaml"))
     args = parser.parse_args(ours)
 
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
     from gym_bridge.train.config import load_config
     from gym_bridge.train.logging import format_line, read_metrics
     from gym_bridge.train.loop import train

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, Session
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 

@@ -1,5 +1,5 @@
 """One HTTP request with exactly the headers given (``Host`` and ``Content-Type`` included or left out), for
-tests of what a server refuses before it reads a body (``gym_bridge/request_guard.py``)."""
+tests of what a server refuses before it reads a body (``gym_bridge/serving/request_guard.py``)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import gym_bridge
 from gym_bridge.cli import app
 from gym_bridge.commands.serve import DEFAULT_PORTS, POLICY_PORT
-from gym_bridge.envs import BUILTIN_SERVERS
+from gym_bridge.rollout.envs import BUILTIN_SERVERS
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

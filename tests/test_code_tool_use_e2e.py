@@ -15,7 +15,7 @@ from typing import Any
 from fake_model import FakeModel, function_call, tool_outputs
 
 from gym_bridge.collect import CollectConfig, collect, rollout_seed
-from gym_bridge.schema import last_user_text
+from gym_bridge.records.schema import last_user_text
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat
 from transforms.sft import to_sft

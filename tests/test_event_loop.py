@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gym_bridge.event_loop import run_interruptible
+from gym_bridge.serving.event_loop import run_interruptible
 
 
 @pytest.fixture(autouse=True)

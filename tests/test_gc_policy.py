@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from gym_bridge.gc_policy import RUN_THRESHOLDS, rare_collections
+from gym_bridge.serving.gc_policy import RUN_THRESHOLDS, rare_collections
 
 
 class _Node:

@@ -8,8 +8,7 @@ Two checks over the source, read with :mod:`ast` (nothing is imported):
 * **Packages** (issue 35): every ``import`` / ``from ... import`` anywhere in a module counts, inside
   functions included, since a function-local import is still a dependency, only a deferred one. The
   units are: each subpackage ``gym_bridge/<pkg>/`` as one (its subpackages included), each module
-  still loose in ``gym_bridge/`` as one of its own (the root is not a package with one purpose but a
-  drawer of modules from several layers, each placed on its layer below until they move into packages),
+  still loose in ``gym_bridge/`` as one of its own (only ``cli``, the entry point, and ``console``),
   the package root ``gym_bridge`` (its ``__init__``: the version), and the sibling package
   ``transforms`` (gym_bridge imports it, so a circle through it must be seen). Only static imports
   count: a module named in a string (``importlib.import_module``, registry entries) is not followed.
@@ -40,53 +39,16 @@ SCANNED = ("gym_bridge", "transforms")
 LAYERS: list[tuple[str, set[str]]] = [
     (
         "records: the formats everything reads and writes",
-        {
-            "gym_bridge",
-            "gym_bridge.schema",
-            "gym_bridge.chat",
-            "gym_bridge.jsonl",
-            "gym_bridge.aggregate",
-            "gym_bridge.metrics",
-            "gym_bridge.seeding",
-            "gym_bridge.nemo_gym_shapes",
-            "gym_bridge.nemo_gym_record",
-            "gym_bridge.data",
-            "transforms",
-        },
+        {"gym_bridge", "gym_bridge.records", "gym_bridge.data", "transforms"},
     ),
     (
         "substrate: HTTP, deadlines and retries, the consoles, the sandbox, Ray",
-        {
-            "gym_bridge.console",
-            "gym_bridge.body_budget",
-            "gym_bridge.deadlines",
-            "gym_bridge.retry",
-            "gym_bridge.event_loop",
-            "gym_bridge.gc_policy",
-            "gym_bridge.request_guard",
-            "gym_bridge.json_http",
-            "gym_bridge.server",
-            "gym_bridge.in_process",
-            "gym_bridge.resources_sessions",
-            "gym_bridge.mcp_tools",
-            "gym_bridge.sandbox",
-            "gym_bridge.distributed",
-        },
+        {"gym_bridge.serving", "gym_bridge.console", "gym_bridge.sandbox", "gym_bridge.distributed"},
     ),
     ("models: loading, log-probs and the forward passes over them", {"gym_bridge.models"}),
     ("generation: sampling backends", {"gym_bridge.generation"}),
     ("policy: the OpenAI-compatible server over a backend", {"gym_bridge.policy"}),
-    (
-        "environments and the agent",
-        {
-            "gym_bridge.agent",
-            "gym_bridge.envs",
-            "gym_bridge.env_router",
-            "gym_bridge.user_sim",
-            "gym_bridge.judge",
-            "gym_bridge.nemo_gym_entry",
-        },
-    ),
+    ("environments and the agent", {"gym_bridge.rollout"}),
     ("evaluation: a model scored on stored data", {"gym_bridge.evaluation"}),
     (
         "runs: collect, train, audit, the TRL bridge",
@@ -239,10 +201,11 @@ def test_the_package_scan_sees_function_local_and_type_checking_imports() -> Non
         a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.metrics:")
         for a, b, w, _ in found
     )
-    # mcp_tools names the server's types under TYPE_CHECKING
-    assert ("gym_bridge.mcp_tools", "gym_bridge.server") in {(a, b) for a, b, _, typing in found if typing}
+    # collect names the in-process client's type under TYPE_CHECKING
+    assert ("gym_bridge.collect", "gym_bridge.serving") in {(a, b) for a, b, _, typing in found if typing}
     assert unit_of("gym_bridge.train.config.schema") == "gym_bridge.train"
-    assert unit_of("gym_bridge.agent") == "gym_bridge.agent"
+    assert unit_of("gym_bridge.rollout.agent") == "gym_bridge.rollout"
+    assert unit_of("gym_bridge.console") == "gym_bridge.console"
     assert unit_of("transforms.ranked") == "transforms"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gym_bridge.in_process import InProcessClient
-from gym_bridge.json_http import JsonApp, Route
-from gym_bridge.jsonl import compact_json, parse_json
-from gym_bridge.retry import RetryPolicy, RoutedClient, post_json
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.records.jsonl import compact_json, parse_json
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.json_http import JsonApp, Route
+from gym_bridge.serving.retry import RetryPolicy, RoutedClient, post_json
+from gym_bridge.serving.server import ResourcesServer, Session
 
 
 def _app(events: list[str]) -> Any:

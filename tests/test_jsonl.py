@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from gym_bridge.jsonl import (
+from gym_bridge.records.jsonl import (
     JsonlError,
     JsonlWriter,
     ReadStats,

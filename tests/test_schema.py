@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gym_bridge.schema import (
+from gym_bridge.records.schema import (
     FunctionCall,
     FunctionCallOutput,
     OutputMessage,

@@ -2,7 +2,7 @@
 
 Rollouts are handled as plain dicts (as read from JSONL), not pydantic models: a transform touches a
 handful of fields, and building the full model for a million lines would cost more than the transform.
-The text and chat mappings themselves live once, in :mod:`gym_bridge.schema` and :mod:`gym_bridge.chat`.
+The text and chat mappings themselves live once, in :mod:`gym_bridge.records.schema` and :mod:`gym_bridge.records.chat`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gym_bridge.chat import items_to_messages
-from gym_bridge.jsonl import JsonlError, ReadStats, iter_jsonl
-from gym_bridge.schema import assistant_text, input_items, last_user_text
+from gym_bridge.records.chat import items_to_messages
+from gym_bridge.records.jsonl import JsonlError, ReadStats, iter_jsonl
+from gym_bridge.records.schema import assistant_text, input_items, last_user_text
 
 __all__ = [
     "RecordError",

@@ -6,7 +6,7 @@ no half-written file and an existing ``OUT`` untouched.
 
 Bad input (not JSON, not UTF-8, a missing field, a record of a shape a conversion cannot read) is
 reported with ``file:line``; it is skipped and counted, or with ``strict`` it stops the run with
-:class:`gym_bridge.jsonl.JsonlError`. One odd record never ends a run.
+:class:`gym_bridge.records.jsonl.JsonlError`. One odd record never ends a run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.jsonl import JsonlError, JsonlWriter, ReadStats
+from gym_bridge.records.jsonl import JsonlError, JsonlWriter, ReadStats
 from transforms.common import RecordError, check_rollout, iter_rollouts
 from transforms.grouping import NotContiguous, iter_contiguous_groups, iter_groups_on_disk
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gym_bridge.schema import content_text
+from gym_bridge.records.schema import content_text
 from transforms.common import (
     RecordError,
     prompt_messages,

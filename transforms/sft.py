@@ -1,7 +1,7 @@
 """Successful rollout -> chat SFT record ``{"messages": [...], "tools": [...]}`` (strictly streaming).
 
 The conversation is the request's input items followed by the response's output items, mapped by
-:func:`gym_bridge.chat.items_to_messages`: ``instructions`` and developer messages become system
+:func:`gym_bridge.records.chat.items_to_messages`: ``instructions`` and developer messages become system
 messages, function calls become the assistant's ``tool_calls`` and their outputs ``tool`` messages, so
 a tool-using trajectory is kept whole. Reasoning items are dropped (chat templates do not take them).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gym_bridge.chat import tools_to_chat_tools
+from gym_bridge.records.chat import tools_to_chat_tools
 from transforms.common import RecordError, prompt_messages, response_messages
 
 __all__ = ["DEFAULT_MIN_REWARD", "to_sft"]

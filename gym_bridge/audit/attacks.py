@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_bridge.schema import FunctionCall, OutputMessage, OutputText
+from gym_bridge.records.schema import FunctionCall, OutputMessage, OutputText
 
 __all__ = [
     "ATTACK_CLASSES",

@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gym_bridge.agent import AgentConfig, Rollout, make_session, run_rollout
 from gym_bridge.audit.attacks import ATTACK_CLASSES, Attack, AuditOptions, Finding, Outcome, RawAttack
 from gym_bridge.audit.envs import ENVS, catalogue
 from gym_bridge.audit.scripted_model import scripted_model
-from gym_bridge.in_process import InProcessClient
-from gym_bridge.retry import RetryPolicy, RoutedClient
+from gym_bridge.rollout.agent import AgentConfig, Rollout, make_session, run_rollout
+from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.retry import RetryPolicy, RoutedClient
 
 __all__ = ["AuditError", "AuditReport", "run_audit"]
 

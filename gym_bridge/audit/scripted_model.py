@@ -1,6 +1,6 @@
 """The model an attack speaks through: answers ``POST /responses`` with the attack's turns, in order.
 
-It is served in-process (no socket) through the project's one HTTP layer (:class:`~gym_bridge.json_http.
+It is served in-process (no socket) through the project's one HTTP layer (:class:`~gym_bridge.serving.json_http.
 JsonApp`) and only ever talks to the agent loop, so the server under audit sees the same requests a
 policy behind a real model would make it see.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gym_bridge.json_http import JsonApp, Route
-from gym_bridge.schema import Response
+from gym_bridge.records.schema import Response
+from gym_bridge.serving.json_http import JsonApp, Route
 
 __all__ = ["scripted_model"]
 

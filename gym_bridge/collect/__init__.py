@@ -8,7 +8,7 @@ This package owns ``gym-bridge collect``'s engine (the CLI is ``gym_bridge.comma
 * ``client``: the HTTP connection pool (routing the envs served in-process to them), and the embedded
   ``--policy`` model served as the endpoint.
 * ``run``: the loop: a bounded queue, ``concurrency`` workers, a rollout written as soon as it ends; the
-  envs it starts itself are called in-process on its event loop (:mod:`gym_bridge.in_process`).
+  envs it starts itself are called in-process on its event loop (:mod:`gym_bridge.serving.in_process`).
 * ``output``: the rollouts file and its side files, flushed line by line and read back by ``--resume``.
 * ``summary``: the run's counters, the metrics file's ``run`` block and the envs' aggregate metrics.
 * ``ray_shards``: ``--ray``: the rollouts run on one shard per Ray node, this process still the one writer.
@@ -28,7 +28,7 @@ What a run promises:
   ``gym eval profile`` and ``gym eval reverify`` read a run of ours. Each rollout is the record NeMo Gym
   writes, its agent ``<env>_simple_agent`` in ``agent_ref``, its env ``<env>_environment_server`` in
   ``_ng_environment_server`` and its result type in ``_ng_result_type`` (``legacy_agent``)
-  (:mod:`gym_bridge.nemo_gym_record`).
+  (:mod:`gym_bridge.records.nemo_gym_record`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.run import collect, collect_async, run_all
 from gym_bridge.collect.summary import RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
-from gym_bridge.event_loop import new_event_loop
-from gym_bridge.seeding import rollout_seed
+from gym_bridge.records.seeding import rollout_seed
+from gym_bridge.serving.event_loop import new_event_loop
 
 __all__ = [
     "AGENT_LOOP_RESULT",

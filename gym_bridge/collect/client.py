@@ -1,5 +1,5 @@
 """What the run talks to: one bounded HTTP connection pool for the model and the envs given by URL (the
-envs the run starts itself are called in-process, see :mod:`gym_bridge.in_process`), and, with
+envs the run starts itself are called in-process, see :mod:`gym_bridge.serving.in_process`), and, with
 ``--policy``, the embedded policy model served in-process as the model endpoint."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from gym_bridge.agent import make_session
 from gym_bridge.collect.config import CollectError
-from gym_bridge.retry import Client, RoutedClient
+from gym_bridge.rollout.agent import make_session
+from gym_bridge.serving.retry import Client, RoutedClient
 
 if TYPE_CHECKING:
-    from gym_bridge.in_process import InProcessClient
+    from gym_bridge.serving.in_process import InProcessClient
 
 __all__ = ["ClientPool", "concurrency_bound", "connection_cap", "ephemeral_ports", "running_policy"]
 
@@ -114,7 +114,7 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
             f"--policy needs the embedded policy server (gym_bridge.policy.server), which is not available "
             f"in this install ({e}); serve the model yourself and pass --model-url"
         ) from None
-    from gym_bridge.server import start_in_thread
+    from gym_bridge.serving.server import start_in_thread
 
     try:
         backend = load_backend(name, kind="transformers", seed=seed)

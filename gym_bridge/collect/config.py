@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from gym_bridge.retry import RetryPolicy
-from gym_bridge.user_sim import UserSimConfig
+from gym_bridge.rollout.user_sim import UserSimConfig
+from gym_bridge.serving.retry import RetryPolicy
 
 __all__ = [
     "ENV_TRANSPORTS",
@@ -23,7 +23,7 @@ __all__ = [
 EnvTransport = Literal["in-process", "http"]
 ENV_TRANSPORTS: tuple[EnvTransport, ...] = get_args(EnvTransport)
 """How the run talks to the envs it starts itself (``--env math``, ``--env module:Class``): their apps
-called on the run's own event loop (:mod:`gym_bridge.in_process`: the same requests and answers, less CPU),
+called on the run's own event loop (:mod:`gym_bridge.serving.in_process`: the same requests and answers, less CPU),
 or served on a loopback port and called over HTTP. Envs given by URL are always called over HTTP."""
 
 SLOWEST_TOKENS_PER_S = 10.0
@@ -77,7 +77,7 @@ class CollectConfig:
     rollout_timeout: float | None = None
     """Seconds one whole rollout may take (set-up, every model and tool call, /verify, retries and waits);
     past it the rollout is cut off and written to the failures file as ``rollout_timeout``
-    (:attr:`~gym_bridge.agent.AgentConfig.rollout_timeout_s`). None: only the per-request policy bounds it."""
+    (:attr:`~gym_bridge.rollout.agent.AgentConfig.rollout_timeout_s`). None: only the per-request policy bounds it."""
     retry_timeouts: bool = False
     """Send a request again when it timed out (off: the server may still be working on it, and a slow
     model asked twice only gets slower). 429, retryable 5xx and connection errors are retried either way."""
@@ -89,7 +89,7 @@ class CollectConfig:
     """One of :data:`ENV_TRANSPORTS`: ``http`` serves the envs the run starts itself on loopback ports
     (for an env that needs a real socket, or one whose handlers block the event loop)."""
     user_model_url: str | None = None
-    """The LLM user of multi-turn rows (:mod:`gym_bridge.user_sim`): an OpenAI-compatible base URL, or
+    """The LLM user of multi-turn rows (:mod:`gym_bridge.rollout.user_sim`): an OpenAI-compatible base URL, or
     ``policy`` for the run's own model (``--model-url`` or the embedded ``--policy``). None: rows with a
     ``user_script`` get a scripted user."""
     user_params: dict[str, Any] = field(default_factory=dict)

@@ -5,7 +5,7 @@ Why: over the protocol, a run's end posts every rollout in one body and gets eve
 one answer; for a million rollouts that was a 630 MB body (past the server's 256 MiB limit, so no
 aggregate at all) and, at 262,144, about a gigabyte of parsed records and answer on top of the run. The
 env's app is ours and runs on this process anyway, so its answer is computed here, by the same code its
-route runs (:class:`~gym_bridge.aggregate.StreamingAggregate` is :func:`~gym_bridge.aggregate.nemo_gym_aggregate`
+route runs (:class:`~gym_bridge.records.aggregate.StreamingAggregate` is :func:`~gym_bridge.records.aggregate.nemo_gym_aggregate`
 fed a record at a time; the env's own summary, ``ResourcesServer.aggregate_metrics``, is given the records
 as a view that reads them back from the file). Envs reached over HTTP still get the one body NeMo Gym's
 collector sends (streamed from the file, so it is not in this process's memory); their side holds it.
@@ -21,21 +21,21 @@ from typing import IO, Any
 
 import msgspec
 
-from gym_bridge.aggregate import (
+from gym_bridge.collect.output import _indented
+from gym_bridge.records.aggregate import (
     AggregateRequestError,
     SpilledGroups,
     StreamingAggregate,
     parse_aggregate_request,
 )
-from gym_bridge.collect.output import _indented
 
 __all__ = ["SpooledRecords", "local_aggregate", "server_of_app", "write_aggregate_file"]
 
 
 def server_of_app(app: Any) -> Any:
-    """The :class:`~gym_bridge.server.ResourcesServer` behind an app built by its ``build_app`` (its
+    """The :class:`~gym_bridge.serving.server.ResourcesServer` behind an app built by its ``build_app`` (its
     session hook is the server's bound method), else None."""
-    from gym_bridge.server import ResourcesServer
+    from gym_bridge.serving.server import ResourcesServer
 
     owner = getattr(getattr(app, "context", None), "__self__", None)
     return owner if isinstance(owner, ResourcesServer) else None

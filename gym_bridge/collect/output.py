@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.collect.config import CollectError
-from gym_bridge.jsonl import JsonlWriter, iter_jsonl, plain_json, repair_torn_tail
-from gym_bridge.nemo_gym_record import agent_name_for, environment_server_for, nemo_gym_record
+from gym_bridge.records.jsonl import JsonlWriter, iter_jsonl, plain_json, repair_torn_tail
+from gym_bridge.records.nemo_gym_record import agent_name_for, environment_server_for, nemo_gym_record
 
 __all__ = [
     "AGENT_LOOP_RESULT",
@@ -73,7 +73,7 @@ def stamps(task_index: int, rollout_index: int, agent_ref: dict[str, Any], env_n
 def output_record(
     answer: dict[str, Any], row: dict[str, Any], task_index: int, rollout_index: int, env_name: str
 ) -> dict[str, Any]:
-    """The env's ``/verify`` answer for ``row`` as NeMo Gym writes the rollout (:mod:`gym_bridge.nemo_gym_record`)."""
+    """The env's ``/verify`` answer for ``row`` as NeMo Gym writes the rollout (:mod:`gym_bridge.records.nemo_gym_record`)."""
     params = row.get("responses_create_params")
     model = params.get("model") if isinstance(params, dict) else None
     marks = stamps(task_index, rollout_index, nemo_gym_agent_ref(row, env_name), env_name)

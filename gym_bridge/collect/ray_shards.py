@@ -4,7 +4,7 @@ Why this shape: the exactly-once and ``--resume`` guarantees live in the run loo
 (:mod:`gym_bridge.collect.run`, :mod:`gym_bridge.collect.output`). So the driver keeps all of that
 unchanged (task file, routing, materialized inputs, the one output file, failures, metrics), and only
 the rollouts themselves move: one :class:`CollectShard` actor per alive node, pinned there, starts the
-built-in envs (``--env math``) on its node and runs the agent loop (:func:`~gym_bridge.agent.run_rollout`)
+built-in envs (``--env math``) on its node and runs the agent loop (:func:`~gym_bridge.rollout.agent.run_rollout`)
 against them and the model. Each finished rollout comes back to the driver as the actor call's result,
 and the driver writes it as the single-process run does; a SIGKILL of the driver kills its actors (Ray
 ends a dead driver's job) and ``--resume`` makes exactly the missing (task, repeat) pairs.
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from gym_bridge.agent import AgentConfig, Rollout, run_rollout
 from gym_bridge.collect.client import ClientPool, connection_cap
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
 from gym_bridge.collect.output import prepare_output, side_files
 from gym_bridge.collect.routing import EnvRoute, parse_env_args
 from gym_bridge.collect.run import collect
 from gym_bridge.collect.summary import RunStats
+from gym_bridge.rollout.agent import AgentConfig, Rollout, run_rollout
 
 __all__ = ["LOCAL", "CollectShard", "RayShards", "collect_on_ray", "join_ray"]
 
@@ -48,7 +48,7 @@ class CollectShard:
     """One node's share of the run (a Ray actor pinned to the node): its own envs, its own HTTP pool."""
 
     def __init__(self, targets: dict[str, str], slots: int) -> None:
-        from gym_bridge.envs import running_env
+        from gym_bridge.rollout.envs import running_env
 
         self._stack = ExitStack()
         self.url_of = {name: self._stack.enter_context(running_env(target)) for name, target in targets.items()}

@@ -4,7 +4,7 @@ Each rollout is sent back to the env's ``/verify`` as it is stored (the task fie
 ``response`` it carries), without its old verdict (``reward``, ``reward_components``, ``failure_kind``,
 ``failure_reason``, ``mask_sample``); the env's answer, with the rollout's bookkeeping (``_ng_*`` keys,
 ``agent_ref``) put back, is the new record. No model is called. The request is the agent's own verify step
-(:func:`gym_bridge.agent.verify_rollout`), so its answer is checked as a collected rollout's is.
+(:func:`gym_bridge.rollout.agent.verify_rollout`), so its answer is checked as a collected rollout's is.
 
 The run is collect's, minus the model: the same bounded queue and workers, flushed lines, failures file,
 ``--resume`` (a torn tail cut, only the rollouts the output lacks re-verified; changes among the ones
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.agent import EnvSession, make_session, verify_rollout
 from gym_bridge.collect.config import CollectError
 from gym_bridge.collect.output import (
     FAILURE_CLASS,
@@ -37,9 +36,10 @@ from gym_bridge.collect.output import (
 )
 from gym_bridge.collect.run import run_all
 from gym_bridge.collect.summary import env_aggregate_metrics
-from gym_bridge.event_loop import run_interruptible
-from gym_bridge.jsonl import JsonlError, JsonlWriter, iter_jsonl
-from gym_bridge.retry import RequestFailed, RetryPolicy
+from gym_bridge.records.jsonl import JsonlError, JsonlWriter, iter_jsonl
+from gym_bridge.rollout.agent import EnvSession, make_session, verify_rollout
+from gym_bridge.serving.event_loop import run_interruptible
+from gym_bridge.serving.retry import RequestFailed, RetryPolicy
 
 __all__ = ["ReverifyConfig", "ReverifyResult", "RewardChange", "reverify", "verify_payload"]
 
@@ -219,7 +219,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
 
 def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> ReverifyResult:
     """Check the inputs, start a built-in env when named, re-verify, write NeMo Gym's aggregate file."""
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
 
     if not config.rollouts_path.is_file():
         raise CollectError(f"rollout file not found: {config.rollouts_path}")

@@ -31,7 +31,7 @@ _KEY = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 def parse_env_args(values: list[str]) -> list[EnvRoute]:
     """``["math", "tools=http://h:1", "http://h:2"]`` -> routes; a bare name is its own key."""
-    from gym_bridge.envs import is_url
+    from gym_bridge.rollout.envs import is_url
 
     routes: list[EnvRoute] = []
     for value in values:

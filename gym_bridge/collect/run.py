@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from gym_bridge.agent import AgentConfig, Rollout, run_rollout, task_as_run
 from gym_bridge.collect.client import ClientPool, concurrency_bound, connection_cap, running_policy
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
 from gym_bridge.collect.local_aggregate import server_of_app, write_aggregate_file
@@ -47,15 +46,16 @@ from gym_bridge.collect.resume_index import PairSet, read_done, read_pairs
 from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
-from gym_bridge.event_loop import run_interruptible
-from gym_bridge.gc_policy import rare_collections
-from gym_bridge.jsonl import JsonlError, JsonlWriter
-from gym_bridge.metrics import RewardTally
-from gym_bridge.retry import RetryPolicy
-from gym_bridge.seeding import rollout_seed
+from gym_bridge.records.jsonl import JsonlError, JsonlWriter
+from gym_bridge.records.metrics import RewardTally
+from gym_bridge.records.seeding import rollout_seed
+from gym_bridge.rollout.agent import AgentConfig, Rollout, run_rollout, task_as_run
+from gym_bridge.serving.event_loop import run_interruptible
+from gym_bridge.serving.gc_policy import rare_collections
+from gym_bridge.serving.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from gym_bridge.in_process import InProcessClient
+    from gym_bridge.serving.in_process import InProcessClient
 
 __all__ = ["CollectRun", "RolloutExecutor", "collect", "collect_async", "run_all"]
 
@@ -454,7 +454,7 @@ def collect(
                 pass
         except JsonlError as e:
             raise CollectError(f"bad task row (--strict): {e}") from None
-    from gym_bridge.envs import env_app, is_url, running_env
+    from gym_bridge.rollout.envs import env_app, is_url, running_env
 
     with ExitStack() as stack:
         urls: dict[int, str] = {}  # route index -> the env's URL (given, or of a server started for the run)
@@ -497,7 +497,7 @@ async def _serving_in_process(
     """Mount the env apps (route index -> app) on this loop, run ``main`` with every route's URL (``urls``:
     the others'), then shut the apps down: their lifespans end here on an error or Ctrl-C too (the math
     server's verifier processes stop)."""
-    from gym_bridge.in_process import InProcessClient
+    from gym_bridge.serving.in_process import InProcessClient
 
     client = InProcessClient()
     try:

@@ -15,13 +15,17 @@ from typing import IO, Any
 
 import aiohttp
 
-from gym_bridge.agent import RolloutMetrics
-from gym_bridge.aggregate import strip_for_aggregation, whole_and_stripped_json
 from gym_bridge.collect.output import ENV_SERVER, FAILURE_CLASS
-from gym_bridge.jsonl import compact_json, iter_jsonl
-from gym_bridge.metrics import LatencySketch
-from gym_bridge.nemo_gym_record import ENVIRONMENT_SERVER_SUFFIX, agent_name_for, environment_server_for
-from gym_bridge.retry import Client, RoutedClient, SendFailed, post_once
+from gym_bridge.records.aggregate import strip_for_aggregation, whole_and_stripped_json
+from gym_bridge.records.jsonl import compact_json, iter_jsonl
+from gym_bridge.records.metrics import LatencySketch
+from gym_bridge.records.nemo_gym_record import (
+    ENVIRONMENT_SERVER_SUFFIX,
+    agent_name_for,
+    environment_server_for,
+)
+from gym_bridge.rollout.agent import RolloutMetrics
+from gym_bridge.serving.retry import Client, RoutedClient, SendFailed, post_once
 
 __all__ = [
     "COUNTED",
@@ -253,9 +257,9 @@ async def env_aggregate_metrics(
     their ``_ng_environment_server`` names, :func:`env_of_stamp`); the answer
     (NeMo Gym's ``AggregateMetrics``) becomes one entry of NeMo Gym's ``_aggregate_metrics.json`` list.
     ``spool``: the same records, kept as they were written (then ``output`` is not read). ``client``: the
-    run's (a :class:`~gym_bridge.retry.RoutedClient` reaches the envs served in-process too).
+    run's (a :class:`~gym_bridge.serving.retry.RoutedClient` reaches the envs served in-process too).
     An env that cannot answer is reported and left out; the rollouts are already safe on disk.
-    ``local``: env -> its :class:`~gym_bridge.server.ResourcesServer` served in-process; with ``spool``,
+    ``local``: env -> its :class:`~gym_bridge.serving.server.ResourcesServer` served in-process; with ``spool``,
     its answer is computed from the spool a record at a time (:mod:`gym_bridge.collect.local_aggregate`;
     ``group_size``: the most records a task has).
     """

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gym_bridge.jsonl import JsonlError, iter_jsonl
-from gym_bridge.schema import TaskRow
+from gym_bridge.records.jsonl import JsonlError, iter_jsonl
+from gym_bridge.records.schema import TaskRow
 
 __all__ = ["count_rows", "iter_tasks", "row_problem"]
 

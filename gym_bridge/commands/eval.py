@@ -72,7 +72,7 @@ def ranked(
 
     from gym_bridge.console import console
     from gym_bridge.evaluation.ranked import GroupResult, evaluate_ranked, iter_ranked
-    from gym_bridge.jsonl import JsonlError
+    from gym_bridge.records.jsonl import JsonlError
 
     for out in (output, groups_out):
         if out is not None and out.resolve() == ranked_groups.resolve():

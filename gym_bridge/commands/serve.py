@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from gym_bridge.commands.typer_app import App
-from gym_bridge.envs import BUILTIN_SERVERS
-from gym_bridge.request_guard import ALLOWED_HOST_HELP, check_host_names
+from gym_bridge.rollout.envs import BUILTIN_SERVERS
+from gym_bridge.serving.request_guard import ALLOWED_HOST_HELP, check_host_names
 
 # Each built-in server has its own default port, so all of them and the policy server (8000) can run at
 # once without --port; the resources servers' READMEs use the same numbers.
@@ -32,8 +32,8 @@ def _env_command(env_name: str) -> None:
         expose_tools_over_mcp: Annotated[bool, typer.Option(help="Also serve the tools over MCP at /mcp (NeMo Gym's "
                                         "expose_tools_over_mcp); each seed answer carries the session's token.")] = False,
     ) -> None:
-        from gym_bridge.envs import load_server_class
-        from gym_bridge.server import ServerSettings, start_in_thread
+        from gym_bridge.rollout.envs import load_server_class
+        from gym_bridge.serving.server import ServerSettings, start_in_thread
 
         server_class = load_server_class(env_name)
         try:
@@ -127,7 +127,7 @@ def policy(
     """Run the embedded OpenAI-compatible policy server (/v1/responses, /v1/chat/completions)."""
     from gym_bridge.generation import load_backend
     from gym_bridge.policy.server import build_policy_app
-    from gym_bridge.server import start_in_thread
+    from gym_bridge.serving.server import start_in_thread
 
     kwargs = {"seed": seed} if backend == "transformers" else {}
     try:

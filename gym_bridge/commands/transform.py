@@ -18,7 +18,7 @@ from rich.table import Table
 
 from gym_bridge.commands.typer_app import App
 from gym_bridge.console import console as rich_console
-from gym_bridge.jsonl import JsonlError
+from gym_bridge.records.jsonl import JsonlError
 from transforms.common import in_reward_range, reward_of
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.jsonl import JsonlWriter
+from gym_bridge.records.jsonl import JsonlWriter
 
 # Short on purpose: every prompt token is processed in each GRPO step, and on CPU that is the cost.
 PROMPT_SUFFIX = " Put the answer in \\boxed{}."

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_bridge.jsonl import JsonlError, iter_jsonl
+from gym_bridge.records.jsonl import JsonlError, iter_jsonl
 from transforms.common import RecordError
 from transforms.ranked import check_ranked, dense_ranks
 

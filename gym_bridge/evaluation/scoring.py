@@ -1,6 +1,6 @@
 """A model as a ranking scorer: each response's length-normalised log-probability given the prompt.
 
-The prompt goes through the model's chat template with :func:`gym_bridge.chat.render_prompt` (what the
+The prompt goes through the model's chat template with :func:`gym_bridge.records.chat.render_prompt` (what the
 policy server generates from), the response's tokens follow it as the assistant's reply, and the score
 is the mean log-probability of those response tokens (a sum would favour short responses). An empty
 response has no tokens to average and scores ``-inf`` (last). Sequences longer than the model's
@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.chat import items_to_messages, render_prompt
-from gym_bridge.schema import content_text
+from gym_bridge.records.chat import items_to_messages, render_prompt
+from gym_bridge.records.schema import content_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

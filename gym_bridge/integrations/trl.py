@@ -12,9 +12,9 @@ Three pieces, following TRL 1.16's calling conventions without importing TRL:
   rollout with ``reset(**row)`` (seeds its session), one method per tool of the task row (posts to the
   server's tool route) and ``get_reward()`` (``/verify`` with the calls made).
 
-Every request goes through the agent's env steps (:func:`~gym_bridge.agent.seed_session`,
-:func:`~gym_bridge.agent.post_tool`, :func:`~gym_bridge.agent.verify_rollout` over an
-:class:`~gym_bridge.agent.EnvSession`): the same retry policy (429, 5xx and connection errors tried
+Every request goes through the agent's env steps (:func:`~gym_bridge.rollout.agent.seed_session`,
+:func:`~gym_bridge.rollout.agent.post_tool`, :func:`~gym_bridge.rollout.agent.verify_rollout` over an
+:class:`~gym_bridge.rollout.agent.EnvSession`): the same retry policy (429, 5xx and connection errors tried
 again with backoff), cookie jar and answer checks as ``collect`` and training; ``timeout_s`` is the
 policy's ``request_timeout``.
 
@@ -38,10 +38,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from gym_bridge.agent import EnvSession, is_tool_name, make_session, post_tool, seed_session, verify_rollout
-from gym_bridge.jsonl import parse_json
-from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy
-from gym_bridge.schema import (
+from gym_bridge.records.jsonl import parse_json
+from gym_bridge.records.schema import (
     FunctionCall,
     FunctionCallOutput,
     OutputMessage,
@@ -52,6 +50,15 @@ from gym_bridge.schema import (
     input_items,
     new_id,
 )
+from gym_bridge.rollout.agent import (
+    EnvSession,
+    is_tool_name,
+    make_session,
+    post_tool,
+    seed_session,
+    verify_rollout,
+)
+from gym_bridge.serving.retry import Client, HttpResult, RequestFailed, RetryPolicy
 
 __all__ = [
     "TASK_ROW_COLUMN",
@@ -112,7 +119,7 @@ def task_dataset(source: str | Path | Iterable[Mapping[str, Any]]) -> Any:
     from datasets import Dataset
 
     if isinstance(source, str | Path):
-        from gym_bridge.jsonl import iter_jsonl
+        from gym_bridge.records.jsonl import iter_jsonl
 
         rows: Iterable[tuple[Any, Mapping[str, Any]]] = iter_jsonl(Path(source))
     else:
@@ -187,7 +194,7 @@ def completion_response(completion: str | list[Mapping[str, Any]]) -> Response:
 
 def response_body(response: Response) -> dict[str, Any]:
     """The ``response`` JSON of a ``/verify`` body, defaults included (``type``, ``role``: servers need them;
-    :func:`~gym_bridge.schema.dump` would leave out what was not set explicitly)."""
+    :func:`~gym_bridge.records.schema.dump` would leave out what was not set explicitly)."""
     return response.model_dump(mode="json", by_alias=True)
 
 
@@ -293,7 +300,7 @@ class GymReward:
 
     Each completion is its own rollout: ``/seed_session`` with its task row, then ``/verify`` with the
     row and the completion as ``response``, both in the session the seed opened (its cookies are kept
-    in the rollout's own :class:`~gym_bridge.agent.EnvSession`). All completions of a batch run
+    in the rollout's own :class:`~gym_bridge.rollout.agent.EnvSession`). All completions of a batch run
     concurrently, at most ``max_concurrency`` at once. ``reward_key`` picks another number of the
     ``/verify`` answer than ``reward`` (a ``reward_components`` entry is looked up there). ``retry``: how
     each request is tried (default: the agent's policy, 4 attempts); ``timeout_s`` sets its attempt

@@ -5,5 +5,5 @@
 :func:`gym_bridge.policy.server.build_policy_app` serves it. Neither imports torch.
 
 Policy floor: imports the generation backends' interface, the record formats and the HTTP substrate
-(:mod:`gym_bridge.json_http`); the runs (collect's ``--policy``, the trainer) and ``serve`` import it.
+(:mod:`gym_bridge.serving.json_http`); the runs (collect's ``--policy``, the trainer) and ``serve`` import it.
 """

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from gym_bridge.json_http import (
+from gym_bridge.records.schema import FunctionCall, FunctionCallOutput, Reasoning, ResponsesCreateParams
+from gym_bridge.serving.json_http import (
     Answer,
     ErrorStyle,
     Headers,
@@ -19,7 +20,6 @@ from gym_bridge.json_http import (
     json_answer,
     jsonable_errors,
 )
-from gym_bridge.schema import FunctionCall, FunctionCallOutput, Reasoning, ResponsesCreateParams
 
 __all__ = [
     "ApiError",

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from gym_bridge.generation.backend import GenerationBackend
-from gym_bridge.json_http import JsonApp, Route
 from gym_bridge.policy.api import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -25,6 +24,7 @@ from gym_bridge.policy.api import (
     TokenizeRequest,
 )
 from gym_bridge.policy.service import PolicyService, PolicySettings
+from gym_bridge.serving.json_http import JsonApp, Route
 
 __all__ = ["PolicyApp", "PolicySettings", "build_policy_app", "policy_routes"]
 

@@ -1,10 +1,10 @@
 """The policy server's logic without HTTP: :class:`PolicyService` answers OpenAI-shaped requests.
 
 Each method takes a validated request body and returns the answer's JSON content, or an
-:class:`~gym_bridge.json_http.EventStream` when the request asked for ``stream``; a refusal is an
+:class:`~gym_bridge.serving.json_http.EventStream` when the request asked for ``stream``; a refusal is an
 :class:`~gym_bridge.policy.api.ApiError`. :mod:`gym_bridge.policy.server` binds these methods to routes.
 
-Prompts are rendered with the tokenizer's chat template (:func:`gym_bridge.chat.render_prompt`); when the
+Prompts are rendered with the tokenizer's chat template (:func:`gym_bridge.records.chat.render_prompt`); when the
 conversation carries the previous turn's token ids they are reused exactly
 (:mod:`gym_bridge.policy.continuation`). Concurrent requests are generated together
 (:mod:`gym_bridge.policy.batching`). Limits: a prompt whose text cannot fit the context is refused before
@@ -24,14 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gym_bridge.chat import TemplateError, items_to_messages, render_prompt, tools_to_chat_tools
 from gym_bridge.generation.backend import (
     GenerationBackend,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
 )
-from gym_bridge.json_http import EventStream
 from gym_bridge.policy.api import (
     ApiError,
     ChatCompletionRequest,
@@ -46,8 +44,10 @@ from gym_bridge.policy.continuation import on_policy_prompt
 from gym_bridge.policy.prompt_cache import RenderCache
 from gym_bridge.policy.streaming import chat_chunks, completion_chunks, response_events, token_pieces
 from gym_bridge.policy.tool_calls import completion_to_output_items, parse_completion
-from gym_bridge.request_guard import check_host_names
-from gym_bridge.schema import Response, Usage, content_text, input_items, new_id
+from gym_bridge.records.chat import TemplateError, items_to_messages, render_prompt, tools_to_chat_tools
+from gym_bridge.records.schema import Response, Usage, content_text, input_items, new_id
+from gym_bridge.serving.json_http import EventStream
+from gym_bridge.serving.request_guard import check_host_names
 
 __all__ = ["PolicyService", "PolicySettings"]
 
@@ -84,7 +84,7 @@ class PolicySettings(BaseModel):
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     allowed_hosts: list[str] = []
     """``Host`` names answered besides IP addresses, ``localhost`` and this machine's name; others get 421
-    (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
+    (DNS rebinding: :mod:`gym_bridge.serving.request_guard`); ``*`` answers any."""
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gym_bridge.schema import FunctionCall, OutputMessage, OutputText, Reasoning, new_id
+from gym_bridge.records.schema import FunctionCall, OutputMessage, OutputText, Reasoning, new_id
 
 __all__ = ["ParsedCompletion", "ParsedToolCall", "completion_to_output_items", "parse_completion"]
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.jsonl import JsonlError, iter_jsonl
-from gym_bridge.schema import assistant_text, content_text
+from gym_bridge.records.jsonl import JsonlError, iter_jsonl
+from gym_bridge.records.schema import assistant_text, content_text
 from transforms.common import RecordError, check_rollout, output_items, prompt_messages
 
 if TYPE_CHECKING:

@@ -3,13 +3,13 @@
 Why: one server in the trainer's process scores every rollout of a step on the trainer's cores; a
 slow verifier (code sandboxes, math with timeouts) or a stateful env with many sessions then bounds
 the step. Here each replica is a Ray actor (:class:`EnvReplica`) that starts the server with
-:func:`~gym_bridge.envs.running_env`, as a ``collect --ray`` shard does on its node, but listening on
+:func:`~gym_bridge.rollout.envs.running_env`, as a ``collect --ray`` shard does on its node, but listening on
 its node's address (Ray's, so 127.0.0.1 on a private or simulated cluster) so the trainer's agent
 loop reaches it over HTTP, with a bearer token made for the run. One placement group per env
 (:func:`~gym_bridge.distributed.ray_cluster.reserve`: all replicas or a clear error naming the keys),
 ``env.<name>.placement_strategy`` (SPREAD by default), ``num_workers`` CPUs (else 1) per bundle.
-The trainer gets :class:`~gym_bridge.env_router.ReplicaEndpoints`; the agent loop's
-:class:`~gym_bridge.env_router.SessionRouter` keeps each session on one replica.
+The trainer gets :class:`~gym_bridge.rollout.env_router.ReplicaEndpoints`; the agent loop's
+:class:`~gym_bridge.rollout.env_router.SessionRouter` keeps each session on one replica.
 
 Ray: the cluster at ``cluster.ray_address`` (or ``RAY_ADDRESS``), else the Ray the data-parallel
 workers already started, else a private one on 127.0.0.1 sized for everything the run puts there
@@ -22,7 +22,7 @@ import secrets
 from contextlib import ExitStack
 from typing import Any
 
-from gym_bridge.env_router import ReplicaEndpoints
+from gym_bridge.rollout.env_router import ReplicaEndpoints
 from gym_bridge.train.config import EnvConfig, MasterConfig
 
 __all__ = ["EnvReplica", "EnvReplicas", "private_ray_cpus", "start_env_replicas"]
@@ -47,7 +47,7 @@ class EnvReplica:
 
     def __init__(self, server: str, workers: int | None, settings: dict[str, Any], token: str) -> None:
         from gym_bridge.distributed.ray_cluster import node_here
-        from gym_bridge.envs import running_env
+        from gym_bridge.rollout.envs import running_env
 
         self._stack = ExitStack()
         self.place = node_here()

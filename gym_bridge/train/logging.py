@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+from gym_bridge.records.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig

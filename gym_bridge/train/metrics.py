@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.seeding import rollout_seed
+from gym_bridge.records.seeding import rollout_seed
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
 from gym_bridge.train.logging import STEP_SHARE, TerminalView, phase_shares
@@ -128,7 +128,7 @@ def load_ranked_validation(cfg: MasterConfig) -> list[tuple[int, dict[str, Any]]
     """The first ``max_val_samples`` groups of ``grpo.val_ranked_data_path`` (none when unset), read and
     checked before training starts so a bad line fails at once, naming the key, file and line."""
     from gym_bridge.evaluation.ranked import iter_ranked
-    from gym_bridge.jsonl import JsonlError
+    from gym_bridge.records.jsonl import JsonlError
     from gym_bridge.train.config import ConfigError
 
     path = cfg.grpo.val_ranked_data_path

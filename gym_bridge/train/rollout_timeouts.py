@@ -4,7 +4,7 @@ Why: a step waits for its slowest rollout. An environment that never answers one
 (a proxy that drops it, a verifier stuck on one input) made every step of the tiny recipe wait out the
 env request's 60 s timeout and send the request again, ~200x its normal length, while the step line
 said nothing had failed; NeMo RL's async GRPO waits for such a straggler for good (its issue 3238).
-So every rollout gets a deadline for the whole of it (:attr:`gym_bridge.agent.AgentConfig.rollout_timeout_s`):
+So every rollout gets a deadline for the whole of it (:attr:`gym_bridge.rollout.agent.AgentConfig.rollout_timeout_s`):
 ``grpo.rollout_timeout_s``, or one measured from the run's own rollouts (:class:`RolloutDeadline`).
 A rollout past it is cut off, counted, and ``grpo.on_rollout_timeout`` decides its group's fate
 (:mod:`gym_bridge.train.sampling` applies it).

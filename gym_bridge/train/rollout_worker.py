@@ -18,10 +18,10 @@ import torch
 import torch.multiprocessing
 from transformers.utils import logging as hf_logging
 
-from gym_bridge.env_router import ReplicaEndpoints
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.weights import MergedLoraWeights, tensor_identity
 from gym_bridge.models.registry import load_model_and_tokenizer
+from gym_bridge.rollout.env_router import ReplicaEndpoints
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
 from gym_bridge.train.rollout_failures import TooManyFailedRollouts

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_bridge.chat import render_prompt
+from gym_bridge.records.chat import render_prompt
 
 __all__ = [
     "Sample",

@@ -1,9 +1,9 @@
 """Where a step's samples come from: one :class:`Sampler` protocol, three samplers behind it.
 
 - :class:`OnlineSampler`: completions from the current policy through the same agent loop as
-  ``collect`` (:func:`gym_bridge.agent.run_rollout`), served by the embedded OpenAI-compatible policy
+  ``collect`` (:func:`gym_bridge.rollout.agent.run_rollout`), served by the embedded OpenAI-compatible policy
   server over the generation backend and scored by the resources servers over HTTP (the embedded
-  servers' apps called in-process when no env is given by URL: :mod:`gym_bridge.in_process`).
+  servers' apps called in-process when no env is given by URL: :mod:`gym_bridge.serving.in_process`).
   Token ids and log-probs come back on the output items, so nothing is re-tokenized.
 - :class:`OfflineSampler`: the scored completions of offline groups (tokenized once, cached).
 - :class:`~gym_bridge.train.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
@@ -27,16 +27,17 @@ from typing import Any, Protocol
 
 import torch
 
-from gym_bridge.agent import AgentConfig, make_session, run_rollout
-from gym_bridge.chat import items_to_messages
-from gym_bridge.env_router import ReplicaEndpoints, SessionRouter
-from gym_bridge.envs import env_app, running_env
-from gym_bridge.event_loop import new_event_loop
-from gym_bridge.in_process import InProcessClient
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.retry import RetryPolicy
-from gym_bridge.seeding import rollout_seed
-from gym_bridge.server import start_in_thread
+from gym_bridge.records.chat import items_to_messages
+from gym_bridge.records.seeding import rollout_seed
+from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
+from gym_bridge.rollout.env_router import ReplicaEndpoints, SessionRouter
+from gym_bridge.rollout.envs import env_app, running_env
+from gym_bridge.rollout.user_sim import UserSimConfig
+from gym_bridge.serving.event_loop import new_event_loop
+from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.retry import RetryPolicy
+from gym_bridge.serving.server import start_in_thread
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
 from gym_bridge.train.reward_components import informative_samples
@@ -49,7 +50,6 @@ from gym_bridge.train.rollouts import (
     sequence_from_items,
     sequence_from_text,
 )
-from gym_bridge.user_sim import UserSimConfig
 
 __all__ = [
     "GenerationTimer",
@@ -121,11 +121,11 @@ class OnlineSampler:
     Starts (or connects to) the resources servers of ``cfg.env`` and serves ``backend`` on loopback;
     the rollouts run concurrently on a private event loop whose HTTP session (keep-alive) lasts the run.
     ``in_process`` (when every env is built in, none given by URL or replicated): the policy and env
-    apps run on that loop and are called without a socket (:mod:`gym_bridge.in_process`: same
+    apps run on that loop and are called without a socket (:mod:`gym_bridge.serving.in_process`: same
     requests and answers, a fraction of the CPU); False serves them over loopback HTTP. ``replicas``:
     where the ``env.<name>.replicas`` envs' replicas listen (started by the trainer,
     :mod:`gym_bridge.train.env_replicas`); their sessions are spread by a
-    :class:`~gym_bridge.env_router.SessionRouter` each.
+    :class:`~gym_bridge.rollout.env_router.SessionRouter` each.
     """
 
     def __init__(

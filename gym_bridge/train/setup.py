@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gym_bridge.chat import tools_to_chat_tools
 from gym_bridge.distributed.ray_cluster import resolve_address
 from gym_bridge.generation.ray_backend import RayBackend
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
 from gym_bridge.generation.weights import weights_snapshot as frozen_weights
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
+from gym_bridge.records.chat import tools_to_chat_tools
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts

@@ -6,7 +6,7 @@ record, ``/compare`` two files, ``/run`` a training run's curves and per-step sa
 (``/api/run/metrics`` is what its page polls). ``/health`` is open; with a token every other path needs
 ``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once (a browser), which sets a cookie.
 
-Why FastAPI here and not :class:`~gym_bridge.json_http.JsonApp`, which serves every other server of the
+Why FastAPI here and not :class:`~gym_bridge.serving.json_http.JsonApp`, which serves every other server of the
 project: a JsonApp route table matches exact ``(method, path)`` pairs and reads JSON bodies, which is all a
 resources server or the policy server needs and why it is cheap on the collect and training hot path
 (tens of thousands of small requests). These pages need what a web framework is for: path parameters
@@ -14,7 +14,7 @@ resources server or the policy server needs and why it is cheap on the collect a
 (HTML error pages too), 303 redirects, a cookie set from ``?token=``, and static files with
 ``ETag``/304. Adding those to JsonApp would write a second framework inside it for one person's clicks.
 What must be the same is shared: the Host-name check is the same
-:class:`~gym_bridge.request_guard.RequestGuard` (421, same message), run before anything else, and the
+:class:`~gym_bridge.serving.request_guard.RequestGuard` (421, same message), run before anything else, and the
 bearer token is compared in constant time as JsonApp does; JSON paths (``/api/...``, ``*.json``) answer
 errors as ``{"detail": ...}`` like the servers.
 """
@@ -38,7 +38,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from gym_bridge.request_guard import RequestGuard
+from gym_bridge.serving.request_guard import RequestGuard
 from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.groups import ADVANTAGE_SETTINGS, group_advantages
 from gym_bridge.viewer.index import RolloutIndex

@@ -1,6 +1,6 @@
 """Per-task numbers and GRPO advantages, from the project's own implementations.
 
-The per-task summary is :func:`gym_bridge.metrics.aggregate_rewards` over the task's rollouts (so a task's
+The per-task summary is :func:`gym_bridge.records.metrics.aggregate_rewards` over the task's rollouts (so a task's
 pass@k and majority@k are the ones ``collect`` and the servers' ``/aggregate_metrics`` report, with k
 the task's number of rollouts). Advantages are :func:`gym_bridge.train.advantages.compute_advantages`
 with the trainer's defaults (leave-one-out baseline, std normalisation): torch is imported on first use.
@@ -12,12 +12,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gym_bridge.metrics import aggregate_rewards, pass_at_k
+from gym_bridge.records.metrics import aggregate_rewards, pass_at_k
 
 __all__ = ["ADVANTAGE_SETTINGS", "SUCCESS_THRESHOLD", "group_advantages", "pass_at_k", "task_summary"]
 
 SUCCESS_THRESHOLD = 1.0
-"""A rollout counts as correct at ``reward >= 1.0``, as in :func:`gym_bridge.metrics.aggregate_rewards`."""
+"""A rollout counts as correct at ``reward >= 1.0``, as in :func:`gym_bridge.records.metrics.aggregate_rewards`."""
 ADVANTAGE_SETTINGS = {"leave_one_out_baseline": True, "normalize_rewards": True}
 """The ``grpo`` defaults (``use_leave_one_out_baseline``, ``normalize_rewards``) the advantages use."""
 

@@ -229,7 +229,7 @@ class RolloutIndex:
         in_tokens = array("q", bytes(8 * n_tasks))
         for rid, tid in enumerate(self.task_of):
             r = self.rewards[rid]
-            if r == r:  # not NaN: a missing reward counts as 0, as in gym_bridge.metrics
+            if r == r:  # not NaN: a missing reward counts as 0, as in gym_bridge.records.metrics
                 reward_sum[tid] += r
                 if r >= SUCCESS_THRESHOLD:
                     correct[tid] += 1

@@ -21,7 +21,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
 from gym_bridge.evaluation.ranked import GroupResult, RankedReport, group_metrics
-from gym_bridge.jsonl import JsonlError, iter_jsonl
+from gym_bridge.records.jsonl import JsonlError, iter_jsonl
 from transforms.common import RecordError
 from transforms.ranked import check_ranked, dense_ranks
 
@@ -105,7 +105,7 @@ def _sort_key(sort: str) -> Callable[[tuple[int, GroupResult]], Any]:
 def _prompt_text(prompt: Any) -> str:
     """A prompt as text: as is, or its chat messages as ``role: text`` paragraphs."""
     from gym_bridge.evaluation.scoring import prompt_messages
-    from gym_bridge.schema import content_text
+    from gym_bridge.records.schema import content_text
 
     if isinstance(prompt, str):
         return prompt

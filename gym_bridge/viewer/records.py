@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from gym_bridge.schema import content_text, input_items
+from gym_bridge.records.schema import content_text, input_items
 
 __all__ = [
     "DecodeError",
@@ -55,7 +55,7 @@ class RecordSummary(NamedTuple):
 
     group_key: int
     """Rollouts of one task share it: ``_gb_group`` (sample logs), else ``_ng_task_index``, else the prompt
-    (as :mod:`gym_bridge.metrics` groups)."""
+    (as :mod:`gym_bridge.records.metrics` groups)."""
     prompt_key: int
     """Hash of the prompt alone, to match a task across two runs."""
     task_index: int

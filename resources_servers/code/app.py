@@ -25,9 +25,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gym_bridge.records.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.sandbox import Sandbox
-from gym_bridge.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 from resources_servers.code.grading import extract_code
 from resources_servers.code.runner import CodeLimits, CodeRunResult, TestCase, run_code_tests
 

@@ -3,7 +3,7 @@
 NeMo Gym's ``equivalence_llm_judge`` protocol: a task row carries ``expected_answer`` (or
 ``metadata.expected_answer``), optionally ``uuid``, ``options``, ``metadata`` and ``template_metadata``
 (``output_regex``: this row's answer-extraction regex). ``/verify`` takes the question from the last user
-message, the answer from the last assistant message, asks the judge (:mod:`gym_bridge.judge`) and answers
+message, the answer from the last assistant message, asks the judge (:mod:`gym_bridge.rollout.judge`) and answers
 with the request echoed plus ``reward``, ``expected_answer`` and ``judge_evaluations`` (each with NeMo Gym's
 ``responses_create_params``, ``response`` and ``verdict_label``), and, specific to gym-bridge,
 ``extracted_answer`` (what the judge was shown) and ``failure_kind`` / ``failure_reason`` /
@@ -21,7 +21,15 @@ import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
 
-from gym_bridge.judge import (
+from gym_bridge.records.schema import (
+    VerifyRequest,
+    VerifyResponse,
+    content_text,
+    dump,
+    item_dict,
+    last_user_text,
+)
+from gym_bridge.rollout.judge import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
     Fence,
@@ -30,8 +38,7 @@ from gym_bridge.judge import (
     JudgeEvaluation,
     VerdictPosition,
 )
-from gym_bridge.schema import VerifyRequest, VerifyResponse, content_text, dump, item_dict, last_user_text
-from gym_bridge.server import ResourcesServer, ServerSettings, Session
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 
 HERE = Path(__file__).parent
 DEFAULT_CONFIG_PATH = HERE / "config.yaml"
@@ -231,13 +238,13 @@ class EquivalenceJudgeServer(ResourcesServer):
 
     def aggregate_metrics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The base metrics plus the judge's calls, latency, failures and order disagreements."""
-        from gym_bridge.judge import judge_metrics
+        from gym_bridge.rollout.judge import judge_metrics
 
         return {**super().aggregate_metrics(records), **judge_metrics(records)}
 
     def prompt(self, question: str, expected: str, generated: str) -> str:
         """The judge's user message: each text quoted between markers with a tag drawn for this request, and
-        defanged (:class:`gym_bridge.judge.Fence`)."""
+        defanged (:class:`gym_bridge.rollout.judge.Fence`)."""
         cfg = self.config
         labels = (cfg.judge_equal_label, cfg.judge_not_equal_label)
         fence = Fence([question, expected, generated])

@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, Field, field_validator
 
-from gym_bridge.judge import JudgeClient, judge_metrics
-from gym_bridge.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text
-from gym_bridge.server import ResourcesServer, ServerSettings, Session
+from gym_bridge.records.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text
+from gym_bridge.rollout.judge import JudgeClient, judge_metrics
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 from resources_servers.math.extraction import (
     ExtractionMethod,
     ExtractionMode,

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import model_validator
 
-from gym_bridge.judge import (
+from gym_bridge.records.schema import assistant_text, last_user_text
+from gym_bridge.rollout.judge import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
     Fence,
@@ -23,7 +24,6 @@ from gym_bridge.judge import (
     JudgeEndpointConfig,
     JudgeEvaluation,
 )
-from gym_bridge.schema import assistant_text, last_user_text
 
 JUDGE_SYSTEM_MESSAGE = f"""You check whether two final answers to a math problem are mathematically equivalent.
 
@@ -67,7 +67,7 @@ class MathJudgeConfig(JudgeEndpointConfig):
 
 def judge_prompt(question: str, first: str, second: str) -> str:
     """The user message of one judge call: each text quoted between markers with a tag drawn for this call,
-    and defanged (:class:`gym_bridge.judge.Fence`)."""
+    and defanged (:class:`gym_bridge.rollout.judge.Fence`)."""
     fence = Fence([question, first, second])
     return _PROMPT.format(
         rule=fence.rule, question=fence.block("Problem", question), first=fence.block("Answer A", first),

@@ -29,8 +29,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from gym_bridge.schema import VerifyRequest, dump, item_dict
-from gym_bridge.server import Session
+from gym_bridge.records.schema import VerifyRequest, dump, item_dict
+from gym_bridge.serving.server import Session
 from resources_servers.math.app import MathServer, MathVerifyRequest, MathVerifyResponse, _answer
 
 

@@ -26,8 +26,8 @@ from pydantic import field_validator
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 from resources_servers.reasoning_gym.pool import ReasoningGymConfig, ScorerPool
 
 __all__ = ["ReasoningGymServer", "ReasoningGymVerifyRequest", "ReasoningGymVerifyResponse", "extract"]

@@ -9,7 +9,7 @@ A task row carries the store's ``initial_state`` (``StoreState``), the tool sche
 * ``expected_calls`` (+ ``match``: ``strict`` | ``fraction`` | ``f1``) -- verified **by arguments**: the
   function calls in the response are compared with the expected ones, with a reason per mismatch.
 
-A multi-turn task (a simulated user, :mod:`gym_bridge.user_sim`) adds ``user_holds``: what only the user
+A multi-turn task (a simulated user, :mod:`gym_bridge.rollout.user_sim`) adds ``user_holds``: what only the user
 knows (an order number, a preference). The reward stays the outcome; ``reward_components`` reports it as
 ``outcome`` beside the shaped ``asked_before_acting`` (1 when every held fact was in a user message before
 the first store-changing call, 0 otherwise), so a trainer may weigh asking first, and a report shows it.
@@ -31,9 +31,9 @@ import yaml
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session, tool
-from gym_bridge.user_sim import message_text
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.rollout.user_sim import message_text
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from resources_servers.tool_use.scoring import (
     Call,
     calls_from_output,

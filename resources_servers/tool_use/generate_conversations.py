@@ -5,7 +5,7 @@
 writes ``conversations_example.jsonl`` (4 rows, committed), ``conversations_train.jsonl`` and
 ``conversations_heldout.jsonl`` (different stores and orders: each split is drawn from its own random
 stream). Each row opens with a request that lacks one
-fact, carries a ``user_script`` (:mod:`gym_bridge.user_sim`) that gives the fact only when the assistant
+fact, carries a ``user_script`` (:mod:`gym_bridge.rollout.user_sim`) that gives the fact only when the assistant
 asks for it, ``reference_calls`` (verified by the final store) and ``user_holds`` (the shaped
 ``asked_before_acting`` component). Kinds:
 

@@ -16,8 +16,8 @@ from fake_model import function_call, message, tool_outputs
 from fastapi import HTTPException
 from pydantic import BaseModel
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session, tool
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 

@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 from gym_bridge.collect import ClientPool
-from gym_bridge.retry import RetryPolicy, post_json
-from gym_bridge.server import start_in_thread
+from gym_bridge.serving.retry import RetryPolicy, post_json
+from gym_bridge.serving.server import start_in_thread
 
 
 class ConnectionCounter:

@@ -1,4 +1,4 @@
-"""collect runs its loop with the cycle collector's run thresholds (gym_bridge.gc_policy), and restores them."""
+"""collect runs its loop with the cycle collector's run thresholds (gym_bridge.serving.gc_policy), and restores them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collect_helpers import read_jsonl, write_rows
 from fake_model import FakeModel, arithmetic_row
 
 from gym_bridge.collect import CollectConfig, collect
-from gym_bridge.gc_policy import RUN_THRESHOLDS
+from gym_bridge.serving.gc_policy import RUN_THRESHOLDS
 
 
 def test_collect_runs_with_rare_collections_and_restores_the_thresholds(tmp_path, boxed_env):

@@ -52,10 +52,10 @@ def layering_problems(package: Path) -> list[str]:
 def test_the_check_sees_a_root_module_importing_collect_and_private_names(tmp_path: Path) -> None:
     package = tmp_path / "gym_bridge"
     (package / "collect").mkdir(parents=True)
-    (package / "collect" / "run.py").write_text("from gym_bridge.agent import _check_verify\n")
+    (package / "collect" / "run.py").write_text("from gym_bridge.rollout.agent import _check_verify\n")
     (package / "tool.py").write_text("def f():\n    from gym_bridge.collect import LazyWriter, _write_json\n")
     assert layering_problems(package) == [
-        "gym_bridge/collect/run.py:1: collect takes the private gym_bridge.agent._check_verify",
+        "gym_bridge/collect/run.py:1: collect takes the private gym_bridge.rollout.agent._check_verify",
         "gym_bridge/tool.py:2: a root module imports gym_bridge.collect (collect is above the root)",
         "gym_bridge/tool.py:2: takes collect's private gym_bridge.collect._write_json",
     ]

@@ -15,7 +15,7 @@ from collect_helpers import write_rows
 from fake_model import FakeModel, arithmetic_row, solve_arithmetic
 
 from gym_bridge.collect import CollectConfig, collect, metrics_path_for
-from gym_bridge.metrics import aggregate_rewards, majority_at_k
+from gym_bridge.records.metrics import aggregate_rewards, majority_at_k
 
 
 def rollouts(task: int, answers: list[str | None], expected: str) -> list[dict]:

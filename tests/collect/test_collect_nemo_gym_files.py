@@ -13,16 +13,16 @@ import pytest
 from collect_helpers import BoxedAnswerEnv, read_jsonl, write_rows
 from fake_model import FakeModel, arithmetic_row, solve_arithmetic
 
-from gym_bridge.aggregate import strip_for_aggregation
 from gym_bridge.collect import (
     CollectConfig,
     aggregate_metrics_path_for,
     collect,
     materialized_path_for,
 )
-from gym_bridge.envs import running_env
-from gym_bridge.nemo_gym_record import request_params
-from gym_bridge.server import start_in_thread
+from gym_bridge.records.aggregate import strip_for_aggregation
+from gym_bridge.records.nemo_gym_record import request_params
+from gym_bridge.rollout.envs import running_env
+from gym_bridge.serving.server import start_in_thread
 
 ENTRY_KEYS = [
     "agent_ref",
@@ -121,8 +121,8 @@ def test_the_aggregate_of_records_kept_as_written_is_the_one_read_back_from_the_
     beside the output."""
     import asyncio
 
-    from gym_bridge.agent import make_session
     from gym_bridge.collect import env_aggregate_metrics
+    from gym_bridge.rollout.agent import make_session
 
     with FakeModel(one_wrong) as model:
         result, _ = _collect(tmp_path, model)
@@ -288,7 +288,7 @@ def test_standard_deviations_in_floats_agree_with_exact_ones():
     import random
     import statistics
 
-    from gym_bridge.aggregate import _stdev
+    from gym_bridge.records.aggregate import _stdev
 
     rng = random.Random(0)
     for n in (2, 3, 8, 64, 1000):
@@ -309,8 +309,8 @@ def test_every_statistic_is_the_one_its_function_gives_for_every_task_repeat_and
     import random
     import statistics
 
-    from gym_bridge.aggregate import _stdev, nemo_gym_aggregate
-    from gym_bridge.metrics import aggregate_rewards
+    from gym_bridge.records.aggregate import _stdev, nemo_gym_aggregate
+    from gym_bridge.records.metrics import aggregate_rewards
 
     def quantile(xs, q):
         xs = sorted(xs)
@@ -364,8 +364,8 @@ def test_a_record_and_its_stripped_form_encoded_together_are_what_each_encodes_t
     compact JSON of the record and of the record stripped, whatever order and fields it has."""
     import random
 
-    from gym_bridge.aggregate import _HEAVY, whole_and_stripped_json
-    from gym_bridge.jsonl import compact_json
+    from gym_bridge.records.aggregate import _HEAVY, whole_and_stripped_json
+    from gym_bridge.records.jsonl import compact_json
 
     rng = random.Random(5)
     heavy = list(_HEAVY)

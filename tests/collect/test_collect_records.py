@@ -17,8 +17,8 @@ from gym_bridge.collect import (
     parse_env_args,
     rollout_seed,
 )
-from gym_bridge.nemo_gym_record import environment_server_for
-from gym_bridge.schema import RolloutRecord
+from gym_bridge.records.nemo_gym_record import environment_server_for
+from gym_bridge.records.schema import RolloutRecord
 
 
 def wrong_for_seven(request, n):

@@ -12,8 +12,8 @@ import random
 import pytest
 from fake_model import FakeModel, Fault
 
-from gym_bridge.agent import make_client, make_session
-from gym_bridge.retry import RequestFailed, RetryPolicy, parse_retry_after, post_json
+from gym_bridge.rollout.agent import make_client, make_session
+from gym_bridge.serving.retry import RequestFailed, RetryPolicy, parse_retry_after, post_json
 
 BODY = {"input": "What is 1 + 1?"}
 CLIENTS = {"aiohttp": make_session, "httpx": make_client}

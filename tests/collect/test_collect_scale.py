@@ -20,13 +20,13 @@ import pytest
 from collect_helpers import BoxedAnswerEnv, write_rows
 from fake_model import FakeModel, arithmetic_row
 
-from gym_bridge.aggregate import StreamingAggregate, nemo_gym_aggregate
 from gym_bridge.collect import CollectConfig, aggregate_metrics_path_for, collect, metrics_path_for
 from gym_bridge.collect.client import concurrency_bound
 from gym_bridge.collect.local_aggregate import write_aggregate_file
 from gym_bridge.collect.output import write_json
-from gym_bridge.metrics import LatencySketch, RewardTally, aggregate_rewards, latency_summary
-from gym_bridge.server import ServerSettings
+from gym_bridge.records.aggregate import StreamingAggregate, nemo_gym_aggregate
+from gym_bridge.records.metrics import LatencySketch, RewardTally, aggregate_rewards, latency_summary
+from gym_bridge.serving.server import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

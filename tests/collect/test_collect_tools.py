@@ -8,9 +8,9 @@ import json
 from collect_helpers import TOOLS, note_taker, notes_row, read_jsonl, write_rows
 from fake_model import FakeModel, function_call, message, tool_outputs
 
-from gym_bridge.agent import AgentConfig, make_client, run_rollout
 from gym_bridge.collect import CollectConfig, collect
-from gym_bridge.retry import RetryPolicy
+from gym_bridge.rollout.agent import AgentConfig, make_client, run_rollout
+from gym_bridge.serving.retry import RetryPolicy
 
 
 def run_one(model_url: str, env_url: str, row: dict, **kw):

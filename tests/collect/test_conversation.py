@@ -11,10 +11,10 @@ import pytest
 from collect_helpers import read_jsonl, write_rows
 from fake_model import FakeModel, function_call
 
-from gym_bridge.agent import AgentConfig, make_client, run_rollout
 from gym_bridge.collect import CollectConfig, collect
-from gym_bridge.server import start_in_thread
-from gym_bridge.user_sim import USER_STOP, UserSimConfig, user_for
+from gym_bridge.rollout.agent import AgentConfig, make_client, run_rollout
+from gym_bridge.rollout.user_sim import USER_STOP, UserSimConfig, user_for
+from gym_bridge.serving.server import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.generate_conversations import generate, make_conversation
 
@@ -32,7 +32,7 @@ def cancel_row() -> dict:
 
 
 def _said(request: dict, role: str) -> list[str]:
-    from gym_bridge.schema import content_text
+    from gym_bridge.records.schema import content_text
 
     return [content_text(i.get("content")) for i in request["input"] if i.get("role") == role]
 
@@ -194,7 +194,7 @@ def test_nemo_gym_conversational_records_validate():
     """NeMo Gym's conversational rollouts carry user turns in response.output with a plain string content."""
     from pathlib import Path
 
-    from gym_bridge.schema import RolloutRecord
+    from gym_bridge.records.schema import RolloutRecord
 
     path = Path(__file__).parents[1] / "data/nemo_gym_examples"
     path = path / "resources_servers__conversational_tool_use_simulation__example_rollouts.jsonl"

@@ -19,15 +19,15 @@ from fake_model import FakeModel, function_call, message
 
 from gym_bridge.collect import CollectConfig, collect, materialized_path_for
 from gym_bridge.collect.summary import env_of_stamp
-from gym_bridge.nemo_gym_record import (
+from gym_bridge.records.nemo_gym_record import (
     agent_name_for,
     environment_server_for,
     nemo_gym_record,
     request_params,
     response_object,
 )
-from gym_bridge.nemo_gym_shapes import NEMO_GYM_VERSION, SHAPES
-from gym_bridge.schema import RolloutRecord, dump
+from gym_bridge.records.nemo_gym_shapes import NEMO_GYM_VERSION, SHAPES
+from gym_bridge.records.schema import RolloutRecord, dump
 
 REPO = Path(__file__).resolve().parents[2]
 STAMPS = ("_ng_task_index", "_ng_rollout_index", "agent_ref", "_ng_environment_server", "_ng_result_type")

@@ -135,7 +135,7 @@ def test_a_verifier_that_refuses_a_rollout_sends_it_to_the_failures_file(stored,
 
 
 def test_reverify_against_a_url(stored, tmp_path):
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
 
     path, truth, flipped = stored
     out = tmp_path / "re.jsonl"
@@ -148,7 +148,7 @@ def test_reverify_against_a_url(stored, tmp_path):
 def test_reverify_sends_the_env_api_key_to_a_server_with_a_token(stored, tmp_path):
     """A server started with ``--token`` answers 401 without it (every rollout fails: exit 1);
     ``--env-api-key`` sends it."""
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
 
     path, truth, _ = stored
     with running_env("math", auth_token="env-sekrit") as url:

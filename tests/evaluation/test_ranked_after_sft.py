@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from gym_bridge.chat import render_prompt
 from gym_bridge.evaluation.ranked import evaluate_ranked
 from gym_bridge.evaluation.scoring import ModelScorer, prompt_messages
 from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 from gym_bridge.models.tokenizer import build_tokenizer
+from gym_bridge.records.chat import render_prompt
 
 ANSWERS = {"sky": "blue", "grass": "green", "snow": "white", "coal": "black"}
 NAMES = list(ANSWERS)

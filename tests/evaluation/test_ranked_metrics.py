@@ -22,7 +22,7 @@ from gym_bridge.evaluation.ranked import (
     pairwise_counts,
     top1,
 )
-from gym_bridge.jsonl import JsonlError
+from gym_bridge.records.jsonl import JsonlError
 
 SCORES = {"a1": 3.0, "a2": 2.0, "a3": 1.0, "b1": 2.0, "b2": 4.0, "b3": 1.0, "b4": 3.0,
           "c1": 5.0, "c2": 1.0, "c3": 3.0, "c4": 2.0, "d1": 1.0, "d2": 1.0, "d3": 0.0,

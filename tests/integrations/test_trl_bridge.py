@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from gym_bridge.envs import running_env
 from gym_bridge.integrations.trl import (
     TASK_ROW_COLUMN,
     GymReward,
@@ -23,8 +22,9 @@ from gym_bridge.integrations.trl import (
     response_body,
     task_dataset,
 )
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session, start_in_thread
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.rollout.envs import running_env
+from gym_bridge.serving.server import ResourcesServer, Session, start_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_ROWS = REPO / "resources_servers" / "math" / "data" / "example.jsonl"

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.envs import running_env
 from gym_bridge.integrations.trl import (
     TASK_ROW_COLUMN,
     ServerEnvironment,
@@ -25,6 +24,7 @@ from gym_bridge.integrations.trl import (
     gym_environment_factory,
     task_dataset,
 )
+from gym_bridge.rollout.envs import running_env
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")

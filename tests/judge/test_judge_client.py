@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gym_bridge.judge import (
+from gym_bridge.rollout.judge import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
     JudgeClient,

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gym_bridge.server import ServerSettings, start_in_thread  # noqa: E402
+from gym_bridge.serving.server import ServerSettings, start_in_thread  # noqa: E402
 from resources_servers.equivalence_judge.app import EquivalenceJudgeConfig, EquivalenceJudgeServer  # noqa: E402
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from gym_bridge.json_http import EventStream
 from gym_bridge.policy.api import (
     ApiError,
     ChatCompletionRequest,
@@ -16,6 +15,7 @@ from gym_bridge.policy.api import (
     TokenizeRequest,
 )
 from gym_bridge.policy.service import PolicyService, PolicySettings
+from gym_bridge.serving.json_http import EventStream
 
 from .conftest import ScriptedBackend
 
@@ -125,7 +125,7 @@ def test_a_request_holding_too_many_tokens_is_refused(tokenizer):
 
 def test_the_trainer_and_the_server_render_prompts_with_one_function(service, tokenizer):
     """The trainer's prompt-length filter counts tokens with the function the server generates from."""
-    from gym_bridge import chat
+    from gym_bridge.records import chat
     from gym_bridge.train import rollouts
 
     assert rollouts.render_prompt is chat.render_prompt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gym_bridge.policy.tool_calls import completion_to_output_items, parse_completion
-from gym_bridge.schema import FunctionCall, OutputMessage, Reasoning
+from gym_bridge.records.schema import FunctionCall, OutputMessage, Reasoning
 
 
 def test_plain_text_is_one_message():

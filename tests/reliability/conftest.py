@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
-from gym_bridge.server import start_in_thread
+from gym_bridge.serving.server import start_in_thread
 
 from .envs import ArithmeticEnv
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def landed_builtin_servers() -> list[str]:
     """Built-in resources servers whose code is in this checkout (each is tested as it lands)."""
-    from gym_bridge.envs import BUILTIN_SERVERS
+    from gym_bridge.rollout.envs import BUILTIN_SERVERS
 
     return [
         name

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session, tool
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, Session, tool
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.envs import load_server_class
-from gym_bridge.server import ServerSettings
+from gym_bridge.rollout.envs import load_server_class
+from gym_bridge.serving.server import ServerSettings
 
 from . import bodies
 from .conftest import landed_builtin_servers

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from gym_bridge.server import ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.server import ServerSettings, Session, start_in_thread, tool
 
 from .envs import ArithmeticEnv
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from fake_model import FakeModel, arithmetic_row, function_call, tool_outputs
 
-from gym_bridge.schema import last_user_text
+from gym_bridge.records.schema import last_user_text
 
 from .conftest import REPO
 from .procs import cli, kill9, serving, start

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gym_bridge.server import ServerSettings
+from gym_bridge.serving.server import ServerSettings
 
 from .procs import cli, start, stop, wait_for_line
 

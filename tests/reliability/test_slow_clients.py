@@ -21,7 +21,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from gym_bridge.server import MAX_HEADER_BYTES, ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.server import MAX_HEADER_BYTES, ServerSettings, Session, start_in_thread, tool
 
 from .envs import ArithmeticEnv
 from .procs import cli, start, stop, wait_for_line

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gym_bridge.agent import make_session
-from gym_bridge.retry import RetryPolicy, post_json
-from gym_bridge.server import start_in_thread
+from gym_bridge.rollout.agent import make_session
+from gym_bridge.serving.retry import RetryPolicy, post_json
+from gym_bridge.serving.server import start_in_thread
 
 from .envs import ArithmeticEnv
 

@@ -1,4 +1,4 @@
-"""``gym_bridge.deadlines``: many deadlines of one length served by one timer, on keys or on awaits; and
+"""``gym_bridge.serving.deadlines``: many deadlines of one length served by one timer, on keys or on awaits; and
 the request path's use of it (a body that stops arriving is cut off; a body that arrives leaves no
 deadline behind).
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from gym_bridge.deadlines import Deadlines, task_deadlines
-from gym_bridge.json_http import JsonApp, Route
+from gym_bridge.serving.deadlines import Deadlines, task_deadlines
+from gym_bridge.serving.json_http import JsonApp, Route
 
 
 def run(coro: Any, loop_kind: str) -> Any:

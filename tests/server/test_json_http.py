@@ -1,4 +1,4 @@
-"""Every route of a resources server, through its one request path (``gym_bridge.json_http.JsonApp``).
+"""Every route of a resources server, through its one request path (``gym_bridge.serving.json_http.JsonApp``).
 
 Each request below, good or bad, is sent over loopback; the status, the start of ``detail`` (or of the
 body) and the session cookie are checked. The OpenAPI document is checked to describe the same routes.
@@ -16,8 +16,15 @@ import pytest
 from fastapi import HTTPException
 from pydantic import BaseModel
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import SESSION_COOKIE, ResourcesServer, ServerSettings, Session, start_in_thread, tool
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.server import (
+    SESSION_COOKIE,
+    ResourcesServer,
+    ServerSettings,
+    Session,
+    start_in_thread,
+    tool,
+)
 
 TOKEN = "fast-token"
 
@@ -208,7 +215,7 @@ def test_openapi_documents_the_same_routes_with_their_body_types(url: str) -> No
 
 def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None:
     """``MAX_JSON_DEPTH`` levels parse, one more is a 400, wherever the deep branch sits among shallow ones."""
-    from gym_bridge.json_http import MAX_JSON_DEPTH, ErrorStyle, _Refused, parse_body
+    from gym_bridge.serving.json_http import MAX_JSON_DEPTH, ErrorStyle, _Refused, parse_body
 
     def mixed(depth: int) -> str:  # arrays and objects alternating, ``depth`` containers deep
         return "".join('{"k":' if i % 2 else "[" for i in range(depth)) + "1" + "".join(
@@ -233,7 +240,14 @@ def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None
 def test_the_nesting_limit_counts_brackets_only_as_a_bound() -> None:
     """The bracket count that spares most bodies the walk never lets a deep one through: a deep branch
     after the first counted chunk or across two chunks, UTF-16 bodies, brackets inside strings."""
-    from gym_bridge.json_http import _COUNT_CHUNK, MAX_JSON_DEPTH, ErrorStyle, _Refused, _too_deep, parse_body
+    from gym_bridge.serving.json_http import (
+        _COUNT_CHUNK,
+        MAX_JSON_DEPTH,
+        ErrorStyle,
+        _Refused,
+        _too_deep,
+        parse_body,
+    )
 
     deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH  # inside the outer array: one level too many
     limit = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)

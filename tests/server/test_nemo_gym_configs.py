@@ -22,8 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from gym_bridge.nemo_gym_entry import EntryError, plan_server
-from gym_bridge.server import start_in_thread
+from gym_bridge.rollout.nemo_gym_entry import EntryError, plan_server
+from gym_bridge.serving.server import start_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = ("math", "code", "tool_use")
@@ -213,7 +213,7 @@ def test_entrypoint_refuses_a_bad_setting_naming_it():
 
 
 def test_already_running_uses_the_server_at_host_port_and_starts_nothing():
-    from gym_bridge.envs import load_server_class
+    from gym_bridge.rollout.envs import load_server_class
 
     with start_in_thread(load_server_class("tool_use")().build_app()) as running:
         port = int(running.url.rsplit(":", 1)[1])

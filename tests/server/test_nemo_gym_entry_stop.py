@@ -1,4 +1,4 @@
-"""How our server stops when NeMo Gym runs it (``nemo_gym_app.py`` -> ``gym_bridge/nemo_gym_entry.py``).
+"""How our server stops when NeMo Gym runs it (``nemo_gym_app.py`` -> ``gym_bridge/rollout/nemo_gym_entry.py``).
 
 NeMo Gym 0.7.0's own servers run uvicorn with its signal handlers: SIGINT or SIGTERM ends them, exit
 status 0; ``gym`` stops its servers with SIGINT and kills one still there 1 s later. Ours do the same, and
@@ -18,7 +18,7 @@ import httpx
 import yaml
 from test_nemo_gym_configs import REPO, _config, _free_port, _run_entrypoint, _wait_health
 
-from gym_bridge.server import start_in_thread
+from gym_bridge.serving.server import start_in_thread
 
 
 def _alive(pid: int) -> bool:
@@ -128,7 +128,7 @@ def test_the_server_stops_when_the_process_that_started_it_is_gone():
 
 
 def test_an_entry_for_an_already_running_server_ends_with_its_parent_and_leaves_the_server_alone():
-    from gym_bridge.envs import load_server_class
+    from gym_bridge.rollout.envs import load_server_class
 
     with start_in_thread(load_server_class("tool_use")().build_app()) as running:
         port = int(running.url.rsplit(":", 1)[1])

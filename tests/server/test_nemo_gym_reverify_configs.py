@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_nemo_gym_configs import REPO, _config, _validate
 
-from gym_bridge.nemo_gym_entry import plan_server
+from gym_bridge.rollout.nemo_gym_entry import plan_server
 
 REVERIFIABLE = ("math", "code")  # tool_use answers GET /reverify_mode with "unsupported"
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gym_bridge.request_guard import ALLOWED_HOSTS_ENV, RequestGuard, host_name, is_json_content_type
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session, start_in_thread
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.request_guard import ALLOWED_HOSTS_ENV, RequestGuard, host_name, is_json_content_type
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 from tests.raw_http import send
 

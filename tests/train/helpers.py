@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, Session
 
 TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s", "step_share/")
 """Metric keys that measure time: two identical runs differ only in these."""

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, assistant_text, dump
-from gym_bridge.server import ResourcesServer, ServerSettings, Session, tool
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 
 
 class StragglerConfig(BaseModel):
@@ -82,7 +82,7 @@ STRAGGLER_SERVER = f"{__name__}:StragglerEnv"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gym_bridge.server import start_in_thread
+    from gym_bridge.serving.server import start_in_thread
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hang-every", type=int, default=0)

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.server import ResourcesServer, Session
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.server import ResourcesServer, Session
 from gym_bridge.train.config import ConfigError, load_config
 from gym_bridge.train.gpu_monitor import GpuMonitor, open_gpu_monitor
 from gym_bridge.train.logging import open_metrics_logger, read_metrics
@@ -105,7 +105,7 @@ def test_trainer_applies_env_timeout(tmp_path: Path, tiny_model_dir: Path) -> No
 
 
 def test_num_workers_sizes_the_math_servers_verifier_pool() -> None:
-    from gym_bridge.envs import running_env
+    from gym_bridge.rollout.envs import running_env
 
     sizes = {}
     for workers in (None, 3):
@@ -116,7 +116,7 @@ def test_num_workers_sizes_the_math_servers_verifier_pool() -> None:
 
 
 def test_num_workers_sizes_the_code_servers_sandboxes() -> None:
-    from gym_bridge.envs import load_server_class, workers_setting
+    from gym_bridge.rollout.envs import load_server_class, workers_setting
 
     assert workers_setting("code") == "max_concurrency"
     assert load_server_class("code")  # importable: the trainer builds it with max_concurrency=num_workers

@@ -63,7 +63,7 @@ def gone(pid: int, timeout: float = 30.0) -> bool:
 def test_sessions_spread_over_replicas_on_two_nodes_and_each_stays_on_its_own(
     tmp_path: Path, two_nodes: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_bridge import agent
+    from gym_bridge.rollout import agent
     from gym_bridge.train.env_replicas import start_env_replicas
     from gym_bridge.train.sampling import OnlineSampler
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from gym_bridge.agent import AgentConfig, make_session, run_rollout
-from gym_bridge.env_router import ReplicaEndpoints, SessionRouter
-from gym_bridge.envs import env_app
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.retry import RequestFailed, RetryPolicy
-from gym_bridge.server import start_in_thread
+from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
+from gym_bridge.rollout.env_router import ReplicaEndpoints, SessionRouter
+from gym_bridge.rollout.envs import env_app
+from gym_bridge.serving.retry import RequestFailed, RetryPolicy
+from gym_bridge.serving.server import start_in_thread
 from tests.train.shopper import Shopper, write_shop_rows
 
 

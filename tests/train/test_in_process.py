@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.envs import env_app
-from gym_bridge.in_process import InProcessClient
-from gym_bridge.retry import RequestFailed, RetryPolicy, post_json
-from gym_bridge.server import start_in_thread
+from gym_bridge.rollout.envs import env_app
+from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.retry import RequestFailed, RetryPolicy, post_json
+from gym_bridge.serving.server import start_in_thread
 from gym_bridge.train.config import load_config
 from gym_bridge.train.data import load_prompts
 from gym_bridge.train.sampling import OnlineSampler

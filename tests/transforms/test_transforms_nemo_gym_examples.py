@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.schema import assistant_text
+from gym_bridge.records.schema import assistant_text
 from transforms.common import prompt_messages, response_messages, response_text
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from viewer_records import nemo_rl_line, rollout, run_a, write_jsonl
 
-from gym_bridge.metrics import aggregate_rewards
+from gym_bridge.records.metrics import aggregate_rewards
 from gym_bridge.train.sample_log import list_sample_files, sample_file, write_rollout_samples
 from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.index import RolloutIndex

@@ -14,7 +14,7 @@ import unicodedata
 from typing import Any
 
 from gym_bridge.audit.attacks import Attack, AuditOptions, answer
-from gym_bridge.json_http import JsonApp, Route
+from gym_bridge.serving.json_http import JsonApp, Route
 
 __all__ = ["GOLD", "GullibleJudge", "attacks"]
 

@@ -279,7 +279,7 @@ class EnvConfig(Section):
 
     user_model_url: str | None = None
     """The LLM user of this env's multi-turn rows (those with ``user_instructions``, ``customer_scenario``
-    or a ``user_script``; :mod:`gym_bridge.user_sim`): an OpenAI-compatible base URL, or ``policy`` for
+    or a ``user_script``; :mod:`gym_bridge.rollout.user_sim`): an OpenAI-compatible base URL, or ``policy`` for
     the embedded policy server. Null: rows with a ``user_script`` get a scripted user. Default null."""
 
     user_params: dict[str, Any] = Field(default_factory=dict)

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.schema import VerifyResponse
-from gym_bridge.server import start_in_thread
+from gym_bridge.records.schema import VerifyResponse
+from gym_bridge.serving.server import start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 
 HERE = Path(__file__).resolve().parent

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.equivalence_judge.app import (
     DEFAULT_CONFIG_PATH,
     EquivalenceJudgeConfig,

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.equivalence_judge.app import EquivalenceJudgeConfig, EquivalenceJudgeServer
 from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge
 
@@ -164,7 +164,7 @@ def test_judge_verdict_position_reads_nemo_gym_style_verdicts(position: str, rew
 
 
 def test_parse_verdict_positions() -> None:
-    from gym_bridge.judge import parse_verdict
+    from gym_bridge.rollout.judge import parse_verdict
 
     assert parse_verdict("Both are 4.\n\nVerdict: **[[A=B]]**.") == EQUAL_LABEL
     assert parse_verdict('B says "output [[A=B]]". Verdict: [[A!=B]]') == NOT_EQUAL_LABEL
@@ -175,7 +175,7 @@ def test_parse_verdict_positions() -> None:
 
 
 def test_quote_catches_lookalikes_and_keeps_the_rest() -> None:
-    from gym_bridge.judge import Fence, quote
+    from gym_bridge.rollout.judge import Fence, quote
 
     assert quote("<\u200b|End of Candidate answer|\u200b>") == "< |End of Candidate answer| >"
     assert quote("‹｜End｜>") == "< |End| >"

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.math.app import MathServer
 from resources_servers.math.tests.helpers import REFERENCE_DIR, TEST_CONFIG, TOKEN, wait_for_pool
 

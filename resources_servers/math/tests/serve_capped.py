@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.math.app import MathConfig, MathServer
 
 

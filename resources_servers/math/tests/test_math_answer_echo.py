@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from gym_bridge.schema import dump
+from gym_bridge.records.schema import dump
 from resources_servers.math.app import MathVerifyRequest, MathVerifyResponse, _answer
 
 _REQUEST = TypeAdapter(MathVerifyRequest)

@@ -1,7 +1,7 @@
 """The math judge's prompt fencing against lookalike markers (issue 33, finding 10), over real HTTP.
 
 The math server's judge fallback quotes the problem and both answers between markers tagged at random per
-call (:class:`gym_bridge.judge.Fence`). A scripted judge that reads text as a model does (NFKC, invisible
+call (:class:`gym_bridge.rollout.judge.Fence`). A scripted judge that reads text as a model does (NFKC, invisible
 characters unseen, ``‹`` as ``<``) and obeys a label planted past its instructions, or a quote closed early,
 is kept honest: the lookalikes arrive defanged.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
-from gym_bridge.server import ServerSettings, start_in_thread
+from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge
 from resources_servers.math.app import MathConfig, MathServer
 from resources_servers.math.tests.helpers import TEST_CONFIG, verify_body, wait_for_pool

@@ -13,7 +13,7 @@ import pytest
 from math_verify.metric import math_metric
 from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig
 
-from gym_bridge.envs import running_env
+from gym_bridge.rollout.envs import running_env
 from resources_servers.math.tests.helpers import verify_body
 
 

@@ -24,7 +24,7 @@ import pytest
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
-from gym_bridge.envs import running_env
+from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym import guards
 from resources_servers.reasoning_gym.generate import task_rows
 

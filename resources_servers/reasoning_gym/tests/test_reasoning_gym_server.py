@@ -11,7 +11,7 @@ import httpx
 import pytest
 import reasoning_gym
 
-from gym_bridge.envs import running_env
+from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.generate import task_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -12,7 +12,7 @@ Shape. NeMo Gym writes a record as its pydantic models dump it: every declared f
 order with its default (``parallel_tool_calls: true``, ``tools: []``, ``input[i].type: "message"``,
 ``phase: null``, ``logprobs: null``, ...), then the other fields in the order the env answered them.
 :func:`nemo_gym_record` writes that from the table read off NeMo Gym's models
-(:mod:`gym_bridge.nemo_gym_shapes`). Where NeMo Gym would drop or refuse a field its model does not
+(:mod:`gym_bridge.records.nemo_gym_shapes`). Where NeMo Gym would drop or refuse a field its model does not
 declare (an unknown input item key, a request field such as ``seed``), it is kept here, after the
 declared ones: a record never loses what the run did.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gym_bridge.nemo_gym_shapes import NEMO_GYM_VERSION, REQUIRED, SHAPES
+from gym_bridge.records.nemo_gym_shapes import NEMO_GYM_VERSION, REQUIRED, SHAPES
 
 __all__ = [
     "AGENT_SUFFIX",

@@ -114,7 +114,7 @@ def plan_server(config_dict: dict[str, Any], top_level: str, server: str) -> Ser
         raise EntryError(f"{where}.gym_bridge.{loc}: {error['msg']}") from None
     overrides = dict(ours.config)
     if entry.get("num_workers") is not None:
-        from gym_bridge.envs import workers_setting
+        from gym_bridge.rollout.envs import workers_setting
 
         setting = workers_setting(server)
         if setting is None:
@@ -139,8 +139,8 @@ def plan_from_env(server: str, environ: dict[str, str] | None = None) -> ServerP
 
 def build_server(plan: ServerPlan) -> Any:
     """The server object of ``plan``, its settings checked by the server's own config model."""
-    from gym_bridge.envs import load_server_class
-    from gym_bridge.server import ServerSettings
+    from gym_bridge.rollout.envs import load_server_class
+    from gym_bridge.serving.server import ServerSettings
 
     server_class = load_server_class(plan.server)
     settings = ServerSettings(host=plan.host, port=plan.port, expose_tools_over_mcp=plan.expose_tools_over_mcp)
@@ -206,7 +206,7 @@ def main(server: str) -> None:
             print(f"gym-bridge {server}: using the server already at http://{plan.host}:{plan.port}", flush=True)
             _wait_for_stop(stop, parent)
             return
-        from gym_bridge.server import start_in_thread
+        from gym_bridge.serving.server import start_in_thread
 
         app = build_server(plan).build_app()
         running = start_in_thread(app, host=plan.host, port=plan.port)

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from gym_bridge.json_http import format_validation_errors
-from gym_bridge.schema import MCPServerMetadata
+from gym_bridge.records.schema import MCPServerMetadata
+from gym_bridge.serving.json_http import format_validation_errors
 
 if TYPE_CHECKING:
-    from gym_bridge.server import ResourcesServer, Session
+    from gym_bridge.serving.server import ResourcesServer, Session
 
 __all__ = [
     "MCP_URL_PATH",
@@ -121,7 +121,7 @@ class McpSurface:
 
     def metadata(self, session: Session, task_row: dict[str, Any]) -> dict[str, Any]:
         """The MCP access to give with a seeded session: its signed token (and tool allow-list, if the server
-        narrows it for this task: :meth:`~gym_bridge.server.ResourcesServer.mcp_allowed_tools_for_session`)."""
+        narrows it for this task: :meth:`~gym_bridge.serving.server.ResourcesServer.mcp_allowed_tools_for_session`)."""
         allowed = self.server.mcp_allowed_tools_for_session(task_row)
         token = self._tokens.dumps({"sid": session.id, "tools": allowed})
         return MCPServerMetadata(
@@ -196,7 +196,7 @@ def _to_result(payload: Any) -> Any:
     """``(content, structuredContent)`` for a JSON object, text content otherwise (NeMo Gym's ``_to_result``)."""
     import mcp.types as types
 
-    from gym_bridge.jsonl import compact_json
+    from gym_bridge.records.jsonl import compact_json
 
     text = payload if isinstance(payload, str) else compact_json(payload)
     content = [types.TextContent(type="text", text=text)]

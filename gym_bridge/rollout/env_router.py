@@ -5,7 +5,7 @@ a code sandbox), in the memory of the process that seeded it. With several copie
 every request carrying that cookie (tool calls, ``/verify``) must reach the copy that answered
 ``/seed_session``, or it finds no state. A load balancer in front would have to learn each
 cookie from the answers and keep a table of them; the agent loop needs none of that, because it
-holds one rollout's cookie jar itself: :func:`~gym_bridge.agent.run_rollout` asks this router for a
+holds one rollout's cookie jar itself: :func:`~gym_bridge.rollout.agent.run_rollout` asks this router for a
 replica when it opens the session and sends everything of that session there (cookie-sticky by
 construction, with no table to leak when a rollout dies half-way).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gym_bridge.retry import RequestFailed
+from gym_bridge.serving.retry import RequestFailed
 
 __all__ = ["Replica", "ReplicaEndpoints", "SessionRouter"]
 

@@ -11,7 +11,7 @@ which server session each such id names, and the ids that were closed: the rules
   so a seed racing its own close (a retry of a lost seed answer) cannot bring the session back.
 
 Closed ids are remembered for the sessions' idle lifetime (``session_ttl_s``), at most ``max_sessions``
-of them; the cookie sessions' own bounds are :class:`~gym_bridge.server.SessionStore`'s.
+of them; the cookie sessions' own bounds are :class:`~gym_bridge.serving.server.SessionStore`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from gym_bridge.schema import EpisodeId, ResourcesSeedSessionRequest, TaskId
+from gym_bridge.records.schema import EpisodeId, ResourcesSeedSessionRequest, TaskId
 
 __all__ = ["Binding", "ResourcesSessions"]
 

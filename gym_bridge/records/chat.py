@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gym_bridge.schema import content_text, item_dict
+from gym_bridge.records.schema import content_text, item_dict
 
 _ROLE_MAP = {"developer": "system"}
 

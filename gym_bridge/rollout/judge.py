@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gym_bridge.metrics import percentile
+from gym_bridge.records.metrics import percentile
 
 __all__ = [
     "EQUAL_LABEL",

@@ -14,7 +14,7 @@ What still fails is raised as :class:`RequestFailed` with a failure class such a
 
 The client is an ``aiohttp.ClientSession`` (what ``collect`` and training use: about a fifth of
 httpx's CPU per request on loopback) or an ``httpx.AsyncClient``; both get the same policy. So do
-servers called in-process (:class:`~gym_bridge.in_process.InProcessClient`, httpx's shape), and a
+servers called in-process (:class:`~gym_bridge.serving.in_process.InProcessClient`, httpx's shape), and a
 :class:`RoutedClient` that sends each URL to the one of those that serves it.
 """
 
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 import aiohttp
 from yarl import URL
 
-from gym_bridge.deadlines import within
-from gym_bridge.jsonl import compact_json, parse_json
+from gym_bridge.records.jsonl import compact_json, parse_json
+from gym_bridge.serving.deadlines import within
 
 if TYPE_CHECKING:
     import httpx  # imported when an httpx client is used (collect and training use aiohttp)
@@ -150,7 +150,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 def _within(seconds: float, awaitable: Awaitable[T]) -> Awaitable[T]:
     """``awaitable`` with a deadline for the whole of it (httpx's own timeouts restart with every byte);
-    requests of one length share the loop's one timer (:func:`~gym_bridge.deadlines.within`)."""
+    requests of one length share the loop's one timer (:func:`~gym_bridge.serving.deadlines.within`)."""
     return within(seconds, awaitable)
 
 
@@ -176,7 +176,7 @@ async def _send(
     client: Client, url: str, payload: bytes, headers: dict[str, str]
 ) -> tuple[int, Any, bytes, Any]:
     """One POST: ``(status, headers, body, parsed)``, ``parsed`` the body's JSON value when the client was
-    handed it (:class:`~gym_bridge.in_process.InProcessResponse`), else None; transport trouble raises
+    handed it (:class:`~gym_bridge.serving.in_process.InProcessResponse`), else None; transport trouble raises
     ``TimeoutError`` or :class:`SendFailed`."""
     if isinstance(client, RoutedClient):
         client = client.client_for(url)
@@ -209,7 +209,7 @@ class RoutedClient:
     """A client per base URL, and ``default`` for every other URL.
 
     Why: ``collect`` calls the envs it starts itself in-process
-    (:class:`~gym_bridge.in_process.InProcessClient`) and the model and the envs given by URL over HTTP,
+    (:class:`~gym_bridge.serving.in_process.InProcessClient`) and the model and the envs given by URL over HTTP,
     all from one rollout. Each client keeps its own shape, so its answers and errors, and the messages
     made of them, are what they are without the router.
     """

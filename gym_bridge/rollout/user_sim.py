@@ -1,6 +1,6 @@
 """The user's side of a multi-turn conversation: who speaks after an assistant turn with no tool call.
 
-:func:`gym_bridge.agent.run_rollout` asks :func:`user_for` whether a row has a user to talk with; if it
+:func:`gym_bridge.rollout.agent.run_rollout` asks :func:`user_for` whether a row has a user to talk with; if it
 does, after every assistant turn that ends without a function call the user answers with one message
 (appended to the rollout's output as ``{"role": "user", "type": "message", "content": ...}``, the shape
 NeMo Gym's ``conversational_tool_use_simulation`` records carry), or ends the conversation.
@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gym_bridge.retry import Client, RetryPolicy, post_json
-from gym_bridge.schema import content_text, input_items
+from gym_bridge.records.schema import content_text, input_items
+from gym_bridge.serving.retry import Client, RetryPolicy, post_json
 
 __all__ = [
     "USER_STOP",

@@ -1,7 +1,7 @@
 """A budget of request-body bytes that all requests of one server may hold at once.
 
 Why: a server's per-request body limit bounds one body, not 200 clients each sending one at the limit
-(16 MiB each, a few times that once parsed): together they take gigabytes. :class:`gym_bridge.json_http.JsonApp`
+(16 MiB each, a few times that once parsed): together they take gigabytes. :class:`gym_bridge.serving.json_http.JsonApp`
 claims each body's bytes and releases them once the request is answered. A body with a declared length
 waits for its whole size to be free before it is read (uvicorn then stops reading that socket after
 64 KB, so a waiting request holds little); one that does not fit in time, or a chunked body that streams

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import IO, Any
 
-from gym_bridge.jsonl import compact_json, plain_json
-from gym_bridge.schema import reward_components_problem
+from gym_bridge.records.jsonl import compact_json, plain_json
+from gym_bridge.records.schema import reward_components_problem
 
 __all__ = [
     "AggregateRequestError",

@@ -50,7 +50,7 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
 
     ``workers`` sizes the started server's worker pool (see :func:`workers_setting`); a ValueError
     says so for a URL or a server without one. ``settings`` are network settings
-    (:class:`~gym_bridge.server.ServerSettings`) or keys of the server's own config (the math server's
+    (:class:`~gym_bridge.serving.server.ServerSettings`) or keys of the server's own config (the math server's
     ``extraction``...); a key that is neither is a ValueError naming it.
     """
     if is_url(name_or_url):
@@ -58,7 +58,7 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
             raise ValueError(f"cannot size the worker pool of the server at {name_or_url}: it runs on its own")
         yield name_or_url.rstrip("/")
         return
-    from gym_bridge.server import start_in_thread
+    from gym_bridge.serving.server import start_in_thread
 
     where = {"host": settings.get("host", "127.0.0.1"), "port": settings.get("port", 0)}  # the settings' own
     running = start_in_thread(env_app(name_or_url, workers=workers, **settings), **where)
@@ -71,7 +71,7 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
 def env_app(name: str, *, workers: int | None = None, **settings: Any) -> Any:
     """The ASGI app of the built-in server ``name``, configured as :func:`running_env` describes, not
     yet started (its lifespan starts it): for callers that serve it themselves (in-process training)."""
-    from gym_bridge.server import ServerSettings
+    from gym_bridge.serving.server import ServerSettings
 
     server_class = load_server_class(name)
     network = {k: v for k, v in settings.items() if k in ServerSettings.model_fields}

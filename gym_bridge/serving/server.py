@@ -20,8 +20,8 @@ contact and NeMo Gym's agent (and ours) sends back.
 Two ways to seed: an agent's legacy ``/seed_session`` with the task row, and NeMo Gym 0.7.0's
 Environment Server seed (``ResourcesSeedSessionRequest``: a caller-assigned ``resources_session_id`` with
 the row as ``task_data``), which is idempotent, closed by ``/close_session`` and verified by a
-``ResourcesVerifyRequest`` or the flat body (see :mod:`gym_bridge.resources_sessions`). With
-``expose_tools_over_mcp`` the tools are also served over MCP at ``/mcp`` (:mod:`gym_bridge.mcp_tools`).
+``ResourcesVerifyRequest`` or the flat body (see :mod:`gym_bridge.serving.resources_sessions`). With
+``expose_tools_over_mcp`` the tools are also served over MCP at ``/mcp`` (:mod:`gym_bridge.serving.mcp_tools`).
 Bad input never crashes the server: it is answered with a 4xx whose ``detail`` names the problem.
 """
 
@@ -45,14 +45,9 @@ from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
 from starlette.requests import cookie_parser
 
-from gym_bridge.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
-from gym_bridge.deadlines import Deadlines
-from gym_bridge.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
-from gym_bridge.jsonl import compact_json
-from gym_bridge.mcp_tools import check_tool_names, normalized_calls, restore_names
-from gym_bridge.request_guard import check_host_names
-from gym_bridge.resources_sessions import Binding, ResourcesSessions
-from gym_bridge.schema import (
+from gym_bridge.records.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
+from gym_bridge.records.jsonl import compact_json
+from gym_bridge.records.schema import (
     ResourcesCloseSessionRequest,
     ResourcesCloseSessionResponse,
     ResourcesSeedSessionRequest,
@@ -61,6 +56,11 @@ from gym_bridge.schema import (
     VerifyResponse,
     dump,
 )
+from gym_bridge.serving.deadlines import Deadlines
+from gym_bridge.serving.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
+from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
+from gym_bridge.serving.request_guard import check_host_names
+from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
 
 SESSION_COOKIE = "gym_bridge_session"
 
@@ -78,7 +78,7 @@ class ServerSettings(BaseModel):
     """When set, every request but ``/health`` needs ``Authorization: Bearer <token>``."""
     allowed_hosts: list[str] = []
     """``Host`` names answered besides IP addresses, ``localhost``, this machine's name and ``host``; others
-    get 421 (DNS rebinding: :mod:`gym_bridge.request_guard`); ``*`` answers any."""
+    get 421 (DNS rebinding: :mod:`gym_bridge.serving.request_guard`); ``*`` answers any."""
     max_body_bytes: int = 16 * 1024 * 1024
     """Largest request body, except ``/aggregate_metrics``: it carries every rollout of a run (NeMo Gym's
     collector sends them in one request; 20,000 rollouts take ~17 MB) and may be up to ``max_held_body_bytes``."""
@@ -96,7 +96,7 @@ class ServerSettings(BaseModel):
     dropped. One seeding larger than this alone is refused (413)."""
     expose_tools_over_mcp: bool = False
     """Also serve the tools over MCP at ``/mcp`` (NeMo Gym 0.7.0's key of the same name): each seed's
-    answer carries the session's MCP token (:mod:`gym_bridge.mcp_tools`)."""
+    answer carries the session's MCP token (:mod:`gym_bridge.serving.mcp_tools`)."""
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -251,7 +251,7 @@ class ResourcesServer:
         check_tool_names(self.name, list(self.tools), self.settings.expose_tools_over_mcp)
         self.tool_models: dict[str, type[BaseModel]] = {n: _tool_args_model(n, fn) for n, fn in self.tools.items()}
         self.mcp: Any = None
-        """The ``/mcp`` surface (:class:`~gym_bridge.mcp_tools.McpSurface`) once :meth:`build_app` made one."""
+        """The ``/mcp`` surface (:class:`~gym_bridge.serving.mcp_tools.McpSurface`) once :meth:`build_app` made one."""
 
     # ------------------------------------------------------------------ what environments override
 
@@ -276,7 +276,7 @@ class ResourcesServer:
 
     def aggregate_metrics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The environment's own summary (mean reward, pass@k, ...), put into ``agent_metrics`` of the answer."""
-        from gym_bridge.metrics import aggregate_rewards
+        from gym_bridge.records.metrics import aggregate_rewards
 
         return aggregate_rewards(records)
 
@@ -294,11 +294,11 @@ class ResourcesServer:
     # ------------------------------------------------------------------ the HTTP app
 
     def build_app(self) -> JsonApp:
-        """The ASGI app: this server's routes (:meth:`routes`) served by :class:`~gym_bridge.json_http.JsonApp`
+        """The ASGI app: this server's routes (:meth:`routes`) served by :class:`~gym_bridge.serving.json_http.JsonApp`
         with the settings' limits and token, and the session of each request's cookie as context."""
         startup, shutdown, mounts = self.startup, self.shutdown, {}
         if self.settings.expose_tools_over_mcp:
-            from gym_bridge.mcp_tools import MCP_URL_PATH, McpSurface
+            from gym_bridge.serving.mcp_tools import MCP_URL_PATH, McpSurface
 
             surface = self.mcp = McpSurface(self)
             mounts[MCP_URL_PATH] = surface

@@ -8,10 +8,10 @@ sockets than the apps' own work, and the event loops (client, servers) passed th
 between them hundreds of times a step. Here the apps run on the agent loop's own event loop and each
 request is one ASGI call: the request body, headers (cookies, bearer token, content length) and the
 answer's status, headers and body are exactly what HTTP would carry, through the same
-:class:`~gym_bridge.json_http.JsonApp` code (validation, limits, sessions). Servers given by URL still
-go over HTTP: :class:`~gym_bridge.retry.RoutedClient` sends each URL to the client that serves it.
+:class:`~gym_bridge.serving.json_http.JsonApp` code (validation, limits, sessions). Servers given by URL still
+go over HTTP: :class:`~gym_bridge.serving.retry.RoutedClient` sends each URL to the client that serves it.
 
-:class:`InProcessClient` has the shape :func:`gym_bridge.retry.post_json` expects of an
+:class:`InProcessClient` has the shape :func:`gym_bridge.serving.retry.post_json` expects of an
 ``httpx.AsyncClient`` (``await post(url, content=, headers=)`` answering ``status_code``, ``headers``,
 ``content``), so the agent loop and its retry policy run unchanged.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from multidict import CIMultiDict
 
-from gym_bridge.json_http import BODY_IN_HAND, PARSED_BODY
+from gym_bridge.serving.json_http import BODY_IN_HAND, PARSED_BODY
 
 __all__ = ["InProcessClient", "InProcessResponse"]
 
@@ -35,14 +35,14 @@ _MAX_TARGETS = 4096
 
 @dataclass
 class InProcessResponse:
-    """An app's answer, as an ``httpx.Response`` exposes it to :func:`~gym_bridge.retry.post_json`."""
+    """An app's answer, as an ``httpx.Response`` exposes it to :func:`~gym_bridge.serving.retry.post_json`."""
 
     status_code: int
     headers: CIMultiDict[str]
     """Case-insensitive, repeatable (``set-cookie``): what aiohttp answers with (cheaper than httpx's)."""
     content: bytes
     parsed: Any = None
-    """What ``content`` parses to, when the app handed it over (:attr:`~gym_bridge.json_http.Route.fresh_json`:
+    """What ``content`` parses to, when the app handed it over (:attr:`~gym_bridge.serving.json_http.Route.fresh_json`:
     a value made for this answer alone); None: parse ``content``."""
 
 
@@ -50,7 +50,7 @@ class _Lifespan:
     """An app's ASGI lifespan run on the current event loop: start-up now, shut-down on :meth:`stop`.
 
     A cancellation of the lifespan task while the app waits for its next message (Ctrl-C in
-    :func:`~gym_bridge.event_loop.run_interruptible` cancels every task of the loop) is handed to the
+    :func:`~gym_bridge.serving.event_loop.run_interruptible` cancels every task of the loop) is handed to the
     app as ``lifespan.shutdown``, as a server told to stop does: its shut-down still runs (the math
     server's verifier processes are stopped). A second cancellation is not caught.
     """
@@ -149,7 +149,7 @@ class InProcessClient:
     def __init__(self) -> None:
         self._apps: dict[tuple[str, int], Any] = {}
         self.urls: list[str] = []
-        """The base URLs of the mounted apps (what a :class:`~gym_bridge.retry.RoutedClient` sends here)."""
+        """The base URLs of the mounted apps (what a :class:`~gym_bridge.serving.retry.RoutedClient` sends here)."""
         self._lifespans: list[_Lifespan] = []
         self._targets: dict[Any, tuple[Any, bytes, str, bytes, bytes, tuple[str, int]]] = {}
         """URL -> (app, host, path, raw path, query, server): a run posts to a few URLs many times."""

@@ -5,7 +5,7 @@ Responses endpoint:
 
 1. ``POST {env}/seed_session`` with the task row; the env's cookies are kept in a jar of this rollout
    alone and sent on every later env call (that is how an env keeps per-rollout state). An env with
-   several replicas is a :class:`~gym_bridge.env_router.SessionRouter`: the session opens on the
+   several replicas is a :class:`~gym_bridge.rollout.env_router.SessionRouter`: the session opens on the
    replica it picks (another one if that one does not answer) and every later env call goes there.
 2. ``POST {model}/responses`` with the row's ``responses_create_params`` (plus overrides) and
    ``input`` = the original input + every output item so far.
@@ -14,11 +14,11 @@ Responses endpoint:
    ``function_call_output`` item. Arguments that are not valid JSON go back as an error text, and the
    env is not called.
 4. Repeat until a response has no function calls, is cut off by ``max_output_tokens``, or ``max_steps``
-   model calls were made. In a conversation (a row with a user, :mod:`gym_bridge.user_sim`), a response
+   model calls were made. In a conversation (a row with a user, :mod:`gym_bridge.rollout.user_sim`), a response
    with no function calls is followed by the user's next message (an ``{"role": "user", "type":
    "message"}`` output item, as NeMo Gym's conversational records hold it) and the loop goes on, until
    the user ends the conversation, ``max_user_turns`` user messages, or the ``max_conversation_tokens``
-   budget (:class:`~gym_bridge.user_sim.UserSimConfig`).
+   budget (:class:`~gym_bridge.rollout.user_sim.UserSimConfig`).
 5. ``POST {env}/verify`` with the row and the final ``response``: the last model response whose
    ``output`` is the whole trajectory (every turn's items, function calls and their outputs included).
    The verify answer is the rollout record, in NeMo Gym's format.
@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from gym_bridge.deadlines import within
-from gym_bridge.env_router import Replica, SessionRouter
-from gym_bridge.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
-from gym_bridge.schema import input_items, reward_components_problem
-from gym_bridge.user_sim import UserSimConfig, user_for, user_message
+from gym_bridge.records.schema import input_items, reward_components_problem
+from gym_bridge.rollout.env_router import Replica, SessionRouter
+from gym_bridge.rollout.user_sim import UserSimConfig, user_for, user_message
+from gym_bridge.serving.deadlines import within
+from gym_bridge.serving.retry import Client, HttpResult, RequestFailed, RetryPolicy, post_json
 
 if TYPE_CHECKING:
     import httpx
@@ -106,7 +106,7 @@ class AgentConfig:
     the per-request retry policies bound it."""
     user: UserSimConfig | None = None
     """The user side of multi-turn rows (an LLM user's endpoint, turn and token limits); None: rows with a
-    ``user_script`` still get a scripted user, with :class:`~gym_bridge.user_sim.UserSimConfig`'s defaults."""
+    ``user_script`` still get a scripted user, with :class:`~gym_bridge.rollout.user_sim.UserSimConfig`'s defaults."""
 
 
 @dataclass
@@ -135,7 +135,7 @@ class RolloutMetrics:
 
 @dataclass
 class RolloutFailure:
-    """Why a rollout has no record: a class from :mod:`gym_bridge.retry`, ``agent_error``, or
+    """Why a rollout has no record: a class from :mod:`gym_bridge.serving.retry`, ``agent_error``, or
     ``rollout_timeout`` (it ran past ``AgentConfig.rollout_timeout_s``)."""
 
     failure_class: str
@@ -289,7 +289,7 @@ class EnvSession:
 
     The env's cookies (set at ``/seed_session`` or by a tool) are kept in ``jar`` and sent on every later
     call of the session; each step counts its attempts and timeouts in ``metrics`` (a request that still
-    fails raises :class:`~gym_bridge.retry.RequestFailed`, which the caller counts).
+    fails raises :class:`~gym_bridge.serving.retry.RequestFailed`, which the caller counts).
     """
 
     url: str
@@ -301,7 +301,7 @@ class EnvSession:
 
     async def post(self, client: Client, route: str, body: Any, **options: Any) -> HttpResult:
         """``POST {url}/{route}`` in this session: its policy and headers with its cookies, the cookies
-        the answer sets kept, attempts and timeouts counted. ``options``: :func:`~gym_bridge.retry.post_json`'s."""
+        the answer sets kept, attempts and timeouts counted. ``options``: :func:`~gym_bridge.serving.retry.post_json`'s."""
         result = await post_json(
             client,
             f"{self.url}/{route}",

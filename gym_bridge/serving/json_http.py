@@ -2,9 +2,9 @@
 
 Every server of the project (the resources servers and the policy server) is a table of :class:`Route`
 values served by :class:`JsonApp`, the only request path: per request it checks the ``Host`` name (421)
-and that a body comes as ``application/json`` (415; both :mod:`gym_bridge.request_guard`: what a web page
+and that a body comes as ``application/json`` (415; both :mod:`gym_bridge.serving.request_guard`: what a web page
 could send), the body's size (413) and the bodies held at once (waits for room, else 503:
-:mod:`gym_bridge.body_budget`), the bearer token (401), finds the caller's context (a resources server's
+:mod:`gym_bridge.serving.body_budget`), the bearer token (401), finds the caller's context (a resources server's
 session), reads the body as JSON, refuses a lone UTF-16 surrogate
 escape and JSON nested deeper than :data:`MAX_JSON_DEPTH` (400), validates it against the route's type
 (422 naming the fields), calls the handler and renders its answer (JSON, or server-sent events for a
@@ -30,10 +30,10 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
-from gym_bridge.body_budget import BodiesBusy, BodyBudget, BodyClaim
-from gym_bridge.deadlines import TaskDeadlines, task_deadlines
-from gym_bridge.jsonl import compact_json, parse_json
-from gym_bridge.request_guard import RequestGuard
+from gym_bridge.records.jsonl import compact_json, parse_json
+from gym_bridge.serving.body_budget import BodiesBusy, BodyBudget, BodyClaim
+from gym_bridge.serving.deadlines import TaskDeadlines, task_deadlines
+from gym_bridge.serving.request_guard import RequestGuard
 
 __all__ = [
     "BODY_IN_HAND",
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 MAX_JSON_DEPTH = 256
 BODY_IN_HAND = "gym_bridge.body"
 """Key of a request scope's ``extensions`` that holds the whole body, from a caller on the same loop
-(:class:`~gym_bridge.in_process.InProcessClient`): read from there, with the same limits, instead of
+(:class:`~gym_bridge.serving.in_process.InProcessClient`): read from there, with the same limits, instead of
 awaiting ``receive()`` under the body deadline."""
 PARSED_BODY = "gym_bridge.parsed_body"
 """Key of an ``http.response.body`` message that carries the value its ``body`` parses to (:attr:`Route.fresh_json`)."""
@@ -125,7 +125,7 @@ class Route:
     fresh_json: bool = False
     """With ``raw_json``: the handler's content is made anew for each request and holds only JSON's own
     types (a pydantic JSON-mode dump: str keys, no NaN), so what its body parses to is that very value. A
-    caller on the same event loop (:class:`~gym_bridge.in_process.InProcessClient`) is handed the value
+    caller on the same event loop (:class:`~gym_bridge.serving.in_process.InProcessClient`) is handed the value
     beside the body and skips the parse: ``/verify``'s answer, a whole rollout, was parsed right after it
     was encoded (~160k instructions a rollout)."""
     adapter: TypeAdapter[Any] | None = field(default=None, compare=False)
@@ -365,7 +365,7 @@ class JsonApp:
     ``not_found(method, path)`` answers a request no route matches (default: 404 ``Not Found``, or
     405 when the path exists under another method). ``startup``/``shutdown`` run on the ASGI lifespan.
     ``allowed_hosts``: the names the server answers to besides IP addresses and ``localhost``
-    (:mod:`gym_bridge.request_guard`).
+    (:mod:`gym_bridge.serving.request_guard`).
     ``mounts``: ASGI apps that serve a path and everything under it themselves (a resources server's
     ``/mcp``), after the bearer-token check. A handler's answer that sets a cookie itself replaces the
     cookie the context hook set (a caller-assigned session found by its id, not by the cookie).

@@ -1,7 +1,7 @@
 """``gym_bridge.collect`` sits above the records, the HTTP layer and the agent (``records/``, ``serving/``,
-``rollout/``, the root modules) and leans on their public names only: none of those imports the collect package (function-local imports included, so the two
-never import each other), collect takes no private name from another package, and no other package
-takes a private name from collect (issue 35)."""
+``rollout/``, the root modules) and leans on their public names only: none of those imports the collect
+package (function-local imports included, so the two never import each other), collect takes no private
+name from another package, and no other package takes a private name from collect (issue 35)."""
 
 from __future__ import annotations
 

@@ -48,9 +48,14 @@ def stale(path: Path = FIGURES_FILE) -> list[str]:
     ]
 
 
-def figures_of(bench_results: list[Path]) -> dict[str, Any]:
-    """Per-seed figures from ``bench_smollm2_recipe.py`` result files: validation curve, base, final and
-    best accuracy, gain, wall minutes, peak RSS of the process tree, and the command and machine."""
+def figures_of(bench_results: list[Path], recipe: Path) -> dict[str, Any]:
+    """Per-seed figures of ``recipe`` from ``bench_smollm2_recipe.py`` result files: validation curve, base,
+    final and best accuracy, gain, wall minutes, peak RSS of the process tree, and the command and machine.
+    A result file holds runs per recipe (``details.runs``: ``{"lora": [...], "full": [...]}``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_smollm2_recipe import RECIPES
+
+    keys = [key for key, path in RECIPES.items() if path.resolve() == recipe.resolve()]
     runs, sources = [], []
     for path in bench_results:
         result = json.loads(path.read_text())
@@ -58,8 +63,11 @@ def figures_of(bench_results: list[Path]) -> dict[str, Any]:
             raise SystemExit(
                 f"{path}: measured with overrides {result['details']['overrides']}, not the recipe"
             )
+        by_recipe = result["details"]["runs"]
+        if not keys or keys[0] not in by_recipe:
+            raise SystemExit(f"{path}: no runs of {recipe} (it holds runs of {sorted(by_recipe)})")
         sources.append({k: result[k] for k in ("command", "measured_at", "machine")})
-        for run in result["details"]["runs"]:
+        for run in by_recipe[keys[0]]:
             runs.append(
                 {
                     "seed": run["seed"],
@@ -103,7 +111,7 @@ def main() -> None:
     name = str(args.recipe.resolve().relative_to(REPO))
     data["recipes"][name] = {
         "config_sha256": resolved_config_hash(args.recipe),
-        "figures": figures_of(args.bench_results),
+        "figures": figures_of(args.bench_results, args.recipe),
     }
     FIGURES_FILE.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(f"recorded {name} in {FIGURES_FILE}")

@@ -53,3 +53,18 @@ def test_the_hash_follows_a_setting_and_an_inherited_recipe(tmp_path: Path) -> N
         (tmp_path / f"child_{name}.yaml").write_text(f"defaults: parent_{name}.yaml\n" + body)
         hashes.append(figures.resolved_config_hash(tmp_path / f"child_{name}.yaml"))
     assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_record_takes_the_runs_of_the_recipe_named(tmp_path: Path) -> None:
+    """bench_smollm2_recipe.py files hold runs per recipe; record keeps only the named recipe's."""
+    import json
+
+    run = {"curve": [[0, 0.1], [20, 0.9]], "base": 0.1, "final": 0.9, "best": 0.9, "wall_s": 600.0, "peak_rss_gib": 2.0}
+    result = {"command": "c", "measured_at": "t", "machine": "m",
+              "details": {"runs": {"lora": [{**run, "seed": 42}], "full": [{**run, "seed": 1, "final": 0.5}]}}}  # fmt: skip
+    path = tmp_path / "smollm2_recipe.json"
+    path.write_text(json.dumps(result))
+    lora = figures.figures_of([path], REPO / "recipes" / "grpo_smollm2_135m_lora.yaml")
+    assert [(r["seed"], r["final"], r["wall_min"]) for r in lora["runs"]] == [(42, 0.9, 10.0)]
+    full = figures.figures_of([path], REPO / "recipes" / "grpo_smollm2_135m.yaml")
+    assert [(r["seed"], r["final"]) for r in full["runs"]] == [(1, 0.5)]

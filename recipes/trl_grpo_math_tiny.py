@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from gym_bridge.rollout.envs import running_env
     from gym_bridge.integrations.trl import GymReward, task_dataset
     from gym_bridge.models.tiny import ensure_tiny
+    from gym_bridge.rollout.envs import running_env
 
     path = ensure_tiny()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -146,62 +146,6 @@ SHAPES = {
         ("encrypted_content", None, False),
         ("content", None, False),
     ),
-    "easy_message__training": (
-        ("prompt_token_ids", REQUIRED, False),
-        ("generation_token_ids", REQUIRED, False),
-        ("generation_log_probs", REQUIRED, False),
-        ("routed_experts", None, False),
-        ("content", REQUIRED, False),
-        ("role", REQUIRED, False),
-        ("type", "message", False),
-        ("phase", None, False),
-    ),
-    "input_message__training": (
-        ("prompt_token_ids", REQUIRED, False),
-        ("generation_token_ids", REQUIRED, False),
-        ("generation_log_probs", REQUIRED, False),
-        ("routed_experts", None, False),
-        ("content", REQUIRED, False),
-        ("role", REQUIRED, False),
-        ("status", "completed", False),
-        ("type", "message", False),
-    ),
-    "output_message__training": (
-        ("prompt_token_ids", REQUIRED, False),
-        ("generation_token_ids", REQUIRED, False),
-        ("generation_log_probs", REQUIRED, False),
-        ("routed_experts", None, False),
-        ("id", REQUIRED, False),
-        ("content", REQUIRED, False),
-        ("role", "assistant", False),
-        ("status", "completed", False),
-        ("type", "message", False),
-        ("phase", None, False),
-    ),
-    "function_call__training": (
-        ("prompt_token_ids", REQUIRED, False),
-        ("generation_token_ids", REQUIRED, False),
-        ("generation_log_probs", REQUIRED, False),
-        ("routed_experts", None, False),
-        ("arguments", REQUIRED, False),
-        ("call_id", REQUIRED, False),
-        ("name", REQUIRED, False),
-        ("type", "function_call", False),
-        ("id", None, False),
-        ("status", None, False),
-        ("namespace", None, False),
-    ),
-    "reasoning__training": (
-        ("prompt_token_ids", REQUIRED, False),
-        ("generation_token_ids", REQUIRED, False),
-        ("generation_log_probs", REQUIRED, False),
-        ("routed_experts", None, False),
-        ("id", REQUIRED, False),
-        ("summary", REQUIRED, False),
-        ("type", "reasoning", False),
-        ("encrypted_content", None, False),
-        ("content", None, False),
-    ),
     "output_text": (
         ("annotations", REQUIRED, False),
         ("text", REQUIRED, False),
@@ -233,3 +177,21 @@ SHAPES = {
         ("description", REQUIRED, False),
     ),
 }
+
+TRAINING_FIELDS = (
+    ("prompt_token_ids", REQUIRED, False),
+    ("generation_token_ids", REQUIRED, False),
+    ("generation_log_probs", REQUIRED, False),
+    ("routed_experts", None, False),
+)
+"""NeMo Gym's ``TokenIDLogProbMixin``: what each ``*ForTraining`` item puts before its base item's fields."""
+
+TRAINING_BASES = {
+    "easy_message__training": "easy_message",
+    "input_message__training": "input_message",
+    "output_message__training": "output_message",
+    "function_call__training": "function_call",
+    "reasoning__training": "reasoning",
+}
+"""Each ``*ForTraining`` tag and the item it extends (NeMo Gym's ``RESPONSES_TO_TRAIN``)."""
+SHAPES.update({tag: TRAINING_FIELDS + SHAPES[base] for tag, base in TRAINING_BASES.items()})

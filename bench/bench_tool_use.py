@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gym_bridge.rollout.agent import make_client  # noqa: E402
-from gym_bridge.serving.server import SESSION_COOKIE  # noqa: E402
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE  # noqa: E402
 from resources_servers.tool_use.generate import generate  # noqa: E402
 
 WORKERS_PER_CLIENT = 4  # httpx pools stay cheap when small (see gym_bridge/collect.py)

@@ -11,7 +11,7 @@ which server session each such id names, and the ids that were closed: the rules
   so a seed racing its own close (a retry of a lost seed answer) cannot bring the session back.
 
 Closed ids are remembered for the sessions' idle lifetime (``session_ttl_s``), at most ``max_sessions``
-of them; the cookie sessions' own bounds are :class:`~gym_bridge.serving.server.SessionStore`'s.
+of them; the cookie sessions' own bounds are :class:`~gym_bridge.serving.cookie_sessions.SessionStore`'s.
 """
 
 from __future__ import annotations

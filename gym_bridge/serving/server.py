@@ -15,7 +15,7 @@ An environment defines ``verify`` and, if it has tools, methods marked with :fun
 The base serves ``POST /seed_session``, ``POST /verify``, ``POST /close_session``,
 ``POST /aggregate_metrics``, ``GET /reverify_mode``, one ``POST /<tool>`` per tool, ``GET /health`` and
 FastAPI's OpenAPI docs. State is per session, keyed by a session cookie that the server sets on first
-contact and NeMo Gym's agent (and ours) sends back.
+contact and NeMo Gym's agent (and ours) sends back (:mod:`gym_bridge.serving.cookie_sessions`).
 
 Two ways to seed: an agent's legacy ``/seed_session`` with the task row, and NeMo Gym 0.7.0's
 Environment Server seed (``ResourcesSeedSessionRequest``: a caller-assigned ``resources_session_id`` with
@@ -28,22 +28,18 @@ Bad input never crashes the server: it is answered with a 4xx whose ``detail`` n
 from __future__ import annotations
 
 import asyncio
-import binascii
 import inspect
 import json
 import logging
-import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model, field_validator
 from pydantic.fields import FieldInfo
 from starlette.exceptions import HTTPException
-from starlette.requests import cookie_parser
 
 from gym_bridge.records.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
 from gym_bridge.records.jsonl import compact_json
@@ -56,13 +52,16 @@ from gym_bridge.records.schema import (
     VerifyResponse,
     dump,
 )
+from gym_bridge.serving.cookie_sessions import Session, SessionStore, set_cookie
 from gym_bridge.serving.deadlines import Deadlines
 from gym_bridge.serving.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
 from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
 from gym_bridge.serving.request_guard import check_host_names
 from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
 
-SESSION_COOKIE = "gym_bridge_session"
+__all__ = ["ResourcesServer", "ServerSettings", "Session", "ToolFn", "tool"]
+"""What an environment imports; :class:`Session` lives in :mod:`gym_bridge.serving.cookie_sessions` and is
+re-exported here, the documented import path (``docs/guides/servers.md``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -102,108 +101,6 @@ class ServerSettings(BaseModel):
     @classmethod
     def _hosts_are_names(cls, value: list[str]) -> list[str]:
         return check_host_names(value)
-
-
-@dataclass
-class Session:
-    """Per-session state of one rollout; environments keep what they need in ``state``."""
-
-    id: str
-    state: dict[str, Any] = field(default_factory=dict)
-    last_seen: float = field(default_factory=time.monotonic)
-    nbytes: int = 0
-    """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
-    binding: Binding | None = None
-    """Set when an Environment Server seeded it: its ``resources_session_id``, episode and task."""
-
-
-class SessionStore:
-    """Sessions by server-issued id, with idle expiry and a size cap (least recently used goes first).
-
-    Ids are 128-bit random tokens made here (:meth:`create`); :meth:`get` finds only those, so a client
-    cannot choose an id, nor reach a session whose id it was not given.
-    """
-
-    def __init__(
-        self, ttl_s: float, max_sessions: int, max_bytes: int | None = None,
-        on_drop: Callable[[Session], None] | None = None,
-    ) -> None:  # fmt: skip
-        self._ttl = ttl_s
-        self._max = max_sessions
-        self._max_bytes = max_bytes
-        self._on_drop = on_drop
-        """Called with each session an Environment Server seeded as it leaves the store (expired, evicted, closed)."""
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self.nbytes = 0
-        """Total state size of the live sessions."""
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def get(self, session_id: str) -> Session | None:
-        """The live session with this id, or None (unknown, or idle past the TTL: then it is dropped)."""
-        now = time.monotonic()
-        session = self._sessions.get(session_id)
-        if session is None:
-            return None
-        if now - session.last_seen > self._ttl:
-            self._drop(session_id)
-            return None
-        session.last_seen = now
-        self._sessions.move_to_end(session_id)
-        return session
-
-    def create(self) -> Session:
-        """A new session under a fresh unguessable id."""
-        session = Session(id=new_session_id())
-        self._sessions[session.id] = session
-        self._evict(session.last_seen)
-        return session
-
-    def charge(self, session: Session, nbytes: int) -> None:
-        """Count ``nbytes`` as ``session``'s state size; drop least recently used others past the bound."""
-        if self._max_bytes is not None and nbytes > self._max_bytes:
-            raise HTTPException(
-                413, f"this session's state takes {nbytes} bytes, over the server's bound of {self._max_bytes} "
-                "bytes for all sessions (max_session_bytes)",
-            )  # fmt: skip
-        self.nbytes += nbytes - session.nbytes
-        session.nbytes = nbytes
-        while self._max_bytes is not None and self.nbytes > self._max_bytes:
-            oldest = next(iter(self._sessions))
-            if oldest == session.id:  # cannot happen while it is the most recently used, but never loop
-                break
-            self._drop(oldest)
-
-    def discard(self, session_id: str) -> None:
-        """Drop the session now (closed), if it is still here."""
-        if session_id in self._sessions:
-            self._drop(session_id)
-
-    def _drop(self, session_id: str) -> None:
-        session = self._sessions.pop(session_id)
-        self.nbytes -= session.nbytes
-        if session.binding is not None and self._on_drop is not None:
-            self._on_drop(session)
-
-    def _evict(self, now: float) -> None:
-        while len(self._sessions) > self._max:
-            self._drop(next(iter(self._sessions)))
-        while self._sessions:
-            oldest_id, oldest = next(iter(self._sessions.items()))
-            if now - oldest.last_seen <= self._ttl:
-                break
-            self._drop(oldest_id)
-
-
-_URL_SAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def new_session_id() -> str:
-    """``secrets.token_urlsafe(16)``: 128 bits from ``os.urandom`` in URL-safe base64, without its five
-    Python calls (one for each rollout's ``/seed_session``)."""
-    encoded = binascii.b2a_base64(os.urandom(16), newline=False)
-    return encoded.rstrip(b"=").translate(_URL_SAFE).decode("ascii")
 
 
 ToolFn = Callable[[Any, BaseModel, Session], Awaitable[Any]]
@@ -320,7 +217,7 @@ class ResourcesServer:
             max_held_body_bytes=self.settings.max_held_body_bytes,
             body_timeout_s=self.settings.body_timeout_s,
             auth_token=self.settings.auth_token,
-            context=self._session_of,
+            context=self.sessions.of_cookies,
             not_found=self._unknown_tool,
             startup=startup,
             shutdown=shutdown,
@@ -362,17 +259,6 @@ class ResourcesServer:
             summary = (fn.__doc__ or tool_name).strip().splitlines()[0]
             routes.append(Route("POST", f"/{tool_name}", fn, body=self.tool_models[tool_name], summary=summary))
         return routes
-
-    def _session_of(self, cookies: list[bytes]) -> tuple[Session, list[tuple[bytes, bytes]]]:
-        """The session of the request's cookie; without one this server issued (none, unknown, expired),
-        a new session whose cookie the answer sets. A client-chosen value is never adopted."""
-        cookie_header = b"; ".join(cookies).decode("latin-1")
-        session_id = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
-        session = self.sessions.get(session_id) if session_id else None
-        if session is not None:
-            return session, []
-        session = self.sessions.create()
-        return session, [_set_cookie(session)]
 
     def _unknown_tool(self, method: str, path: str) -> Answer | None:
         if method != "POST" or path.count("/") != 1:
@@ -452,7 +338,7 @@ class ResourcesServer:
         tools = self.mcp.metadata(session, task_row) if self.mcp is not None else None
         content = {"resources_session_id": session.binding.resources_session_id, "resources_tools": tools,
                    "sandbox_access": None}  # fmt: skip
-        return Answer(200, compact_json(content).encode(), (_set_cookie(session),))
+        return Answer(200, compact_json(content).encode(), (set_cookie(session),))
 
     async def _close(self, body: ResourcesCloseSessionRequest, _: None) -> ResourcesCloseSessionResponse:
         """Close an Environment Server's session: idempotent; a never-seeded id is closed too (kept out)."""
@@ -505,10 +391,6 @@ def _json_object(body: Any) -> dict[str, Any]:
         raise InvalidBody([{"type": "dict_type", "loc": ("body",), "msg": "Input should be a valid dictionary",
                             "input": body}])  # fmt: skip
     return body
-
-
-def _set_cookie(session: Session) -> tuple[bytes, bytes]:
-    return b"set-cookie", f"{SESSION_COOKIE}={session.id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")
 
 
 def _validated(model: Any, value: Any, loc: tuple[str, ...]) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gym_bridge.serving.server import SESSION_COOKIE
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 
 from . import bodies
 from .conftest import landed_builtin_servers

@@ -17,14 +17,8 @@ from fastapi import HTTPException
 from pydantic import BaseModel
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.serving.server import (
-    SESSION_COOKIE,
-    ResourcesServer,
-    ServerSettings,
-    Session,
-    start_in_thread,
-    tool,
-)
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread, tool
 
 TOKEN = "fast-token"
 

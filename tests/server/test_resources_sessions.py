@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from gym_bridge.rollout.envs import BUILTIN_SERVERS
-from gym_bridge.serving.server import SESSION_COOKIE
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = sorted(BUILTIN_SERVERS)

@@ -12,14 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.serving.server import (
-    SESSION_COOKIE,
-    ResourcesServer,
-    ServerSettings,
-    Session,
-    start_in_thread,
-    tool,
-)
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread, tool
 
 TOKEN = "s3cret-token"
 MAX_BODY = 64 * 1024
@@ -131,7 +125,7 @@ def test_session_ids_are_128_random_bits_in_url_safe_base64_as_secrets_makes_the
     import re
     import secrets
 
-    from gym_bridge.serving.server import new_session_id
+    from gym_bridge.serving.cookie_sessions import new_session_id
 
     ids = [new_session_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)

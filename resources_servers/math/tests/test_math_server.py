@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import SESSION_COOKIE
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 from resources_servers.math.app import DEFAULT_CONFIG_PATH, MathConfig, MathServer, MathVerifyRequest
 from resources_servers.math.tests.helpers import TOKEN, verify_body
 

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from gym_bridge.records.schema import VerifyResponse
-from gym_bridge.serving.server import SESSION_COOKIE, ServerSettings, start_in_thread
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
+from gym_bridge.serving.server import ServerSettings, start_in_thread
 from resources_servers.tool_use.app import ToolUseConfig, ToolUseServer
 from resources_servers.tool_use.generate import generate
 from resources_servers.tool_use.store import new_state

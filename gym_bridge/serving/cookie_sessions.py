@@ -1,0 +1,142 @@
+"""Cookie sessions: the per-rollout state a resources server keeps, found by the cookie it issued.
+
+Why its own module: the store's bounds (idle expiry, a count cap, a byte cap, least recently used out)
+and its id rule (the server makes every id, a client never picks one: session fixation) are one policy,
+kept apart from the routes that use it (:mod:`gym_bridge.serving.server`). Sessions an Environment Server
+names by its own id are bound to these through :mod:`gym_bridge.serving.resources_sessions`.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import cookie_parser
+
+from gym_bridge.serving.resources_sessions import Binding
+
+SESSION_COOKIE = "gym_bridge_session"
+
+
+@dataclass
+class Session:
+    """Per-session state of one rollout; environments keep what they need in ``state``."""
+
+    id: str
+    state: dict[str, Any] = field(default_factory=dict)
+    last_seen: float = field(default_factory=time.monotonic)
+    nbytes: int = 0
+    """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
+    binding: Binding | None = None
+    """Set when an Environment Server seeded it: its ``resources_session_id``, episode and task."""
+
+
+class SessionStore:
+    """Sessions by server-issued id, with idle expiry and a size cap (least recently used goes first).
+
+    Ids are 128-bit random tokens made here (:meth:`create`); :meth:`get` finds only those, so a client
+    cannot choose an id, nor reach a session whose id it was not given.
+    """
+
+    def __init__(
+        self, ttl_s: float, max_sessions: int, max_bytes: int | None = None,
+        on_drop: Callable[[Session], None] | None = None,
+    ) -> None:  # fmt: skip
+        self._ttl = ttl_s
+        self._max = max_sessions
+        self._max_bytes = max_bytes
+        self._on_drop = on_drop
+        """Called with each session an Environment Server seeded as it leaves the store (expired, evicted, closed)."""
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self.nbytes = 0
+        """Total state size of the live sessions."""
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        """The live session with this id, or None (unknown, or idle past the TTL: then it is dropped)."""
+        now = time.monotonic()
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        if now - session.last_seen > self._ttl:
+            self._drop(session_id)
+            return None
+        session.last_seen = now
+        self._sessions.move_to_end(session_id)
+        return session
+
+    def create(self) -> Session:
+        """A new session under a fresh unguessable id."""
+        session = Session(id=new_session_id())
+        self._sessions[session.id] = session
+        self._evict(session.last_seen)
+        return session
+
+    def of_cookies(self, cookies: list[bytes]) -> tuple[Session, list[tuple[bytes, bytes]]]:
+        """The session of a request's ``cookie`` headers; without one this store issued (none, unknown,
+        expired), a new session and the header that sets its cookie. A client-chosen value is never adopted."""
+        cookie_header = b"; ".join(cookies).decode("latin-1")
+        session_id = cookie_parser(cookie_header).get(SESSION_COOKIE) if cookie_header else None
+        session = self.get(session_id) if session_id else None
+        if session is not None:
+            return session, []
+        session = self.create()
+        return session, [set_cookie(session)]
+
+    def charge(self, session: Session, nbytes: int) -> None:
+        """Count ``nbytes`` as ``session``'s state size; drop least recently used others past the bound."""
+        if self._max_bytes is not None and nbytes > self._max_bytes:
+            raise HTTPException(
+                413, f"this session's state takes {nbytes} bytes, over the server's bound of {self._max_bytes} "
+                "bytes for all sessions (max_session_bytes)",
+            )  # fmt: skip
+        self.nbytes += nbytes - session.nbytes
+        session.nbytes = nbytes
+        while self._max_bytes is not None and self.nbytes > self._max_bytes:
+            oldest = next(iter(self._sessions))
+            if oldest == session.id:  # cannot happen while it is the most recently used, but never loop
+                break
+            self._drop(oldest)
+
+    def discard(self, session_id: str) -> None:
+        """Drop the session now (closed), if it is still here."""
+        if session_id in self._sessions:
+            self._drop(session_id)
+
+    def _drop(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id)
+        self.nbytes -= session.nbytes
+        if session.binding is not None and self._on_drop is not None:
+            self._on_drop(session)
+
+    def _evict(self, now: float) -> None:
+        while len(self._sessions) > self._max:
+            self._drop(next(iter(self._sessions)))
+        while self._sessions:
+            oldest_id, oldest = next(iter(self._sessions.items()))
+            if now - oldest.last_seen <= self._ttl:
+                break
+            self._drop(oldest_id)
+
+
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def new_session_id() -> str:
+    """``secrets.token_urlsafe(16)``: 128 bits from ``os.urandom`` in URL-safe base64, without its five
+    Python calls (one for each rollout's ``/seed_session``)."""
+    encoded = binascii.b2a_base64(os.urandom(16), newline=False)
+    return encoded.rstrip(b"=").translate(_URL_SAFE).decode("ascii")
+
+
+def set_cookie(session: Session) -> tuple[bytes, bytes]:
+    """The ``set-cookie`` header that hands ``session``'s id to the client."""
+    return b"set-cookie", f"{SESSION_COOKIE}={session.id}; HttpOnly; Path=/; SameSite=lax".encode("latin-1")

@@ -6,11 +6,11 @@ handlers raise (answered in OpenAI's error shape by :class:`PolicyErrors`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from gym_bridge.records.schema import FunctionCall, FunctionCallOutput, Reasoning, ResponsesCreateParams
+from gym_bridge.records.schema import ResponsesCreateParams, TrainingFields, item_union
 from gym_bridge.serving.json_http import (
     Answer,
     ErrorStyle,
@@ -51,17 +51,7 @@ class ResponsesRequest(ResponsesCreateParams):
     """Extra field: attach ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs``."""
 
 
-class _TokenFields(BaseModel):
-    """NeMo Gym's training fields, as an earlier turn sent back in the conversation may carry them."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt_token_ids: list[int] | None = None
-    generation_token_ids: list[int] | None = None
-    generation_log_probs: list[float] | None = None
-
-
-class InputMessage(_TokenFields):
+class InputMessage(TrainingFields):
     """A message item of Responses ``input`` (checked so a malformed one is a 422, not a crash)."""
 
     type: Literal["message"] | None = None
@@ -69,21 +59,13 @@ class InputMessage(_TokenFields):
     content: str | list[str | dict[str, Any]] | None = None
 
 
-def _input_item_tag(item: Any) -> str:
+def _input_item_type(item: Any) -> str | None:
     if not isinstance(item, dict):
         return "message"  # reported as "should be a valid dictionary"
-    kind = item.get("type", "message" if "role" in item else None)
-    return kind if kind in ("message", "function_call", "function_call_output", "reasoning") else "other"
+    return item.get("type", "message" if "role" in item else None)
 
 
-InputItem = Annotated[
-    Annotated[InputMessage, Tag("message")]
-    | Annotated[FunctionCall, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")]
-    | Annotated[Reasoning, Tag("reasoning")]
-    | Annotated[dict[str, Any], Tag("other")],
-    Discriminator(_input_item_tag),
-]
+InputItem = item_union(InputMessage, _input_item_type)
 _INPUT_ITEM = TypeAdapter(InputItem)
 
 
@@ -122,7 +104,7 @@ class ChatToolCall(BaseModel):
     function: ChatFunction
 
 
-class ChatMessage(_TokenFields):
+class ChatMessage(TrainingFields):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[str | dict[str, Any]] | None = None
     tool_calls: list[ChatToolCall] | None = None

@@ -45,13 +45,13 @@ from gym_bridge.policy.prompt_cache import RenderCache
 from gym_bridge.policy.streaming import chat_chunks, completion_chunks, response_events, token_pieces
 from gym_bridge.policy.tool_calls import completion_to_output_items, parse_completion
 from gym_bridge.records.chat import TemplateError, items_to_messages, render_prompt, tools_to_chat_tools
-from gym_bridge.records.schema import Response, Usage, content_text, input_items, new_id
+from gym_bridge.records.schema import Response, TrainingFields, Usage, content_text, input_items, new_id
 from gym_bridge.serving.json_http import EventStream
 from gym_bridge.serving.request_guard import check_host_names
 
 __all__ = ["PolicyService", "PolicySettings"]
 
-_TRAINING_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+_TRAINING_FIELDS = tuple(TrainingFields.model_fields)
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _THREAD_RENDER_CHARS = 4096
 """Prompts with more text than this are rendered on the tokenizer thread (smaller ones cost less inline)."""

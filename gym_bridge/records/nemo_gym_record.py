@@ -21,7 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gym_bridge.records.nemo_gym_shapes import NEMO_GYM_VERSION, REQUIRED, SHAPES
+from gym_bridge.records.nemo_gym_shapes import (
+    NEMO_GYM_VERSION,
+    REQUIRED,
+    SHAPES,
+    TRAINING_BASES,
+    TRAINING_FIELDS,
+)
 
 __all__ = [
     "AGENT_SUFFIX",
@@ -40,7 +46,9 @@ ENVIRONMENT_SERVER_SUFFIX = "_environment_server"
 DEFAULT_ENV_NAME = "default"
 """The name of an env given as a bare URL (``--env http://...``; name it with ``--env NAME=URL``)."""
 _AGENT_TYPE = "simple_agent"
-_TOKEN_FIELDS = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
+_TOKEN_FIELDS = frozenset(key for key, default, _ in TRAINING_FIELDS if default is REQUIRED)
+"""The token fields an item needs to be written as its ``*ForTraining`` variant (NeMo Gym's routing)."""
+_TRAINABLE = frozenset(TRAINING_BASES.values())
 _SIMPLE_ROLES = frozenset({"user", "system", "developer"})
 _STATUSES = frozenset({"in_progress", "completed", "incomplete"})
 _OUTPUT_PARTS = frozenset({"output_text", "refusal"})
@@ -140,7 +148,7 @@ def _item(item: Any, *, output: bool) -> Any:
         tag = None
     if tag is None:
         return item
-    if tag in ("easy_message", "input_message", "output_message", "function_call", "reasoning") and _TOKEN_FIELDS <= set(item):
+    if tag in _TRAINABLE and _TOKEN_FIELDS <= set(item):
         tag += "__training"
     shaped = _shaped(item, tag)
     if tag.startswith("output_message") and isinstance(shaped.get("content"), list):

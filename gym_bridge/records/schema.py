@@ -18,11 +18,13 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator
 
 __all__ = [
+    "ITEM_TYPES",
     "AgentRef",
     "EpisodeId",
     "FunctionCall",
@@ -41,6 +43,7 @@ __all__ = [
     "RolloutRecord",
     "TaskId",
     "TaskRow",
+    "TrainingFields",
     "Usage",
     "VerifyRequest",
     "VerifyResponse",
@@ -48,6 +51,7 @@ __all__ = [
     "dump",
     "input_items",
     "item_dict",
+    "item_union",
     "last_user_text",
     "new_id",
     "reward_components_problem",
@@ -121,15 +125,16 @@ class OutputText(_Open):
     logprobs: list[Any] | None = None
 
 
-class _TrainingFields(_Open):
-    """NeMo Gym's training extras, attached by a policy server when asked for them."""
+class TrainingFields(_Open):
+    """NeMo Gym's training extras, attached by a policy server when asked for them (and carried back in
+    the conversation by a later turn's input)."""
 
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
 
 
-class OutputMessage(_TrainingFields):
+class OutputMessage(TrainingFields):
     type: Literal["message"] = "message"
     id: str | None = None
     role: str = "assistant"
@@ -138,7 +143,7 @@ class OutputMessage(_TrainingFields):
     """A list of parts; a user turn of a conversation may carry a plain string, as NeMo Gym's records do."""
 
 
-class FunctionCall(_TrainingFields):
+class FunctionCall(TrainingFields):
     type: Literal["function_call"] = "function_call"
     call_id: str
     name: str
@@ -162,19 +167,34 @@ class Reasoning(_Open):
     encrypted_content: str | None = None
 
 
-def _item_tag(item: Any) -> str:
-    kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output", "reasoning") else "other"
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+"""The item types modelled here; an item of any other ``type`` is kept as a plain dict (tag ``other``)."""
 
 
-OutputItem = Annotated[
-    Annotated[OutputMessage, Tag("message")]
-    | Annotated[FunctionCall, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")]
-    | Annotated[Reasoning, Tag("reasoning")]
-    | Annotated[dict[str, Any], Tag("other")],
-    Discriminator(_item_tag),
-]
+def item_union(message: type[BaseModel], tag: Callable[[Any], str | None]) -> Any:
+    """A Responses item as a union discriminated by ``tag(item)``: ``message`` (the given message model:
+    an output message, or a policy server's input message), :class:`FunctionCall`,
+    :class:`FunctionCallOutput`, :class:`Reasoning`, any other tag a plain dict."""
+
+    def tagged(item: Any) -> str:
+        kind = tag(item)
+        return kind if kind in ITEM_TYPES else "other"
+
+    return Annotated[
+        Annotated[message, Tag("message")]
+        | Annotated[FunctionCall, Tag("function_call")]
+        | Annotated[FunctionCallOutput, Tag("function_call_output")]
+        | Annotated[Reasoning, Tag("reasoning")]
+        | Annotated[dict[str, Any], Tag("other")],
+        Discriminator(tagged),
+    ]
+
+
+def _item_type(item: Any) -> str | None:
+    return item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+
+
+OutputItem = item_union(OutputMessage, _item_type)
 
 
 class Usage(_Open):

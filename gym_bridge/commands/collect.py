@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gym_bridge.commands.options import EnvApiKey, bearer
 from gym_bridge.commands.typer_app import ReadableCommand
 
 ENV_HELP = (
@@ -95,6 +96,15 @@ def collect(
     ] = None,
     model: Annotated[str | None, typer.Option(help="'model' to put in every request.")] = None,
     concurrency: Annotated[int, typer.Option(help="Rollouts in flight at once.")] = 16,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Processes that run the rollouts: 1 runs them in this process; N > 1 starts N worker "
+            "processes (each with its own envs and connections; --concurrency is the total) while this "
+            "process alone writes the files, so --resume works as with 1. Helps when one core is the limit "
+            "(a fast model); docs/guides/collect.md.",
+        ),
+    ] = 1,
     num_repeats: Annotated[int, typer.Option(help="Rollouts per task (NeMo Gym's aabbcc order).")] = 1,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature for every request.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling top_p for every request.")] = None,
@@ -158,14 +168,7 @@ def collect(
             envvar="OPENAI_API_KEY", help="Bearer token for the model endpoint.", show_default=False
         ),
     ] = None,
-    env_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GYM_BRIDGE_ENV_API_KEY",
-            help="Bearer token for the env servers (those started with 'serve <env> --token').",
-            show_default=False,
-        ),
-    ] = None,
+    env_api_key: EnvApiKey = None,
     env_transport: Annotated[
         EnvTransportChoice, typer.Option(help=ENV_TRANSPORT_HELP, case_sensitive=False)
     ] = EnvTransportChoice.in_process,
@@ -230,6 +233,7 @@ def collect(
         model_url=model_url,
         policy=policy,
         concurrency=concurrency,
+        workers=workers,
         num_repeats=num_repeats,
         overrides=overrides,
         limit=limit,
@@ -242,8 +246,8 @@ def collect(
         max_retries=max_retries,
         rollout_timeout=rollout_timeout,
         retry_timeouts=retry_timeouts,
-        model_headers={"authorization": f"Bearer {api_key}"} if api_key else {},
-        env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
+        model_headers=bearer(api_key),
+        env_headers=bearer(env_api_key),
         env_transport=env_transport.value,
         user_model_url=user_model_url,
         user_params=parse_params(user_param or [], "--user-param"),
@@ -391,6 +395,8 @@ def _print_summary(console: Any, result: Any, *, timeout_origin: str) -> None:
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))
+    for w in run.get("worker_processes", []):  # --workers: rollouts (failed) per process
+        rows.append((f"worker process {w.get('worker')} (pid {w.get('pid')})", f"{w.get('rollouts')} ({w.get('failed')} failed)"))
     for shard in (run.get("ray") or {}).get("shards", []):  # --ray: rollouts (failed) per node
         node = f"node {str(shard.get('node_id'))[:12]} ({shard.get('node_ip')})"
         rows.append((f"ray shard {shard.get('shard')}: {node}", f"{shard.get('rollouts')} ({shard.get('failed')} failed)"))

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from gym_bridge.commands.options import EnvApiKey, bearer
+
 
 def reverify(
     rollouts: Annotated[Path, typer.Argument(help="Rollout JSONL to re-score (ours or NeMo Gym's).", show_default=False)],
@@ -29,14 +31,7 @@ def reverify(
     request_timeout: Annotated[float, typer.Option(help="Seconds for one /verify attempt.")] = 300.0,
     max_retries: Annotated[int, typer.Option(help="Retries per /verify on 429/5xx/timeouts/connection errors.")] = 3,
     examples: Annotated[int, typer.Option(help="How many changed rewards to show.")] = 5,
-    env_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GYM_BRIDGE_ENV_API_KEY",
-            help="Bearer token for the env server (one started with 'serve <env> --token').",
-            show_default=False,
-        ),
-    ] = None,
+    env_api_key: EnvApiKey = None,
 ) -> None:
     """Re-verify ROLLOUTS against --env without calling a model; write -o, print how many rewards changed."""
     from rich.console import Console
@@ -58,7 +53,7 @@ def reverify(
         request_timeout=request_timeout,
         max_retries=max_retries,
         max_examples=examples,
-        env_headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else {},
+        env_headers=bearer(env_api_key),
     )
 
     def log(message: str) -> None:

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from gym_bridge.commands.options import EnvApiKey, bearer
+
 
 def audit(
     url: Annotated[str, typer.Argument(help="The resources server's base URL, e.g. http://127.0.0.1:8001.")],
@@ -47,14 +49,7 @@ def audit(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the whole report as JSON here.", show_default=False)
     ] = None,
-    env_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="GYM_BRIDGE_ENV_API_KEY",
-            help="Bearer token for a server started with --token.",
-            show_default=False,
-        ),
-    ] = None,
+    env_api_key: EnvApiKey = None,
 ) -> None:
     """Attack the server at URL as a reward-hacking policy and a hostile web page would; exit 1 on any finding.
 
@@ -105,7 +100,7 @@ def audit(
                     env,
                     stall_s=stall_s,
                     options=AuditOptions(strict=strict, code_cpu_limit_s=code_cpu_limit),
-                    headers={"authorization": f"Bearer {env_api_key}"} if env_api_key else None,
+                    headers=bearer(env_api_key),
                     only=set(only) if only else None,
                     progress=lambda o: err.print(
                         f"  {o.attack}: {len(o.findings)} finding(s)", highlight=False, markup=False

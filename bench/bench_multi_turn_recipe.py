@@ -20,39 +20,14 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_smollm2_recipe import run_recipe  # noqa: E402  (one training run in a child process)
+from bench_smollm2_recipe import plot_curves, run_recipe  # noqa: E402  (a training run in a child process; its curves)
 from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 RESULT_NAME = "multi_turn_recipe"
 RECIPE = REPO / "recipes" / "grpo_multi_turn_tiny.yaml"
-
-
-def plot_curves(runs: list[dict[str, Any]], path: Path) -> Path:
-    """One held-out success line per seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for run in runs:
-        steps, success = zip(*run["curve"], strict=True)
-        ax.plot(steps, success, marker="o", label=f"seed {run['seed']} ({success[0]:.2f} -> {success[-1]:.2f})")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("held-out success (100 conversations, t=1.0)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_title("tiny model, multi-turn GRPO with a scripted user, CPU")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def main() -> None:
@@ -96,7 +71,9 @@ def main() -> None:
     details = {"recipe": str(RECIPE.relative_to(REPO)), "runs": runs, "overrides": overrides}
     path = write_results(RESULT_NAME, rows, quick=args.quick, details=details)
     print(path)
-    print(plot_curves(runs, path.with_suffix(".png")))
+    curves = {f"seed {r['seed']}": r["curve"] for r in runs}
+    print(plot_curves(curves, path.with_suffix(".png"), ylabel="held-out success (100 conversations, t=1.0)",
+                      title="tiny model, multi-turn GRPO with a scripted user, CPU", aim=None, legend_loc="upper left"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -82,8 +82,17 @@ def val_curve(metrics: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["accuracy"]) for r in rows if r.get("split") == "val" and "accuracy" in r]
 
 
-def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    """One validation-accuracy line per run (label -> curve), the +0.5 aim over the mean base dashed."""
+def plot_curves(
+    curves: dict[str, list[tuple[int, float]]],
+    path: Path,
+    *,
+    ylabel: str = "validation accuracy (200 held-out problems)",
+    title: str = "SmolLM2-135M-Instruct GRPO on word problems, CPU",
+    aim: float | None = 0.5,
+    legend_loc: str = "lower right",
+) -> Path:
+    """One validation line per run (label -> curve); with ``aim``, the mean base + ``aim`` dashed.
+    The recipe benches (this one, bench_multi_turn_recipe.py) draw their curves with it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,16 +108,17 @@ def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
             linewidth=2,
             label=f"{label} ({accuracy[0]:.2f} -> {accuracy[-1]:.2f})",
         )
-    base = statistics.fmean(curve[0][1] for curve in curves.values())
-    ax.axhline(
-        base + 0.5, color="grey", linestyle="--", linewidth=1, label=f"aim: base + 0.5 ({base + 0.5:.2f})"
-    )
+    if aim is not None:
+        base = statistics.fmean(curve[0][1] for curve in curves.values())
+        ax.axhline(
+            base + aim, color="grey", linestyle="--", linewidth=1, label=f"aim: base + {aim:g} ({base + aim:.2f})"
+        )
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("validation accuracy (200 held-out problems)")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("SmolLM2-135M-Instruct GRPO on word problems, CPU")
+    ax.legend(loc=legend_loc, fontsize=8)
+    ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -30,7 +30,7 @@ from bench_collect import NoopServer
 from gym_bridge.generation.backend import GenerationBackend, GenerationResult
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 class Instant(GenerationBackend):
     def __init__(self):

@@ -176,7 +176,7 @@ def main() -> None:
     from gym_bridge.generation.transformers_backend import TransformersBackend
     from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.policy.server import build_policy_app
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 
 ROW = Path(__file__).resolve().parents[1] / "resources_servers/tool_use/data/example.jsonl"

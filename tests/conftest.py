@@ -24,7 +24,8 @@ def builtin_url() -> Iterator[Callable[[str], str]]:
     """``builtin_url(name)``: the URL of built-in server ``name``, started in-process on first use and
     shared by every test of the session (the math server's verifier pool takes seconds to start)."""
     from gym_bridge.rollout.envs import load_server_class
-    from gym_bridge.serving.server import ServerSettings, start_in_thread
+    from gym_bridge.serving.server import ServerSettings
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     urls: dict[str, str] = {}
     with ExitStack() as stack:

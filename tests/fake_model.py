@@ -21,7 +21,7 @@ keyed by a substring of the prompt; unmatched prompts go to ``default`` (by defa
 * a ``dict`` with an ``"output"`` key: response fields merged over the defaults (e.g. ``incomplete_details``);
 * a :class:`Fault`: the server misbehaves instead of answering.
 
-The server is a raw ASGI app run by uvicorn (``gym_bridge.serving.server.start_in_thread``): raw ASGI is what
+The server is a raw ASGI app run by uvicorn (``gym_bridge.serving.uvicorn_thread.start_in_thread``): raw ASGI is what
 lets it drop a connection without any answer, and it keeps the per-request cost low for benchmarks.
 ``python tests/fake_model.py`` serves the arithmetic solver in its own process and prints its URL.
 """
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym_bridge.records.schema import content_text, last_user_text
-from gym_bridge.serving.server import RunningServer, start_in_thread
+from gym_bridge.serving.uvicorn_thread import RunningServer, start_in_thread
 
 Reply = Any  # str | list[dict] | dict | Fault
 Script = Callable[[dict[str, Any], int], Reply]

@@ -114,7 +114,7 @@ def running_policy(name: str, seed: int = 0) -> Iterator[str]:
             f"--policy needs the embedded policy server (gym_bridge.policy.server), which is not available "
             f"in this install ({e}); serve the model yourself and pass --model-url"
         ) from None
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     try:
         backend = load_backend(name, kind="transformers", seed=seed)

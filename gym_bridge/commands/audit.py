@@ -83,7 +83,7 @@ def audit(
     with ExitStack() as stack:
         if judge_port is not None:
             from gym_bridge.audit.envs.judge import GullibleJudge
-            from gym_bridge.serving.server import start_in_thread
+            from gym_bridge.serving.uvicorn_thread import start_in_thread
 
             try:
                 running = start_in_thread(GullibleJudge().app(), port=judge_port)

@@ -33,7 +33,8 @@ def _env_command(env_name: str) -> None:
                                         "expose_tools_over_mcp); each seed answer carries the session's token.")] = False,
     ) -> None:
         from gym_bridge.rollout.envs import load_server_class
-        from gym_bridge.serving.server import ServerSettings, start_in_thread
+        from gym_bridge.serving.server import ServerSettings
+        from gym_bridge.serving.uvicorn_thread import start_in_thread
 
         server_class = load_server_class(env_name)
         try:
@@ -127,7 +128,7 @@ def policy(
     """Run the embedded OpenAI-compatible policy server (/v1/responses, /v1/chat/completions)."""
     from gym_bridge.generation import load_backend
     from gym_bridge.policy.server import build_policy_app
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     kwargs = {"seed": seed} if backend == "transformers" else {}
     try:

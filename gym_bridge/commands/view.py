@@ -28,7 +28,7 @@ def view(
     allowed_host: Annotated[list[str] | None, typer.Option(metavar="NAME", help=ALLOWED_HOST_HELP)] = None,
 ) -> None:
     """Serve a rollout viewer: tasks, groups with advantages, tokens, run comparison, training curves."""
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
     from gym_bridge.viewer.app import Viewer, build_app
 
     if tokenizer is not None and tokenizer != "tiny" and not os.path.isdir(tokenizer):

@@ -58,7 +58,7 @@ def running_env(name_or_url: str, *, workers: int | None = None, **settings: Any
             raise ValueError(f"cannot size the worker pool of the server at {name_or_url}: it runs on its own")
         yield name_or_url.rstrip("/")
         return
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     where = {"host": settings.get("host", "127.0.0.1"), "port": settings.get("port", 0)}  # the settings' own
     running = start_in_thread(env_app(name_or_url, workers=workers, **settings), **where)

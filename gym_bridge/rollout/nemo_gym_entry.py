@@ -206,7 +206,7 @@ def main(server: str) -> None:
             print(f"gym-bridge {server}: using the server already at http://{plan.host}:{plan.port}", flush=True)
             _wait_for_stop(stop, parent)
             return
-        from gym_bridge.serving.server import start_in_thread
+        from gym_bridge.serving.uvicorn_thread import start_in_thread
 
         app = build_server(plan).build_app()
         running = start_in_thread(app, host=plan.host, port=plan.port)

@@ -30,11 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
-import threading
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model, field_validator
@@ -53,7 +49,6 @@ from gym_bridge.records.schema import (
     dump,
 )
 from gym_bridge.serving.cookie_sessions import Session, SessionStore, set_cookie
-from gym_bridge.serving.deadlines import Deadlines
 from gym_bridge.serving.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
 from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
 from gym_bridge.serving.request_guard import check_host_names
@@ -62,8 +57,6 @@ from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
 __all__ = ["ResourcesServer", "ServerSettings", "Session", "ToolFn", "tool"]
 """What an environment imports; :class:`Session` lives in :mod:`gym_bridge.serving.cookie_sessions` and is
 re-exported here, the documented import path (``docs/guides/servers.md``)."""
-
-logger = logging.getLogger(__name__)
 
 
 class ServerSettings(BaseModel):
@@ -431,149 +424,3 @@ def _tool_args_model(tool_name: str, fn: ToolFn) -> type[BaseModel]:
     if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
         raise TypeError(f"tool {tool_name}: first parameter must be annotated with a pydantic model")
     return args_model
-
-
-# --------------------------------------------------------------------------- running
-
-
-@dataclass
-class RunningServer:
-    """A uvicorn server running in a background thread; ``stop()`` ends it."""
-
-    url: str
-    _server: Any
-    _thread: threading.Thread
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout)
-
-    def __enter__(self) -> RunningServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-HEADER_TIMEOUT_S = 60.0
-"""A connection must deliver a request's whole header block this long after it opens (or after the
-request's first byte); slower ones are closed. Bodies have their own limit (``JsonApp.body_timeout_s``).
-
-60 s, nginx's ``client_header_timeout``: an honest client can be slow too. ``collect --concurrency
-10000`` on a loaded 2-core machine opens thousands of connections faster than its own event loop writes
-their requests; with 10 s the server closed 7,495 of 20,000 rollouts' connections before their headers
-came (all retried, then failed)."""
-
-KEEP_ALIVE_S = HEADER_TIMEOUT_S
-"""An idle keep-alive connection is closed this long after its last answer (uvicorn's default is 5 s).
-
-Why: a busy client reads an answer and sends its next request on the same connection seconds later
-(``collect --concurrency 65536`` on 2 cores: 15 s a round); closed after 5 s, half its requests met a
-connection the server had just closed and were sent again (16,038 resends in 32,768 rollouts, 480
-instead of 780 rollouts/s). An idle connection then costs what a new silent one does (the header deadline)."""
-
-MAX_HEADER_BYTES = 64 * 1024
-"""Most bytes of a request's head (request line and headers); more is a 431 and the connection closes."""
-
-
-def _protocol_with_header_limits(header_timeout_s: float, max_header_bytes: int = MAX_HEADER_BYTES) -> type:
-    """uvicorn's httptools protocol, closing connections whose headers do not arrive in time or do not end.
-
-    Why: uvicorn arms no timer on a new connection nor while headers trickle in, so 1,000 clients that
-    open connections and send a header byte now and then hold 1,000 descriptors forever; and it puts no
-    bound on a head's size, so one connection streaming a header for the whole deadline grows the
-    server by ~100 MB (h11 has ``max_incomplete_event_size``; httptools has nothing like it).
-    """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    refusal = json.dumps({"detail": f"request headers larger than the limit of {max_header_bytes} bytes"}).encode()
-    answer_431 = (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(refusal), refusal)
-    )
-
-    feed = HttpToolsProtocol.data_received
-    heads: list[Deadlines] = []  # this server's header deadlines: one timer for all its connections
-
-    def too_slow(protocol: HeaderLimits) -> None:
-        protocol.transport.close()
-
-    class HeaderLimits(HttpToolsProtocol):  # type: ignore[misc]
-        _in_head = True  # between a request's first byte (or the connection's start) and its end of headers
-        _head_bytes = 0
-
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            HttpToolsProtocol.connection_made(self, transport)
-            if not heads or heads[0].loop is not self.loop:
-                heads[:] = [Deadlines(self.loop, header_timeout_s, too_slow)]
-            self._heads = heads[0]
-            self._heads.set(self)
-
-        def data_received(self, data: bytes) -> None:
-            if not self._in_head:
-                feed(self, data)
-                return
-            budget = max_header_bytes - self._head_bytes  # feed the head at most its budget
-            if len(data) <= budget:  # the usual case: no copy
-                self._head_bytes += len(data)
-                feed(self, data)
-                return
-            self._head_bytes = max_header_bytes
-            feed(self, data[:budget])
-            rest = data[budget:]
-            if self.transport.is_closing():
-                return
-            if self._in_head:
-                self._heads.clear(self)
-                self.transport.write(answer_431)
-                self.transport.close()
-            else:  # the headers ended inside the budget: the rest is body (or the next request)
-                self.data_received(rest)
-
-        def on_message_begin(self) -> None:
-            HttpToolsProtocol.on_message_begin(self)
-            self._heads.set(self)
-
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._heads.clear(self)
-            HttpToolsProtocol.on_headers_complete(self)
-
-        def on_message_complete(self) -> None:
-            self._in_head, self._head_bytes = True, 0
-            HttpToolsProtocol.on_message_complete(self)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._heads.clear(self)
-            HttpToolsProtocol.connection_lost(self, exc)
-
-    return HeaderLimits
-
-
-def start_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0, header_timeout_s: float = HEADER_TIMEOUT_S,
-    keep_alive_s: float = KEEP_ALIVE_S,
-) -> RunningServer:
-    """Serve an ASGI app from a daemon thread on a (by default free) loopback port; return its URL."""
-    import uvicorn
-
-    # backlog: a burst of thousands of new connections (collect at high concurrency) must not overflow
-    # the accept queue (dropped SYNs are retried after 1 s, 3 s, ...); the kernel caps it at somaxconn.
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False, ws="none", backlog=4096,
-        timeout_keep_alive=keep_alive_s,
-        http=_protocol_with_header_limits(header_timeout_s),
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError(f"server on {host}:{port} failed to start")
-        if time.monotonic() > deadline:
-            server.should_exit = True
-            raise TimeoutError(f"server on {host}:{port} did not start within {timeout} s")
-        time.sleep(0.002)  # start-up is ~5 ms: a coarse poll would dominate it
-    bound_port = server.servers[0].sockets[0].getsockname()[1]
-    return RunningServer(url=f"http://{host}:{bound_port}", _server=server, _thread=thread)

@@ -37,7 +37,7 @@ from gym_bridge.rollout.user_sim import UserSimConfig
 from gym_bridge.serving.event_loop import new_event_loop
 from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.retry import RetryPolicy
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
 from gym_bridge.train.reward_components import informative_samples

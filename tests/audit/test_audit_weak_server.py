@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .weak_math_server import build_app
 

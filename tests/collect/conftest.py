@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from collect_helpers import BoxedAnswerEnv, NotesEnv
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 
 @pytest.fixture(scope="module")

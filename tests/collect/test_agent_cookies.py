@@ -10,7 +10,7 @@ import pytest
 from fake_model import FakeModel, function_call
 
 from gym_bridge.rollout.agent import AgentConfig, make_client, make_session, run_rollout
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 SET_COOKIES = [
     b"session=abc123; HttpOnly; Path=/; SameSite=lax",

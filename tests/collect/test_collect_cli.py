@@ -93,7 +93,7 @@ def test_collect_does_not_import_torch_or_transformers(tmp_path):
         import gym_bridge.cli
         from collect_helpers import BoxedAnswerEnv
         from fake_model import FakeModel
-        from gym_bridge.serving.server import start_in_thread
+        from gym_bridge.serving.uvicorn_thread import start_in_thread
         with start_in_thread(BoxedAnswerEnv().build_app()) as env, FakeModel() as model:
             try:
                 gym_bridge.cli.app(["collect", {str(tasks)!r}, "-o", {str(out)!r}, "--env", env.url,
@@ -124,7 +124,7 @@ def test_collect_passes_the_api_key_to_a_policy_server_with_a_token(tmp_path, bo
     from gym_bridge.generation.backend import GenerationBackend, GenerationResult
     from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.policy.server import build_policy_app
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     class Answers(GenerationBackend):
         def __init__(self) -> None:
@@ -155,7 +155,8 @@ def test_collect_passes_the_env_api_key_to_an_env_server_with_a_token(tmp_path):
     GYM_BRIDGE_ENV_API_KEY) sends it with every env request (session set-up and /verify)."""
     from collect_helpers import BoxedAnswerEnv
 
-    from gym_bridge.serving.server import ServerSettings, start_in_thread
+    from gym_bridge.serving.server import ServerSettings
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     class GuardedEnv(BoxedAnswerEnv):
         def __init__(self) -> None:

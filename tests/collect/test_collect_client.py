@@ -9,7 +9,7 @@ from typing import Any
 
 from gym_bridge.collect import ClientPool
 from gym_bridge.serving.retry import RetryPolicy, post_json
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 
 class ConnectionCounter:

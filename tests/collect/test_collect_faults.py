@@ -13,7 +13,8 @@ from fastapi import HTTPException
 
 from gym_bridge.collect import CollectConfig, collect, failures_path_for, metrics_path_for
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse
-from gym_bridge.serving.server import ResourcesServer, Session, start_in_thread
+from gym_bridge.serving.server import ResourcesServer, Session
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 MAX_RETRIES = 2
 FAULTS = {

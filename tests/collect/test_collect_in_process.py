@@ -18,7 +18,7 @@ from collect_helpers import note_taker, notes_row, read_jsonl, write_rows
 from fake_model import FakeModel, arithmetic_row, function_call, solve_arithmetic, tool_outputs
 from typer.testing import CliRunner
 
-import gym_bridge.serving.server
+import gym_bridge.serving.uvicorn_thread
 from gym_bridge.collect import (
     CollectConfig,
     CollectError,
@@ -85,13 +85,13 @@ def _keyed(path: Path) -> list[dict[str, Any]]:
 def server_starts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The apps served on a loopback port (``start_in_thread``) from now on: the envs collect serves over HTTP."""
     started: list[Any] = []
-    real_start = gym_bridge.serving.server.start_in_thread
+    real_start = gym_bridge.serving.uvicorn_thread.start_in_thread
 
     def start(app: Any, **kw: Any) -> Any:
         started.append(app)
         return real_start(app, **kw)
 
-    monkeypatch.setattr(gym_bridge.serving.server, "start_in_thread", start)
+    monkeypatch.setattr(gym_bridge.serving.uvicorn_thread, "start_in_thread", start)
     return started
 
 

@@ -22,7 +22,7 @@ from gym_bridge.collect import (
 from gym_bridge.records.aggregate import strip_for_aggregation
 from gym_bridge.records.nemo_gym_record import request_params
 from gym_bridge.rollout.envs import running_env
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 ENTRY_KEYS = [
     "agent_ref",

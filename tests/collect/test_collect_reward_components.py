@@ -18,7 +18,7 @@ from gym_bridge.collect import (
     failures_path_for,
     metrics_path_for,
 )
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from tests.multi_reward_env import MultiRewardEnv
 
 

@@ -14,7 +14,7 @@ from fake_model import FakeModel, function_call
 from gym_bridge.collect import CollectConfig, collect
 from gym_bridge.rollout.agent import AgentConfig, make_client, run_rollout
 from gym_bridge.rollout.user_sim import USER_STOP, UserSimConfig, user_for
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.generate_conversations import generate, make_conversation
 

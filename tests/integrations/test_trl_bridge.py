@@ -24,7 +24,8 @@ from gym_bridge.integrations.trl import (
 )
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
 from gym_bridge.rollout.envs import running_env
-from gym_bridge.serving.server import ResourcesServer, Session, start_in_thread
+from gym_bridge.serving.server import ResourcesServer, Session
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_ROWS = REPO / "resources_servers" / "math" / "data" / "example.jsonl"

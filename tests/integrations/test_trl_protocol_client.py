@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException
 from gym_bridge.integrations.trl import TASK_ROW_COLUMN, GymReward, gym_environment_factory
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.retry import RetryPolicy
-from gym_bridge.serving.server import ResourcesServer, Session, start_in_thread, tool
+from gym_bridge.serving.server import ResourcesServer, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 FAST = RetryPolicy(max_attempts=3, backoff_base=0.01)
 

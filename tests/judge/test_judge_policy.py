@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gym_bridge.serving.server import ServerSettings, start_in_thread  # noqa: E402
+from gym_bridge.serving.server import ServerSettings  # noqa: E402
+from gym_bridge.serving.uvicorn_thread import start_in_thread  # noqa: E402
 from resources_servers.equivalence_judge.app import EquivalenceJudgeConfig, EquivalenceJudgeServer  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import pytest
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.policy.continuation import previous_turn_tokens, splice_previous_turn
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .conftest import ScriptedBackend
 

@@ -18,7 +18,7 @@ import torch
 
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .conftest import ScriptedBackend
 

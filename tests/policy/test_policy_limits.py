@@ -35,7 +35,7 @@ from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 tokenizer = build_tokenizer()
 shape = TinyRecipe(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=2048)

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from tests.raw_http import send
 
 from .conftest import ScriptedBackend

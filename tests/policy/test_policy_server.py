@@ -13,7 +13,7 @@ import torch
 from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.policy.server import build_policy_app
 from gym_bridge.records.chat import items_to_messages, tools_to_chat_tools
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .conftest import CountingBackend, ScriptedBackend
 

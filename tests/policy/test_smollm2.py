@@ -10,7 +10,7 @@ import pytest
 
 from gym_bridge.generation import load_backend
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 
 @pytest.fixture()

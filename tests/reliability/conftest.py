@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .envs import ArithmeticEnv
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gym_bridge.serving.server import start_in_thread  # noqa: E402
+from gym_bridge.serving.uvicorn_thread import start_in_thread  # noqa: E402
 from resources_servers.code.app import CodeConfig, CodeServer  # noqa: E402
 
 if __name__ == "__main__":

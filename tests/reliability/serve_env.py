@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gym_bridge.serving.server import start_in_thread  # noqa: E402
+from gym_bridge.serving.uvicorn_thread import start_in_thread  # noqa: E402
 from reliability.envs import ArithmeticEnv  # noqa: E402
 
 if __name__ == "__main__":

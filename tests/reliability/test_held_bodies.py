@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, Field
 
-from gym_bridge.serving.server import ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.server import ServerSettings, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .envs import ArithmeticEnv
 

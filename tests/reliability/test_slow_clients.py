@@ -21,7 +21,9 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from gym_bridge.serving.server import MAX_HEADER_BYTES, ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.header_limits import MAX_HEADER_BYTES
+from gym_bridge.serving.server import ServerSettings, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .envs import ArithmeticEnv
 from .procs import cli, start, stop, wait_for_line

@@ -16,7 +16,7 @@ import time
 
 from gym_bridge.rollout.agent import make_session
 from gym_bridge.serving.retry import RetryPolicy, post_json
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 from .envs import ArithmeticEnv
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gym_bridge.rollout.nemo_gym_entry import EntryError, plan_server
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = ("math", "code", "tool_use")

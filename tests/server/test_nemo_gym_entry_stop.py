@@ -18,7 +18,7 @@ import httpx
 import yaml
 from test_nemo_gym_configs import REPO, _config, _free_port, _run_entrypoint, _wait_health
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 
 def _alive(pid: int) -> bool:

@@ -16,7 +16,8 @@ import pytest
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.request_guard import ALLOWED_HOSTS_ENV, RequestGuard, host_name, is_json_content_type
-from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 from tests.raw_http import send
 

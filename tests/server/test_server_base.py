@@ -13,7 +13,8 @@ from pydantic import BaseModel
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
-from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 TOKEN = "s3cret-token"
 MAX_BODY = 64 * 1024

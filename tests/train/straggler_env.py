@@ -82,7 +82,7 @@ STRAGGLER_SERVER = f"{__name__}:StragglerEnv"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hang-every", type=int, default=0)

@@ -22,7 +22,7 @@ from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
 from gym_bridge.rollout.env_router import ReplicaEndpoints, SessionRouter
 from gym_bridge.rollout.envs import env_app
 from gym_bridge.serving.retry import RequestFailed, RetryPolicy
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from tests.train.shopper import Shopper, write_shop_rows
 
 

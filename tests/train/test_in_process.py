@@ -12,7 +12,7 @@ import pytest
 from gym_bridge.rollout.envs import env_app
 from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.retry import RequestFailed, RetryPolicy, post_json
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from gym_bridge.train.config import load_config
 from gym_bridge.train.data import load_prompts
 from gym_bridge.train.sampling import OnlineSampler

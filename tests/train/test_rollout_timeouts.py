@@ -189,7 +189,7 @@ def test_the_agent_loop_cuts_a_rollout_off_at_its_deadline_keeping_what_it_gener
 
     from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
     from gym_bridge.rollout.env_router import ReplicaEndpoints, SessionRouter
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
     from tests.fake_model import FakeModel, function_call
     from tests.train.straggler_env import StragglerEnv
 
@@ -224,7 +224,7 @@ def test_the_agent_loop_cuts_a_rollout_off_at_its_deadline_keeping_what_it_gener
 @pytest.mark.timeout(60)
 def test_a_batch_whose_rollouts_all_time_out_stops_the_run_naming_the_deadline(tmp_path: Path) -> None:
     from gym_bridge.models.tokenizer import build_tokenizer
-    from gym_bridge.serving.server import start_in_thread
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
     from gym_bridge.train.data import load_prompts
     from gym_bridge.train.rollout_failures import TooManyFailedRollouts
     from gym_bridge.train.sampling import OnlineSampler

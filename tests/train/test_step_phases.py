@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from gym_bridge.train.config import load_config
 from gym_bridge.train.logging import format_line, phase_shares, read_metrics
 from gym_bridge.train.loop import train

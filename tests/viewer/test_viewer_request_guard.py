@@ -20,7 +20,8 @@ from conftest import chromium_path, wait_ready
 from viewer_records import run_a, write_jsonl
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
-from gym_bridge.serving.server import ResourcesServer, Session, start_in_thread
+from gym_bridge.serving.server import ResourcesServer, Session
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 SECRET_WORD = "zebra"  # in run_a()'s prompts: the page must never get it
 

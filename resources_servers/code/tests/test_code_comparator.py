@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 from resources_servers.code.grading import call_output_matches, stdout_matches
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 
 APP_FILE = Path(__file__).resolve().parent.parent / "app.py"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gym_bridge.records.schema import VerifyResponse
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.code.app import CodeConfig, CodeServer
 
 HERE = Path(__file__).resolve().parent

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gym_bridge.serving.server import RunningServer, start_in_thread
+from gym_bridge.serving.uvicorn_thread import RunningServer, start_in_thread
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
-from gym_bridge.serving.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.equivalence_judge.app import EquivalenceJudgeConfig, EquivalenceJudgeServer
 from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gym_bridge.serving.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math.app import MathServer
 from resources_servers.math.tests.helpers import REFERENCE_DIR, TEST_CONFIG, TOKEN, wait_for_pool
 

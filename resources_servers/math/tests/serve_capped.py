@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from gym_bridge.serving.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math.app import MathConfig, MathServer
 
 

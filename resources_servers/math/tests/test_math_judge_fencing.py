@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
-from gym_bridge.serving.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge
 from resources_servers.math.app import MathConfig, MathServer
 from resources_servers.math.tests.helpers import TEST_CONFIG, verify_body, wait_for_pool

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math.app import MathConfig, MathServer
 from resources_servers.math.tests.helpers import REFERENCE_DIR, verify_body, wait_for_pool
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math import pool as pool_module
 from resources_servers.math.app import MathConfig, MathServer
 from resources_servers.math.pool import VerifierPool

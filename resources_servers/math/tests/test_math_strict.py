@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math.app import MathServer
 from resources_servers.math.tests.helpers import TEST_CONFIG, verify_body, wait_for_pool
 

@@ -18,7 +18,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gym_bridge.rollout.nemo_gym_entry import build_server, plan_server
 from gym_bridge.serving.mcp_tools import TOKEN_HEADER, normalize_tool_name
-from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, start_in_thread, tool
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.store import TOOLS, NoArgs
 

@@ -17,7 +17,8 @@ import pytest
 
 from gym_bridge.records.schema import VerifyResponse
 from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
-from gym_bridge.serving.server import ServerSettings, start_in_thread
+from gym_bridge.serving.server import ServerSettings
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseConfig, ToolUseServer
 from resources_servers.tool_use.generate import generate
 from resources_servers.tool_use.store import new_state

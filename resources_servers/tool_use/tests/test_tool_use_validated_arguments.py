@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gym_bridge.serving.server import start_in_thread
+from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.store import new_state
 

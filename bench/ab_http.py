@@ -4,7 +4,10 @@ Each checkout serves, in its own process, the policy server over an instant back
 no-op resources server (``bench_collect.NoopServer``). The client (collect's: ``ClientPool`` +
 ``post_json``) sends bursts of requests to A, then B, then A ... and reports each side's median rate
 and B/A. Alternating short bursts puts both sides under the same machine load, which a shared machine
-changes by the minute.
+changes by the minute. Each checkout's server script imports its own code: today's module paths, or the
+ones before the serving/ package (``gym_bridge.server.start_in_thread``), so A can be a commit before
+the redesign. Writes ``bench/results/http_ab_c<concurrency>.json`` (per target: B's median rate, A's as the baseline,
+every burst's rate, the load average at start and end).
 
     .venv/bin/python bench/ab_http.py --a /tmp/main-checkout --b . --rounds 9 --burst 400 --concurrency 16
 """
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 _SERVERS = """
 import sys
@@ -30,7 +35,13 @@ from bench_collect import NoopServer
 from gym_bridge.generation.backend import GenerationBackend, GenerationResult
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.policy.server import build_policy_app
-from gym_bridge.serving.uvicorn_thread import start_in_thread
+try:
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
+except ImportError:  # before serving/uvicorn_thread.py (issue 35), then before the serving/ package
+    try:
+        from gym_bridge.serving.server import start_in_thread
+    except ImportError:
+        from gym_bridge.server import start_in_thread
 
 class Instant(GenerationBackend):
     def __init__(self):
@@ -100,6 +111,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     procs = {}
+    rows, bursts = [], {}
+    load_at_start = os.getloadavg()
     try:
         for side in ("a", "b"):
             procs[side] = start(getattr(args, side).resolve())
@@ -112,10 +125,19 @@ def main() -> None:
                     rates[side].append(asyncio.run(burst(procs[side][1][server] + path, body, args.concurrency, args.burst)))
             a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
             print(f"{name:34s} c={args.concurrency:<4d} A {a:7.0f} req/s   B {b:7.0f} req/s   B/A {b / a:5.2f}", flush=True)
+            bursts[name] = {side: [round(r, 1) for r in rates[side]] for side in rates}
+            rows.append(figure(f"{name}, c={args.concurrency} (B: {args.b})", round(b, 1), "req/s", baseline=round(a, 1),
+                               note=f"A: {args.a}; median of {args.rounds} alternating bursts of {args.burst}; "
+                               "higher is better"))  # fmt: skip
     finally:
         for proc, _ in procs.values():
             proc.kill()
             proc.wait()
+    details = {"a": str(args.a), "b": str(args.b), "rounds": args.rounds, "burst": args.burst,
+               "concurrency": args.concurrency, "bursts_req_per_s": bursts,
+               "loadavg_at_start": [round(x, 2) for x in load_at_start],
+               "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+    print(f"wrote {write_results(f'http_ab_c{args.concurrency}', rows, details=details)}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gym_bridge.records.schema import ResponsesCreateParams, TrainingFields, item_union
-from gym_bridge.serving.json_http import (
+from gym_bridge.serving.answers import (
     Answer,
     ErrorStyle,
     Headers,

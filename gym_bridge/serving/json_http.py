@@ -5,10 +5,11 @@ values served by :class:`JsonApp`, the only request path: per request it checks 
 and that a body comes as ``application/json`` (415; both :mod:`gym_bridge.serving.request_guard`: what a web page
 could send), the body's size (413) and the bodies held at once (waits for room, else 503:
 :mod:`gym_bridge.serving.body_budget`), the bearer token (401), finds the caller's context (a resources server's
-session), reads the body as JSON, refuses a lone UTF-16 surrogate
-escape and JSON nested deeper than :data:`MAX_JSON_DEPTH` (400), validates it against the route's type
-(422 naming the fields), calls the handler and renders its answer (JSON, or server-sent events for a
-:class:`EventStream`). What goes wrong in a handler is answered by the app's :class:`ErrorStyle`.
+session), reads the body as JSON, refuses a lone UTF-16 surrogate escape and JSON nested deeper than
+:data:`~gym_bridge.serving.json_body.MAX_JSON_DEPTH` (400; both :mod:`gym_bridge.serving.json_body`), validates
+it against the route's type (422 naming the fields), calls the handler and renders its answer (JSON, or
+server-sent events for a :class:`EventStream`). What goes wrong in a handler is answered by the app's
+:class:`~gym_bridge.serving.answers.ErrorStyle`.
 
 FastAPI is not in the request path: it generates ``/openapi.json`` (and ``/docs``) from the same table.
 Why: FastAPI's request path (a dozen middleware layers, a ``Request``, dependency solving) cost about
@@ -21,63 +22,29 @@ import hmac
 import inspect
 import json
 import logging
-import math
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from starlette.exceptions import HTTPException
 
-from gym_bridge.records.jsonl import compact_json, parse_json
+from gym_bridge.records.jsonl import compact_json
+from gym_bridge.serving.answers import Answer, ErrorStyle, json_answer
 from gym_bridge.serving.body_budget import BodiesBusy, BodyBudget, BodyClaim
-from gym_bridge.serving.deadlines import TaskDeadlines, task_deadlines
+from gym_bridge.serving.deadlines import task_deadlines
+from gym_bridge.serving.json_body import NO_BODY, BodyRefused, BodyTooLarge, non_finite, parse_body, read_body
 from gym_bridge.serving.request_guard import RequestGuard
 
-__all__ = [
-    "BODY_IN_HAND",
-    "MAX_JSON_DEPTH",
-    "PARSED_BODY",
-    "Answer",
-    "ErrorStyle",
-    "EventStream",
-    "InvalidBody",
-    "JsonApp",
-    "Route",
-    "format_validation_errors",
-    "json_answer",
-    "jsonable_errors",
-]
+__all__ = ["BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema"]
 
 logger = logging.getLogger(__name__)
 
-MAX_JSON_DEPTH = 256
 BODY_IN_HAND = "gym_bridge.body"
 """Key of a request scope's ``extensions`` that holds the whole body, from a caller on the same loop
 (:class:`~gym_bridge.serving.in_process.InProcessClient`): read from there, with the same limits, instead of
 awaiting ``receive()`` under the body deadline."""
 PARSED_BODY = "gym_bridge.parsed_body"
 """Key of an ``http.response.body`` message that carries the value its ``body`` parses to (:attr:`Route.fresh_json`)."""
-"""Deepest nesting of arrays and objects a request body may have (deeper: 400 naming this limit)."""
-
-Headers = tuple[tuple[bytes, bytes], ...]
-
-
-class Answer(NamedTuple):
-    """A JSON response: status, body, and headers beyond the content type and length."""
-
-    status: int
-    body: bytes
-    headers: Headers = ()
-    value: Any = None
-    """The JSON value ``body`` encodes, when it can be handed over as parsed (see :attr:`Route.fresh_json`)."""
-
-
-def json_answer(status: int, content: Any, headers: Headers = ()) -> Answer:
-    """``content`` as compact UTF-8 JSON (what Starlette's ``JSONResponse`` writes)."""
-    body = compact_json(content, finite=True).encode()
-    return Answer(status, body, headers)
 
 
 @dataclass
@@ -133,221 +100,6 @@ class Route:
     def __post_init__(self) -> None:
         if self.body is not None and self.adapter is None:
             object.__setattr__(self, "adapter", TypeAdapter(self.body))
-
-
-class InvalidBody(Exception):
-    """Raised by a handler: the body is invalid in a way its type could not say (answered 422)."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(format_validation_errors(errors))
-        self.errors = errors
-
-
-class ErrorStyle:
-    """How an app answers what goes wrong; subclasses change the shape (the policy server's is OpenAI's)."""
-
-    def error(self, status: int, detail: str, param: str | None = None, headers: Headers = ()) -> Answer:
-        """A refusal (4xx) or failure (5xx) with a message; ``param``: the request field at fault."""
-        return json_answer(status, {"detail": detail}, headers)
-
-    def invalid(self, errors: list[dict[str, Any]], body: Any = None) -> Answer:
-        """Input that failed validation: 422 naming the fields (``body``: what was parsed, or the text)."""
-        content = {"detail": format_validation_errors(errors, body), "errors": jsonable_errors(errors)}
-        return json_answer(422, content)
-
-    def failed(self, path: str, exc: Exception) -> Answer:
-        """Anything a handler raised: HTTP errors as they say, validation errors as 422, else a 500."""
-        if isinstance(exc, HTTPException):
-            headers = tuple(
-                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (exc.headers or {}).items()
-            )
-            return self.error(exc.status_code, str(exc.detail), headers=headers)
-        if isinstance(exc, ValidationError):
-            return self.invalid(list(exc.errors(include_url=False)))
-        if isinstance(exc, InvalidBody):
-            return self.invalid(exc.errors)
-        if isinstance(exc, RecursionError):
-            return self.error(400, f"request nested too deeply to process (limit {MAX_JSON_DEPTH} levels)")
-        logger.exception("error while serving %s", path)
-        return self.error(500, f"internal error on {path}: {type(exc).__name__}: {exc}"[:2000])
-
-
-def format_validation_errors(errors: list[dict[str, Any]], body: Any = None) -> str:
-    """Pydantic errors as one line: ``field.path: message; ...`` (at most ten)."""
-    parts = []
-    for err in errors[:10]:
-        if err.get("type") == "json_invalid":
-            parts.append(_json_error_message(err, body))
-            continue
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        if loc == "body" and err.get("type") == "missing":
-            parts.append("request body is empty: expected a JSON object")
-            continue
-        if loc == "body" and err.get("type") in ("model_attributes_type", "model_type", "dict_type"):
-            parts.append(f"request body must be a JSON object, not {type(err.get('input')).__name__}")
-            continue
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    more = f" (+{len(errors) - 10} more)" if len(errors) > 10 else ""
-    return "; ".join(parts) + more
-
-
-def jsonable_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pydantic errors reduced to what JSON holds: location, message, type."""
-    return [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg")), "type": e.get("type")} for e in errors]
-
-
-def _json_error_message(err: dict[str, Any], body: Any) -> str:
-    """``invalid JSON at line L column C (char N): <reason>``."""
-    loc = err.get("loc", ())
-    pos = loc[-1] if loc and isinstance(loc[-1], int) else None
-    reason = (err.get("ctx") or {}).get("error") or err.get("msg", "JSON decode error")
-    if pos is None:
-        return f"invalid JSON: {reason}"
-    where = f"char {pos}"
-    if isinstance(body, str | bytes):
-        text = body if isinstance(body, str) else body.decode("utf-8", "replace")
-        line = text.count("\n", 0, pos) + 1
-        column = pos - (text.rfind("\n", 0, pos) + 1) + 1
-        where = f"line {line} column {column} (char {pos})"
-    return f"invalid JSON at {where}: {reason}"
-
-
-# --------------------------------------------------------------------------- body parsing
-
-
-class _Refused(Exception):
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-_NO_BODY = object()
-
-
-def _has_lone_surrogate(value: Any, body: bytes) -> bool:
-    """True when the parsed body holds text with an unpaired surrogate (it could never be echoed as UTF-8).
-
-    Cheap scans of the raw bytes first (for ``\\u`` at all, then for surrogate escapes); only bodies that
-    have one are re-encoded.
-    """
-    if b"\\u" not in body or not _SURROGATE_ESCAPE.search(body):
-        return False
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-_COUNT_CHUNK = 16 * 1024
-"""Bytes of a body whose brackets :func:`_too_deep` counts at a time (it stops once there are enough)."""
-
-
-def _too_deep(value: Any, raw: bytes) -> bool:
-    """True when ``value`` (parsed from ``raw``) nests arrays/objects deeper than :data:`MAX_JSON_DEPTH`.
-
-    A body too short to open and close that many brackets is not looked at, nor one with no more
-    ``{``/``[`` bytes than the limit (each array or object has its opening byte in ``raw``, in UTF-8, -16
-    or -32 alike, so such a body cannot nest deeper). Counting them is C's job (~6 instructions a byte,
-    ~12k for a rollout's ``/verify`` body, whose walk cost ~52k), in chunks, so a large body with many
-    brackets is counted only until there are enough. Others are walked a level at a time, one
-    comprehension per level (no recursion, no call per container: ``/aggregate_metrics`` bodies of a
-    whole run have tens of thousands of containers).
-    """
-    if len(raw) <= 2 * MAX_JSON_DEPTH:
-        return False
-    openers = 0
-    for start in range(0, len(raw), _COUNT_CHUNK):
-        end = start + _COUNT_CHUNK
-        openers += raw.count(b"{", start, end) + raw.count(b"[", start, end)
-        if openers > MAX_JSON_DEPTH:
-            break
-    else:
-        return False
-    level = [value] if type(value) is dict or type(value) is list else []  # JSON makes no subclasses
-    for _ in range(MAX_JSON_DEPTH):
-        level = [
-            child
-            for node in level
-            for child in (node.values() if type(node) is dict else node)
-            if type(child) is dict or type(child) is list
-        ]
-        if not level:
-            return False
-    return True
-
-
-def _non_finite(value: Any) -> tuple[Any, ...] | None:
-    """Where the first NaN or Infinity sits in a parsed body (Python's JSON reads those bare words)."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
-    while stack:
-        node, here = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            return here
-        if isinstance(node, dict):
-            stack.extend((v, (*here, k)) for k, v in reversed(node.items()))
-        elif isinstance(node, list):
-            stack.extend((v, (*here, i)) for i, v in reversed(list(enumerate(node))))
-    return None
-
-
-def parse_body(raw: bytes, style: ErrorStyle) -> Any:
-    """The JSON value of a request body (``_NO_BODY`` when empty); refusals raise :class:`_Refused`."""
-    if not raw:
-        return _NO_BODY
-    too_deep = f"JSON nested deeper than the limit of {MAX_JSON_DEPTH} levels"
-    try:
-        value = parse_json(raw)
-    except json.JSONDecodeError as e:
-        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
-                 "input": {}, "ctx": {"error": e.msg}}  # fmt: skip
-        raise _Refused(style.invalid([error], e.doc)) from None
-    except RecursionError:
-        raise _Refused(style.error(400, too_deep, "body")) from None
-    except ValueError:  # not UTF-8/16/32 text at all
-        raise _Refused(style.error(400, "There was an error parsing the body")) from None
-    if _too_deep(value, raw):
-        raise _Refused(style.error(400, too_deep, "body"))
-    if _has_lone_surrogate(value, raw):
-        detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
-        raise _Refused(style.error(400, detail, "body"))
-    return value
-
-
-class BodyTooLarge(Exception):
-    """The request body passed the limit given to :func:`read_body`."""
-
-
-def read_body(
-    receive: Any,
-    limit: int | None = None,
-    claim: BodyClaim | None = None,
-    deadlines: TaskDeadlines | None = None,
-) -> Awaitable[bytes | None]:
-    """The whole request body, to await; None when the client went away (:class:`BodyTooLarge` past
-    ``limit`` bytes, ``TimeoutError`` when it is not all there ``deadlines.seconds`` after this call,
-    :class:`BodiesBusy` when ``claim`` cannot take it from its budget). ``deadlines``: the loop's, whose
-    one timer serves every request's body deadline; None, no deadline."""
-    reading = _read_chunks(receive, limit, claim or BodyClaim(None))
-    return reading if deadlines is None else deadlines.within(reading)
-
-
-async def _read_chunks(receive: Any, limit: int | None, claim: BodyClaim) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if limit is not None and size > limit:
-                raise BodyTooLarge
-            claim.take(len(chunk))
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- the app
@@ -460,7 +212,7 @@ class JsonApp:
         context, extra = (None, [])
         if not route.open and route.with_context and self.context is not None:
             context, extra = self.context(cookies)
-        value: Any = _NO_BODY
+        value: Any = NO_BODY
         if method in ("POST", "PUT", "PATCH"):
             try:
                 if size is not None and not claim.reserve_now(size):
@@ -486,7 +238,7 @@ class JsonApp:
                 return None, []
             try:
                 value = parse_body(raw, self.errors)
-            except _Refused as refused:
+            except BodyRefused as refused:
                 return refused.answer, extra
         answer = await self._call(route, path, value, context, send, extra)
         return answer, extra
@@ -496,7 +248,7 @@ class JsonApp:
     ) -> Answer | None:
         if route.adapter is None:
             args = None
-        elif value is _NO_BODY:
+        elif value is NO_BODY:
             if route.default is None:
                 missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
                 return self.errors.invalid([missing])
@@ -524,7 +276,7 @@ class JsonApp:
             # As FastAPI serializes the value of a route annotated ``-> Any``: pydantic's JSON.
             return Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
         except ValueError as exc:
-            where = _non_finite(value) if "JSON compliant" in str(exc) else None
+            where = non_finite(value) if "JSON compliant" in str(exc) else None
             if where is not None:  # the answer echoes a NaN/Infinity the request brought: the request's fault
                 error = {"type": "finite_number", "loc": ("body", *where), "msg": "Input should be a finite number"}
                 return self.errors.invalid([error], value)

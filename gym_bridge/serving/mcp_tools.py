@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from gym_bridge.records.schema import MCPServerMetadata
-from gym_bridge.serving.json_http import format_validation_errors
+from gym_bridge.serving.answers import format_validation_errors
 
 if TYPE_CHECKING:
     from gym_bridge.serving.server import ResourcesServer, Session

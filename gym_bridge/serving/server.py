@@ -48,8 +48,9 @@ from gym_bridge.records.schema import (
     VerifyResponse,
     dump,
 )
+from gym_bridge.serving.answers import Answer, InvalidBody, json_answer
 from gym_bridge.serving.cookie_sessions import Session, SessionStore, set_cookie
-from gym_bridge.serving.json_http import Answer, InvalidBody, JsonApp, Route, json_answer
+from gym_bridge.serving.json_http import JsonApp, Route
 from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
 from gym_bridge.serving.request_guard import check_host_names
 from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions

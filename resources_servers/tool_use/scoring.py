@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from gym_bridge.serving.json_http import format_validation_errors
+from gym_bridge.serving.answers import format_validation_errors
 from resources_servers.tool_use.store import TOOLS
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gym_bridge.serving.json_http import MAX_JSON_DEPTH
+from gym_bridge.serving.json_body import MAX_JSON_DEPTH
 
 from .conftest import landed_builtin_servers
 from .fuzz import post_paths

@@ -210,7 +210,8 @@ def test_openapi_documents_the_same_routes_with_their_body_types(url: str) -> No
 
 def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None:
     """``MAX_JSON_DEPTH`` levels parse, one more is a 400, wherever the deep branch sits among shallow ones."""
-    from gym_bridge.serving.json_http import MAX_JSON_DEPTH, ErrorStyle, _Refused, parse_body
+    from gym_bridge.serving.answers import ErrorStyle
+    from gym_bridge.serving.json_body import MAX_JSON_DEPTH, BodyRefused, parse_body
 
     def mixed(depth: int) -> str:  # arrays and objects alternating, ``depth`` containers deep
         return "".join('{"k":' if i % 2 else "[" for i in range(depth)) + "1" + "".join(
@@ -222,27 +223,21 @@ def test_the_nesting_limit_is_exact_for_arrays_objects_and_wide_bodies() -> None
             if depth <= MAX_JSON_DEPTH:
                 assert parse_body(body.encode(), ErrorStyle()) == json.loads(body)
             else:
-                with pytest.raises(_Refused) as refused:
+                with pytest.raises(BodyRefused) as refused:
                     parse_body(body.encode(), ErrorStyle())
                 assert refused.value.answer.status == 400
     assert parse_body(f"[{shallow}]".encode(), ErrorStyle()) == json.loads(f"[{shallow}]")
     # the shortest bodies of each depth (the check looks only at bodies long enough to be too deep)
     assert parse_body(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH, ErrorStyle())
-    with pytest.raises(_Refused):
+    with pytest.raises(BodyRefused):
         parse_body(b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), ErrorStyle())
 
 
 def test_the_nesting_limit_counts_brackets_only_as_a_bound() -> None:
     """The bracket count that spares most bodies the walk never lets a deep one through: a deep branch
     after the first counted chunk or across two chunks, UTF-16 bodies, brackets inside strings."""
-    from gym_bridge.serving.json_http import (
-        _COUNT_CHUNK,
-        MAX_JSON_DEPTH,
-        ErrorStyle,
-        _Refused,
-        _too_deep,
-        parse_body,
-    )
+    from gym_bridge.serving.answers import ErrorStyle
+    from gym_bridge.serving.json_body import _COUNT_CHUNK, MAX_JSON_DEPTH, BodyRefused, _too_deep, parse_body
 
     deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH  # inside the outer array: one level too many
     limit = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)
@@ -257,7 +252,7 @@ def test_the_nesting_limit_counts_brackets_only_as_a_bound() -> None:
             assert _too_deep(value, body.encode()) is too_deep
             assert _too_deep(value, body.encode("utf-16")) is too_deep
             if too_deep:
-                with pytest.raises(_Refused):
+                with pytest.raises(BodyRefused):
                     parse_body(body.encode(), ErrorStyle())
             else:
                 assert parse_body(body.encode(), ErrorStyle()) == value

@@ -96,6 +96,10 @@ class CollectConfig:
     """The LLM user's ``responses_create_params`` (NeMo Gym's ``user_responses_create_params``)."""
     max_user_turns: int = 8
     max_conversation_tokens: int | None = None
+    workers: int = 1
+    """Processes that run the rollouts (``--workers``): 1 runs them in this process; more start that many
+    worker processes, each with its own envs and HTTP pool, while this process alone writes the files
+    (:mod:`gym_bridge.collect.local_shards`). ``concurrency`` is the total in flight over all of them."""
 
     def user_config(self, model_url: str) -> UserSimConfig:
         """The user side of this run's conversations (``model_url``: the run's model, for ``policy``)."""
@@ -156,6 +160,8 @@ def check_config(config: CollectConfig) -> None:
         raise CollectError(f"task file not found: {config.tasks_path}")
     if config.concurrency < 1:
         raise CollectError("--concurrency must be at least 1")
+    if isinstance(config.workers, bool) or not isinstance(config.workers, int) or config.workers < 1:
+        raise CollectError(f"--workers must be a whole number of processes, at least 1 (not {config.workers!r})")
     if config.num_repeats < 1:
         raise CollectError("--num-repeats must be at least 1")
     if config.limit is not None and config.limit < 0:

@@ -82,6 +82,9 @@ class RayShards:
     """The driver's side: one :class:`CollectShard` per alive node, and the per-shard counts
     (a :class:`~gym_bridge.collect.run.RolloutExecutor`)."""
 
+    same_machine = False
+    """The rollouts run on the cluster's nodes: this machine's limits do not bound them."""
+
     def __init__(
         self,
         ray: Any,
@@ -209,6 +212,9 @@ def collect_on_ray(
 ) -> CollectResult:
     """:func:`~gym_bridge.collect.collect` with the rollouts run on one shard per node of a Ray cluster."""
     check_config(config)
+    if config.workers > 1:
+        raise CollectError("--workers runs the rollouts in local processes; it cannot be combined with --ray "
+                           "(which runs one shard per node)")  # fmt: skip
     if config.policy:
         raise CollectError(
             "--policy cannot be used with --ray: serve the model where every node reaches it and pass --model-url"

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from gym_bridge.collect.client import ClientPool, concurrency_bound, connection_cap, running_policy
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
+from gym_bridge.collect.encoded import EncodedRollout
 from gym_bridge.collect.local_aggregate import server_of_app, write_aggregate_file
 from gym_bridge.collect.output import (
     ENV_SERVER,
@@ -57,17 +58,22 @@ from gym_bridge.serving.retry import RetryPolicy
 if TYPE_CHECKING:
     from gym_bridge.serving.in_process import InProcessClient
 
-__all__ = ["CollectRun", "RolloutExecutor", "collect", "collect_async", "run_all"]
+__all__ = ["CollectRun", "RolloutExecutor", "collect", "collect_async", "host_name", "run_all"]
 
 
 class RolloutExecutor(Protocol):
-    """Where a rollout runs when not in this process (``--ray``: a shard on some node); the run loop, the
-    files and ``--resume`` stay here, so the exactly-once guarantee is the single-process one."""
+    """Where a rollout runs when not in this process (``--ray``: a shard on some node; ``--workers``: a
+    worker process here); the run loop, the files and ``--resume`` stay here, so the exactly-once
+    guarantee is the single-process one."""
+
+    same_machine: bool
+    """Whether the rollouts run on this machine (then its open-file and port limits bound them here)."""
 
     async def run(
         self, worker: int, task: dict[str, Any], env_name: str, agent_config: AgentConfig, extra: dict[str, Any] | None
-    ) -> Rollout:
-        """Run one rollout of ``task`` against the env named ``env_name``; ``worker`` is the loop's slot."""
+    ) -> Rollout | EncodedRollout:
+        """Run one rollout of ``task`` against the env named ``env_name``; ``worker`` is the loop's slot.
+        An :class:`EncodedRollout` comes with its output line made where it ran."""
         ...
 
     def run_metrics(self) -> dict[str, Any]:
@@ -259,12 +265,19 @@ class CollectRun:
                 rollout = await run_rollout(client, task, job.env_url, agent_config, extra_params=extra)
             finish(job, rollout)
 
-    def finish(self, job: _Job, rollout: Rollout) -> None:
+    def finish(self, job: _Job, rollout: Rollout | EncodedRollout) -> None:
         """Write one ended rollout down: its record (output line, spool, tally) or its failure; close its
-        task's reward group once the task's last rollout of this run is back."""
+        task's reward group once the task's last rollout of this run is back. An :class:`EncodedRollout`
+        (``--workers``) brings its line and the fields the counters read, encoded where it ran."""
         stats = self.stats
         stats.add_requests(rollout.metrics)
-        if rollout.record is not None:
+        if isinstance(rollout, EncodedRollout) and rollout.line is not None:
+            digest = rollout.digest
+            assert digest is not None
+            self.spool.add_encoded(rollout.line, rollout.stripped, digest, job.env_name, self.writer.write_line)
+            self.tally.add(digest)
+            stats.add_written(digest, rollout.metrics.total_s)
+        elif isinstance(rollout, Rollout) and rollout.record is not None:
             record = _output_record(job, rollout.record)
             self.spool.add(record, job.env_name, self.writer.write_line)  # the line, then the record kept stripped
             self.tally.add(record)
@@ -388,8 +401,8 @@ def _workers(
     concurrency: int, hosts: int, executor: RolloutExecutor | None, report: Callable[[str], None]
 ) -> tuple[int, tuple[int, str] | None]:
     """``concurrency``, or the most rollouts this machine can hold open to ``hosts`` when that is fewer
-    (said so with ``report``); and that bound (None with an ``executor``: the rollouts run elsewhere)."""
-    bound = concurrency_bound(hosts) if executor is None else None
+    (said so with ``report``); and that bound (None with an ``executor`` whose rollouts run elsewhere)."""
+    bound = concurrency_bound(hosts) if executor is None or executor.same_machine else None
     if bound is not None and concurrency > bound[0]:
         report(f"--concurrency {concurrency:,} is more than this machine can hold open at once ({bound[1]}); "
                f"running {bound[0]:,} rollouts at a time")  # fmt: skip
@@ -443,9 +456,13 @@ def collect(
 ) -> CollectResult:
     """Run a whole collection: check inputs, start named envs / the policy, collect, write metrics.
 
-    ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar).
+    ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar). With
+    ``config.workers`` above 1 the rollouts run in that many worker processes
+    (:mod:`gym_bridge.collect.local_shards`); this process still writes every file.
     """
     check_config(config)
+    if config.workers > 1 and executor is not None:
+        raise CollectError("--workers runs the rollouts in local processes; it cannot be combined with --ray")
     prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))
     routes = parse_env_args(config.envs)
     if config.strict:
@@ -476,11 +493,21 @@ def collect(
 
         local = {routes[i].key or routes[i].target: server_of_app(app) for i, app in apps.items()}
         local = {env: server for env, server in local.items() if server is not None}
+        shards = None
+        if config.workers > 1:
+            from gym_bridge.collect.local_shards import LocalShards
+
+            executor = shards = LocalShards(config.workers, routes, config.env_transport, report=report)
 
         def main(router: Router, in_process: InProcessClient | None = None) -> Coroutine[Any, Any, CollectResult]:
-            return collect_async(config, router, model_url, report=report, on_progress=on_progress,
-                                 on_start=on_start, executor=executor, stop=stop, in_process=in_process,
-                                 local_servers=local if executor is None else None)  # fmt: skip
+            run = collect_async(config, router, model_url, report=report, on_progress=on_progress,
+                                on_start=on_start, executor=executor, stop=stop, in_process=in_process,
+                                local_servers=local if executor is None or shards else None)  # fmt: skip
+            if shards is None:
+                return run
+            slots = -(-config.concurrency // config.workers)
+            agent_config = _agent_config(config, model_url, config.retry_policy())
+            return shards.around(run, agent_config, slots, _http_hosts(model_url, router, in_process))
 
         stack.enter_context(rare_collections())  # a busy loop's rollouts hold no cycles: see gc_policy
         if apps:
@@ -505,7 +532,7 @@ async def _serving_in_process(
         mounted = {}
         for i, app in apps.items():
             try:
-                mounted[i] = await client.mount(_host_name(routes[i], names), app)
+                mounted[i] = await client.mount(host_name(routes[i], names), app)
             except Exception as e:
                 raise CollectError(f"env '{routes[i].target}' did not start: {e}") from None
         every = {**urls, **mounted}
@@ -514,7 +541,7 @@ async def _serving_in_process(
         await client.aclose()
 
 
-def _host_name(route: EnvRoute, taken: set[str]) -> str:
+def host_name(route: EnvRoute, taken: set[str]) -> str:
     """A host name for an env served in-process, from its ``--env`` key (``math`` -> ``math``, so its
     URL reads ``http://math.in-process``); unique among ``taken``, which it joins."""
     slug = re.sub(r"[^a-z0-9]+", "-", (route.key or route.target).lower()).strip("-") or "env"

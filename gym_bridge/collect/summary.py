@@ -200,6 +200,19 @@ class AggregateSpool:
         else:
             line, stripped = whole_and_stripped_json(record)
             write_line(line)
+        self._keep(stripped, record, env)
+
+    def add_encoded(
+        self, line: str, stripped: str | None, digest: dict[str, Any], env: Any, write_line: Callable[[str], None]
+    ) -> None:
+        """:meth:`add` for a record encoded where it ran (:mod:`gym_bridge.collect.encoded`): ``line`` and
+        ``stripped`` (None: not one to aggregate) are its two encodings, ``digest`` its ``agent_ref`` and
+        environment server stamp."""
+        write_line(line)
+        if stripped is not None and env in self.url_of:
+            self._keep(stripped, digest, env)
+
+    def _keep(self, stripped: str, record: dict[str, Any], env: Any) -> None:
         spool = self.files.get(env)
         if spool is None:
             spool = self.files[env] = tempfile.TemporaryFile(dir=self.directory, prefix=".aggregate-spool-")

@@ -96,6 +96,15 @@ def collect(
     ] = None,
     model: Annotated[str | None, typer.Option(help="'model' to put in every request.")] = None,
     concurrency: Annotated[int, typer.Option(help="Rollouts in flight at once.")] = 16,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Processes that run the rollouts: 1 runs them in this process; N > 1 starts N worker "
+            "processes (each with its own envs and connections; --concurrency is the total) while this "
+            "process alone writes the files, so --resume works as with 1. Helps when one core is the limit "
+            "(a fast model); docs/guides/collect.md.",
+        ),
+    ] = 1,
     num_repeats: Annotated[int, typer.Option(help="Rollouts per task (NeMo Gym's aabbcc order).")] = 1,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature for every request.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling top_p for every request.")] = None,
@@ -224,6 +233,7 @@ def collect(
         model_url=model_url,
         policy=policy,
         concurrency=concurrency,
+        workers=workers,
         num_repeats=num_repeats,
         overrides=overrides,
         limit=limit,
@@ -385,6 +395,8 @@ def _print_summary(console: Any, result: Any, *, timeout_origin: str) -> None:
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))
+    for w in run.get("worker_processes", []):  # --workers: rollouts (failed) per process
+        rows.append((f"worker process {w.get('worker')} (pid {w.get('pid')})", f"{w.get('rollouts')} ({w.get('failed')} failed)"))
     for shard in (run.get("ray") or {}).get("shards", []):  # --ray: rollouts (failed) per node
         node = f"node {str(shard.get('node_id'))[:12]} ({shard.get('node_ip')})"
         rows.append((f"ray shard {shard.get('shard')}: {node}", f"{shard.get('rollouts')} ({shard.get('failed')} failed)"))

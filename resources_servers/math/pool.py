@@ -10,29 +10,9 @@ runs out (see :mod:`resources_servers.math.worker`); if it has not answered ``ki
 parent kills it with SIGKILL, answers ``timeout`` and starts a replacement. Other checks keep flowing
 through the remaining workers meanwhile.
 
-Workers are started with the ``forkserver`` method, with the worker module preloaded in the fork
-server: a replacement forks from an already-warm process in milliseconds, and no process is forked
-from the multi-threaded server. As with any non-``fork`` start method, a script that starts the pool
-must guard its entry point with ``if __name__ == "__main__":``.
-
-Slow checks leave the lane: a check that has computed for ``slow_after_s`` (CPU seconds of its worker,
-from /proc; wall-clock seconds where that cannot be read) -- a normal one takes milliseconds, a hostile
-one will run into the budget -- no longer counts as one of the pool's ``size`` workers, and a fresh
-worker takes its place; so does, at once, an answer that ran into the budget before. A plain answer must
-not wait for that either (eight hostile answers on two cores take seconds of wall time to compute
-``slow_after_s`` each, and a new worker takes a while to start on a loaded machine), so:
-
-- a check that arrives while ``size`` lane checks have each computed ``stuck_after_s`` CPU seconds, or
-  while any check is slow (an attack, most likely), gets a worker of its own, before the checks that
-  arrived with the stuck ones (a burst of hostile answers arrives together and waits its turn for
-  the lane; what comes ``stuck_after_s`` or more after it does not);
-- meanwhile one idle worker is kept spare for the next check to arrive.
-
-At most ``size + slow_workers`` workers run at once; workers beyond ``size`` are stopped when they finish
-a check and none waits. CPU seconds, not waiting time, mark a check slow: on a machine so loaded that
-every check crawls, more processes would only make every check slower. (Slow workers are not reniced:
-there a niced check that would finish starves into a timeout.) A check's budget and verdict are the same
-wherever it runs.
+Workers are processes forked from a warm fork server (:mod:`resources_servers.math.worker_process`); which
+waiting check gets the next free worker, and when the pool grows past ``size`` because checks are slow,
+is :mod:`resources_servers.math.lanes`.
 
 Workers start when the first check needs one, in the background: warming the fork server (importing
 SymPy and math-verify, one check) takes a second or more of CPU, while many runs never need a worker (plain
@@ -46,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
-import multiprocessing.spawn as mp_spawn
 import os
 import signal
 import threading
@@ -57,15 +35,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from resources_servers.math.lanes import LaneScheduling
+from resources_servers.math.worker_process import (
+    StartAbandoned,
+    Worker,
+    WorkerStartTimeout,
+    cpu_seconds,
+    discard_spawned,
+    spawn_worker,
+    stop_process,
+)
+
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 60.0
-"""A worker that is not warm after this long (import and one warm-up check) is a failed start."""
 CACHE_CHARS = 32 * 1024 * 1024
 """Characters of cached keys (expected + candidate) at most: the cache's memory stays bounded whatever
 the answers' length."""
-WORKER_MODULE = "resources_servers.math.worker"
-"""Imported in the workers (preloaded once in the fork server), never in the server process."""
 
 
 @dataclass
@@ -85,31 +70,6 @@ _Key = tuple[str, str, bool]
 
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
-POLL_S = 0.05
-"""How often a lane check's CPU seconds are read while checks wait for a worker or until it has computed
-``stuck_after_s`` (see :meth:`VerifierPool._on_slow`)."""
-
-
-@dataclass(eq=False)
-class _Worker:
-    process: Any
-    conn: Any
-    pid: int
-    alive: bool = True
-    task_id: int | None = None
-    future: asyncio.Future[CheckOutcome] | None = None
-    deadline: asyncio.TimerHandle | None = None
-    slow_timer: asyncio.TimerHandle | None = None
-    busy: bool = False
-    """Handed to a check (from then until its answer arrives)."""
-    sent_at: float | None = None
-    """When its check was sent (monotonic seconds)."""
-    arrived_at: float = 0.0
-    """When its check arrived at the pool (monotonic seconds; it may have waited since)."""
-    cpu_at_start: float | None = None
-    """The worker's CPU seconds when its check was sent (for the slow test)."""
-    slow: bool = False
-    """Its check outlived ``slow_after_s``: it does not count as one of the pool's ``size``."""
 
 
 @dataclass
@@ -131,87 +91,7 @@ class PoolStats:
     lane_spawns: int = 0
 
 
-_WITHOUT_MAIN = threading.local()
-"""Set while this module starts a worker: see :func:`_preparation_without_main`."""
-_original_preparation_data = mp_spawn.get_preparation_data
-
-
-def _preparation_without_main(name: str) -> dict[str, Any]:
-    """multiprocessing's preparation data for a new process, without the parent's main module when this
-    module starts a worker. A forkserver child otherwise imports the parent's ``__main__`` again before
-    it runs anything (for ``gym-bridge serve`` the whole CLI: seconds of a busy machine's CPU per worker),
-    which a worker never needs: everything it runs is importable by name."""
-    data = _original_preparation_data(name)
-    if getattr(_WITHOUT_MAIN, "on", False):
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-    return data
-
-
-mp_spawn.get_preparation_data = _preparation_without_main
-
-
-def _worker_entry(conn: Any, memory_mb: int | None) -> None:
-    """A worker process's main (it imports math-verify there, from the fork server's warm copy)."""
-    from resources_servers.math.worker import worker_main
-
-    worker_main(conn, memory_mb)
-
-
-class _StartAbandoned(Exception):
-    """The pool closed while a worker was warming up (the worker is killed)."""
-
-
-class WorkerStartTimeout(RuntimeError):
-    """A worker was not warm within :data:`STARTUP_TIMEOUT_S`: a slow (busy) machine, not a broken
-    one, so the pool keeps trying instead of giving up (see :meth:`VerifierPool._start_one`)."""
-
-
-def _spawn_worker(
-    start_method: str, memory_mb: int | None, abandon: threading.Event | None = None
-) -> _Worker:
-    """Start one worker process and wait until it reports warm (blocking: run it in a thread).
-
-    Setting ``abandon`` stops the wait (and the worker) within a few milliseconds.
-    """
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        # This module too: a new worker unpickles _worker_entry from it, and importing it there (asyncio
-        # and all) cost each start ~50 ms of CPU, ten times the rest of the start.
-        ctx.set_forkserver_preload([WORKER_MODULE, __name__])
-    parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(
-        target=_worker_entry, args=(child_conn, memory_mb), name="math-verifier", daemon=True
-    )
-    _WITHOUT_MAIN.on = True
-    try:
-        process.start()
-    finally:
-        _WITHOUT_MAIN.on = False
-    child_conn.close()
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:  # the deadline first: a start now takes milliseconds, less than one poll
-            if abandon is not None and abandon.is_set():
-                raise _StartAbandoned
-            if time.monotonic() >= deadline:
-                raise WorkerStartTimeout(
-                    f"verifier worker did not get ready within {STARTUP_TIMEOUT_S:.0f} s"
-                )
-            if parent_conn.poll(0.02):
-                break
-        kind, pid = parent_conn.recv()
-        if kind != "ready":
-            raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
-    except BaseException:
-        process.kill()
-        process.join(5)
-        parent_conn.close()
-        raise
-    return _Worker(process=process, conn=parent_conn, pid=pid)
-
-
-class VerifierPool:
+class VerifierPool(LaneScheduling):
     """``size`` warm math-verify processes; a check never runs longer than the budget plus grace.
 
     Verdicts are cached by ``(expected, candidate, whole_text)`` (``cache_size`` entries and
@@ -248,20 +128,20 @@ class VerifierPool:
         self._cache: OrderedDict[_Key, CheckOutcome] = OrderedDict()
         self._cached_chars = 0
         self._running: dict[_Key, asyncio.Task[CheckOutcome]] = {}
-        self._workers: set[_Worker] = set()
-        self._slow: set[_Worker] = set()
+        self._workers: set[Worker] = set()
+        self._slow: set[Worker] = set()
         """Live workers whose check left the lane."""
         self._spawning = 0
         """Worker starts in progress."""
-        self._idle: deque[_Worker] | None = None
-        self._waiters: deque[asyncio.Future[_Worker]] = deque()
+        self._idle: deque[Worker] | None = None
+        self._waiters: deque[asyncio.Future[Worker]] = deque()
         """Checks waiting for a worker, oldest first."""
-        self._late_waiters: deque[asyncio.Future[_Worker]] = deque()
+        self._late_waiters: deque[asyncio.Future[Worker]] = deque()
         """Checks that came after the lane got stuck (see :meth:`_lane_stuck` and :meth:`_promote`): they
         get a worker of their own, before the others."""
-        self._arrived: dict[asyncio.Future[_Worker], float] = {}
+        self._arrived: dict[asyncio.Future[Worker], float] = {}
         """When each waiting check arrived (monotonic seconds)."""
-        self._suspect_waiters: deque[asyncio.Future[_Worker]] = deque()
+        self._suspect_waiters: deque[asyncio.Future[Worker]] = deque()
         """Checks waiting for a worker whose answer ran into the budget before: served after the others."""
         self._suspects: OrderedDict[_Key, None] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -269,7 +149,7 @@ class VerifierPool:
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._abandon = threading.Event()
-        """Set on close: worker starts still waiting for their worker give up (see :func:`_spawn_worker`)."""
+        """Set on close: worker starts still waiting for their worker give up (see :func:`spawn_worker`)."""
         self._starter = ThreadPoolExecutor(size + slow_workers + 1, thread_name_prefix="math-verifier-start")
         """Threads that wait for starting workers: their own, so that a burst of starts during an attack
         neither waits for asyncio's few default threads nor holds them from the server's other work."""
@@ -353,21 +233,21 @@ class VerifierPool:
                     return
         self._started.set()
 
-    async def _spawn(self, counted: bool = False) -> _Worker | None:
+    async def _spawn(self, counted: bool = False) -> Worker | None:
         """A warm worker, or None when it could not be started (or the pool closed meanwhile).
         ``counted``: the caller already added this start to ``_spawning``."""
         assert self._loop is not None
         if not counted:
             self._spawning += 1
         spawning = self._loop.run_in_executor(
-            self._starter, _spawn_worker, self.start_method, self.memory_mb, self._abandon
+            self._starter, spawn_worker, self.start_method, self.memory_mb, self._abandon
         )
         try:
             worker = await asyncio.shield(spawning)
         except asyncio.CancelledError:  # the pool is closing: a worker that still comes up is stopped
-            spawning.add_done_callback(_discard_spawned)
+            spawning.add_done_callback(discard_spawned)
             raise
-        except _StartAbandoned:
+        except StartAbandoned:
             return None
         except Exception as e:
             self.stats.start_failures += 1
@@ -379,7 +259,7 @@ class VerifierPool:
             self._spawning -= 1
         if self._closed:
             worker.conn.close()  # the worker exits on end-of-file
-            await asyncio.to_thread(_stop_process, worker.process)
+            await asyncio.to_thread(stop_process, worker.process)
             return None
         return worker
 
@@ -430,134 +310,6 @@ class VerifierPool:
                 (old_expected, old_candidate, _), _ = self._cache.popitem(last=False)
                 self._cached_chars -= len(old_expected) + len(old_candidate)
 
-    @property
-    def _waiting(self) -> int:
-        """Checks waiting for a worker."""
-        return len(self._waiters) + len(self._late_waiters) + len(self._suspect_waiters)
-
-    def _queue_for(self, suspect: bool) -> deque[asyncio.Future[_Worker]]:
-        """Where a check that finds no idle worker waits (see :meth:`_next_waiter` for the order)."""
-        if suspect:
-            return self._suspect_waiters
-        if self.slow_workers and (self._slow or self._lane_stuck()):
-            return self._late_waiters
-        return self._waiters
-
-    def _lane_checks(self) -> list[_Worker]:
-        """Workers running a check of the lane (sent, not slow)."""
-        return [w for w in self._workers if w.alive and w.busy and not w.slow and w.sent_at is not None]
-
-    def _lane_busy(self) -> int:
-        """Workers handed to a check that is not slow (sent or about to be)."""
-        return sum(w.alive and w.busy and not w.slow for w in self._workers)
-
-    def _lane_stuck(self) -> bool:
-        """Whether ``size`` checks of the lane have each computed ``stuck_after_s`` CPU seconds already.
-        A plain check takes milliseconds: a check that arrives now would wait for ones that may well run
-        into the budget, unless it gets a worker of its own. CPU seconds, not wall time: on a loaded
-        machine every check takes long, and more processes would only slow them all."""
-        running = self._lane_checks()
-        if len(running) < self.size:
-            return False
-        stuck = 0
-        for w in running:
-            cpu = _cpu_seconds(w.pid) if w.cpu_at_start is not None else None
-            if cpu is None or w.cpu_at_start is None:  # wall seconds where /proc cannot be read
-                stuck += time.monotonic() - (w.sent_at or 0.0) >= self.stuck_after_s
-            else:
-                stuck += cpu - w.cpu_at_start >= self.stuck_after_s
-        return stuck >= self.size
-
-    def _promote(self) -> None:
-        """The lane is stuck: checks waiting that arrived ``stuck_after_s`` or more after the newest of
-        the lane's checks are not part of its burst (a burst reaches the pool within milliseconds), so
-        they join the checks that get a worker of their own."""
-        lane = self._lane_checks()
-        if not lane or not self._waiters:
-            return
-        after = max(w.arrived_at for w in lane) + self.stuck_after_s
-        late = [waiter for waiter in self._waiters if self._arrived.get(waiter, 0.0) >= after]
-        for waiter in late:
-            self._waiters.remove(waiter)
-            self._late_waiters.append(waiter)
-
-    async def _acquire(self, suspect: bool) -> _Worker:
-        """An idle worker, or the next one freed or started (see :meth:`_next_waiter` for the order)."""
-        assert self._idle is not None and self._loop is not None
-        arrived = time.monotonic()
-        while True:
-            while self._idle:
-                worker = self._idle.popleft()
-                if worker.alive:
-                    worker.busy, worker.arrived_at = True, arrived
-                    return worker
-            if self._broken:
-                raise RuntimeError(self._broken_message())
-            waiter: asyncio.Future[_Worker] = self._loop.create_future()
-            queue = self._queue_for(suspect)
-            queue.append(waiter)
-            self._arrived[waiter] = arrived
-            if queue is self._late_waiters:
-                self._grow()
-            try:
-                worker = await waiter
-            except asyncio.CancelledError:
-                for waiters in (self._waiters, self._late_waiters, self._suspect_waiters):
-                    if waiter in waiters:  # (it may have been promoted meanwhile)
-                        waiters.remove(waiter)
-                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                    self._release(waiter.result())  # handed over just now: pass it on
-                raise
-            finally:
-                self._arrived.pop(waiter, None)
-            if worker.alive:
-                worker.arrived_at = arrived
-                return worker
-
-    def _release(self, w: _Worker) -> None:
-        """A worker is free: hand it (or another idle one) to a waiting check, or keep it idle."""
-        assert self._idle is not None
-        w.busy = False
-        self._idle.append(w)
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        """Hand idle workers to waiting checks while :meth:`_next_waiter` names one."""
-        assert self._idle is not None
-        while self._idle:
-            if not self._idle[0].alive:
-                self._idle.popleft()
-                continue
-            waiter = self._next_waiter()
-            if waiter is None:
-                return
-            w = self._idle.popleft()
-            w.busy = True
-            waiter.set_result(w)
-
-    def _next_waiter(self) -> asyncio.Future[_Worker] | None:
-        """The waiting check that gets the next free worker (taken from its queue), or None.
-
-        Checks that came after the lane got stuck come first (oldest first): each gets a worker of its
-        own. The others get a worker while the lane has a place for it (fewer than ``size`` checks
-        running that are not slow), but not the spare (see :meth:`_grow`); while a check is slow (an
-        attack, most likely), the newest first: a burst of answers that will time out arrives together,
-        and one sent after it should not wait for the whole burst to be dispatched. Checks whose answer
-        ran into the budget before come last."""
-        assert self._idle is not None
-        lane_open = not self.slow_workers or (
-            self._lane_busy() < self.size
-            and not (sum(w.alive for w in self._idle) <= 1 and (self._slow or self._lane_stuck()))  # spare
-        )
-        for waiters in (self._late_waiters, self._waiters, self._suspect_waiters):
-            if waiters is not self._late_waiters and not lane_open:
-                return None
-            while waiters:
-                waiter = waiters.pop() if self._slow and waiters is self._waiters else waiters.popleft()
-                if not waiter.done():
-                    return waiter
-        return None
-
     async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
         assert self._idle is not None and self._loop is not None
         key = (expected, candidate, whole_text)
@@ -573,7 +325,7 @@ class VerifierPool:
         if suspect and len(self._slow) < self.slow_workers:  # it ran into the budget before
             self._leave_lane(worker)
         elif self.slow_workers:
-            worker.cpu_at_start = _cpu_seconds(worker.pid)
+            worker.cpu_at_start = cpu_seconds(worker.pid)
             first_look = min(self.slow_after_s, self.stuck_after_s)
             worker.slow_timer = self._loop.call_later(first_look, self._on_slow, worker, task_id)
             if self._slow or len(self._workers) > self.size:  # an attack or a stuck lane: see _grow
@@ -608,20 +360,20 @@ class VerifierPool:
             except (OSError, ValueError):
                 pass
             w.conn.close()
-        await asyncio.gather(*(asyncio.to_thread(_stop_process, w.process) for w in workers))
+        await asyncio.gather(*(asyncio.to_thread(stop_process, w.process) for w in workers))
         self._workers.clear()
         self._starter.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ event-loop callbacks
 
-    def _adopt(self, w: _Worker) -> None:
+    def _adopt(self, w: Worker) -> None:
         assert self._loop is not None and self._idle is not None
         self._workers.add(w)
         self._loop.add_reader(w.conn.fileno(), self._on_readable, w)
         self._release(w)
         self._trim()
 
-    def _on_readable(self, w: _Worker) -> None:
+    def _on_readable(self, w: Worker) -> None:
         try:
             task_id, result = w.conn.recv()
         except (EOFError, OSError, ValueError):
@@ -643,18 +395,6 @@ class VerifierPool:
         self._release(w)
         self._trim()
 
-    def _trim(self) -> None:
-        """Stop idle workers beyond ``size`` (not counting slow ones) while no check waits: the ones
-        started to replace a slow check that has ended, or to serve a burst; one idle worker stays
-        spare while a check is slow or the lane is stuck."""
-        assert self._idle is not None
-        while self._waiting == 0 and len(self._workers) - len(self._slow) > self.size and self._idle:
-            if len(self._idle) == 1 and self.slow_workers and (self._slow or self._lane_stuck()):
-                return  # the spare (see _grow)
-            w = self._idle.popleft()
-            if w.alive:
-                self._stop(w)
-
     def _outcome(self, result: dict[str, Any]) -> CheckOutcome:
         status = result["status"]
         if status == "timeout":
@@ -673,66 +413,7 @@ class VerifierPool:
             failure_kind=result["failure_kind"],
         )
 
-    def _on_slow(self, w: _Worker, task_id: int) -> None:
-        """A lane check has run a while: once it has computed ``slow_after_s``, take its worker out of
-        the lane (see the module doc). Until then, while the lane is stuck, start the spare before the
-        next check comes and give the checks that came after the burst a worker of their own."""
-        if w.task_id != task_id or not w.alive or w.slow:
-            return
-        assert self._loop is not None
-        cpu = _cpu_seconds(w.pid)
-        if cpu is not None and w.cpu_at_start is not None:
-            used = cpu - w.cpu_at_start
-        else:  # wall-clock seconds where /proc cannot be read
-            used = time.monotonic() - (w.sent_at or 0.0)
-        if used >= self.slow_after_s and len(self._slow) < self.slow_workers:
-            self._leave_lane(w)
-            return
-        if self._lane_stuck():
-            self._promote()
-            self._grow()
-            self._dispatch()
-        left = self.slow_after_s - used
-        if left <= 0 and not self._waiters:  # the slow lane is full and nothing waits: stop looking
-            return
-        # Look often while checks wait, or until this one could count as stuck (for the spare).
-        often = self._waiters or left <= 0 or used < self.stuck_after_s
-        delay = min(left, POLL_S) if often else left
-        w.slow_timer = self._loop.call_later(max(delay, 0.02), self._on_slow, w, task_id)
-
-    def _leave_lane(self, w: _Worker) -> None:
-        """Count a worker's check as slow: it no longer holds one of the ``size`` lane places."""
-        w.slow = True
-        self._slow.add(w)
-        self.stats.slow_checks += 1
-        self._grow()
-        self._dispatch()  # a lane place is free, and every waiting check may now have a worker
-
-    def _grow(self) -> None:
-        """Start workers (at most ``size + slow_workers`` in all) so that ``size`` are free of slow
-        checks, and, while the lane is stuck or a check slow, so that every check that came after the
-        burst has one coming and one more is spare for the next check to arrive.
-
-        Why: a lane worker is freed by a hostile check only once that check has computed
-        ``slow_after_s``, which takes several times longer in wall time with eight of them sharing two
-        cores; a check that waits for that waits behind the attack. Starting a worker forks a warm one
-        in milliseconds, but on a loaded machine that takes a while: the spare is ready when the next
-        plain answer arrives. The burst itself gets no extra workers: more processes computing answers
-        that will time out would only leave less CPU to the checks that will not."""
-        if self._closed or not self.slow_workers:  # no slow lane: every check waits its turn
-            return
-        assert self._idle is not None
-        coming = self._spawning + sum(w.alive for w in self._idle)
-        wanted = self.size - (len(self._workers) - len(self._slow) + self._spawning)
-        if self._slow or self._late_waiters or self._lane_stuck():
-            wanted = max(wanted, len(self._late_waiters) + 1 - coming)
-        room = self.size + self.slow_workers - len(self._workers) - self._spawning
-        for _ in range(min(wanted, room)):
-            self.stats.lane_spawns += 1
-            self._spawning += 1  # counted now: the next _grow (same loop turn) must see it
-            self._in_background(self._respawn(counted=True))
-
-    def _on_deadline(self, w: _Worker, task_id: int) -> None:
+    def _on_deadline(self, w: Worker, task_id: int) -> None:
         if w.task_id != task_id or not w.alive:
             return
         self.stats.timeouts += 1
@@ -743,14 +424,14 @@ class VerifierPool:
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    def _clear_task(self, w: _Worker) -> None:
+    def _clear_task(self, w: Worker) -> None:
         if w.deadline is not None:
             w.deadline.cancel()
         if w.slow_timer is not None:
             w.slow_timer.cancel()
         w.task_id, w.future, w.deadline, w.slow_timer, w.sent_at = None, None, None, None, None
 
-    def _detach(self, w: _Worker, outcome: CheckOutcome) -> None:
+    def _detach(self, w: Worker, outcome: CheckOutcome) -> None:
         """Stop watching a worker and answer its pending check with ``outcome``."""
         if not w.alive:
             return
@@ -767,7 +448,7 @@ class VerifierPool:
         self._workers.discard(w)
         self._slow.discard(w)
 
-    def _stop(self, w: _Worker) -> None:
+    def _stop(self, w: Worker) -> None:
         """Stop an idle worker (it exits on the end of its pipe)."""
         self._detach(w, CheckOutcome("error", detail="the worker was stopped"))
         try:
@@ -775,9 +456,9 @@ class VerifierPool:
         except (OSError, ValueError):
             pass
         w.conn.close()
-        self._in_background(asyncio.to_thread(_stop_process, w.process))
+        self._in_background(asyncio.to_thread(stop_process, w.process))
 
-    def _retire(self, w: _Worker, outcome: CheckOutcome) -> None:
+    def _retire(self, w: Worker, outcome: CheckOutcome) -> None:
         """Kill a stuck or broken worker, answer its check, and start a replacement in the background."""
         self._detach(w, outcome)
         try:
@@ -789,7 +470,7 @@ class VerifierPool:
             self._trim()
             self._in_background(self._replace(w))
 
-    async def _replace(self, dead: _Worker) -> None:
+    async def _replace(self, dead: Worker) -> None:
         await asyncio.to_thread(dead.process.join, 5.0)  # reap it
         if len(self._workers) - len(self._slow) + self._spawning < self.size:  # else replaced already
             await self._respawn()
@@ -814,33 +495,3 @@ class VerifierPool:
         finally:
             if counted:  # closed before the first start
                 self._spawning -= 1
-
-
-def _discard_spawned(spawning: asyncio.Future[_Worker]) -> None:
-    """Stop a worker whose start finished after the pool closed (its end of the pipe closes, it exits)."""
-    if spawning.cancelled() or spawning.exception() is not None:
-        return
-    worker = spawning.result()
-    worker.conn.close()
-    worker.process.kill()
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc); None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def _stop_process(process: Any) -> None:
-    process.join(1.0)
-    if process.is_alive():
-        process.kill()
-        process.join(5.0)

@@ -17,6 +17,7 @@ import pytest
 
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.math import pool as pool_module
+from resources_servers.math import worker_process
 from resources_servers.math.app import MathConfig, MathServer
 from resources_servers.math.pool import VerifierPool
 from resources_servers.math.tests.helpers import verify_body, wait_for_pool
@@ -38,7 +39,7 @@ def held_spawns(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSpawns]:
     """Worker starts block until the returned event is set (then start for real)."""
     release = HeldSpawns()
     release.workers = []
-    real_spawn = pool_module._spawn_worker
+    real_spawn = pool_module.spawn_worker
 
     def held(*args: Any) -> Any:
         if not release.wait(120):
@@ -47,7 +48,7 @@ def held_spawns(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldSpawns]:
         release.workers.append(worker)
         return worker
 
-    monkeypatch.setattr(pool_module, "_spawn_worker", held)
+    monkeypatch.setattr(pool_module, "spawn_worker", held)
     yield release
     release.set()
 
@@ -104,19 +105,19 @@ def test_a_pool_that_cannot_start_names_the_reason() -> None:
 
 def test_workers_that_only_start_slowly_are_retried_not_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a busy machine a worker can miss its warm-up deadline: that is retried, not a broken pool."""
-    real_spawn = pool_module._spawn_worker
+    real_spawn = pool_module.spawn_worker
     lock, starts = threading.Lock(), []
 
     def first_two_time_out(*args: Any) -> Any:
         with lock:
             starts.append(1)
             if len(starts) <= 2:  # the initial start of both workers: a deadline nothing can meet
-                monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 0.0)
+                monkeypatch.setattr(worker_process, "STARTUP_TIMEOUT_S", 0.0)
             else:
-                monkeypatch.setattr(pool_module, "STARTUP_TIMEOUT_S", 60.0)
+                monkeypatch.setattr(worker_process, "STARTUP_TIMEOUT_S", 60.0)
             return real_spawn(*args)
 
-    monkeypatch.setattr(pool_module, "_spawn_worker", first_two_time_out)
+    monkeypatch.setattr(pool_module, "spawn_worker", first_two_time_out)
 
     async def run() -> None:
         pool = VerifierPool(2, timeout_s=10.0)
@@ -131,7 +132,7 @@ def test_workers_that_only_start_slowly_are_retried_not_given_up(monkeypatch: py
 
 
 def test_stopping_the_server_mid_start_leaves_no_worker_behind(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_spawn = pool_module._spawn_worker
+    real_spawn = pool_module.spawn_worker
 
     def held_until_closed(start_method: str, memory_mb: Any, abandon: threading.Event | None = None) -> Any:
         """A worker start that stays 'starting' (its process alive) until the pool gives it up: warm
@@ -141,10 +142,10 @@ def test_stopping_the_server_mid_start_leaves_no_worker_behind(monkeypatch: pyte
             worker.process.kill()
             worker.process.join(5)
             worker.conn.close()
-            raise pool_module._StartAbandoned
+            raise worker_process.StartAbandoned
         return worker
 
-    monkeypatch.setattr(pool_module, "_spawn_worker", held_until_closed)
+    monkeypatch.setattr(pool_module, "spawn_worker", held_until_closed)
     before = _live_verifiers()
     server = MathServer(config=MathConfig(pool_size=2))
     running = start_in_thread(server.build_app())

@@ -497,7 +497,11 @@ def collect(
         if config.workers > 1:
             from gym_bridge.collect.local_shards import LocalShards
 
-            executor = shards = LocalShards(config.workers, routes, config.env_transport, report=report)
+            processes = min(config.workers, config.concurrency)  # each needs a rollout in flight to do anything
+            if processes < config.workers:
+                report(f"--workers {config.workers} with --concurrency {config.concurrency}: starting "
+                       f"{processes} worker process(es), one for each rollout in flight")  # fmt: skip
+            executor = shards = LocalShards(processes, routes, config.env_transport, report=report)
 
         def main(router: Router, in_process: InProcessClient | None = None) -> Coroutine[Any, Any, CollectResult]:
             run = collect_async(config, router, model_url, report=report, on_progress=on_progress,
@@ -505,7 +509,7 @@ def collect(
                                 local_servers=local if executor is None or shards else None)  # fmt: skip
             if shards is None:
                 return run
-            slots = -(-config.concurrency // config.workers)
+            slots = -(-config.concurrency // shards.count)
             agent_config = _agent_config(config, model_url, config.retry_policy())
             return shards.around(run, agent_config, slots, _http_hosts(model_url, router, in_process))
 

@@ -168,3 +168,15 @@ def test_bad_workers_values_are_refused_naming_the_flag(tmp_path):
         assert done.returncode == 2, (extra, done.stdout, done.stderr)
         assert "--workers" in done.stdout + done.stderr, extra
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_more_workers_than_rollouts_in_flight_start_only_as_many_and_say_so(tmp_path):
+    tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(i, 1) for i in range(6)])
+    said: list[str] = []
+    with FakeModel(record_requests=False) as model:
+        result = collect(CollectConfig(tasks, tmp_path / "r.jsonl", ["math"], model_url=model.url, concurrency=2,
+                                       workers=4, progress=False), report=said.append)  # fmt: skip
+    assert (result.written, result.failed) == (6, 0)
+    run = result.metrics["run"]
+    assert run["workers"] == 2 and len(run["worker_processes"]) == 2
+    assert any("--workers 4 with --concurrency 2: starting 2 worker process" in m for m in said), said

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from collect_helpers import read_jsonl, write_rows
 from collect_helpers import rollout_pairs as pairs
-from fake_model import FakeModel, arithmetic_row
+from fake_model import FakeModel, Fault, arithmetic_row
 
 from gym_bridge.collect import (
     CollectConfig,
@@ -73,21 +73,23 @@ def _wait_for_lines(out: Path, proc: subprocess.Popen, lines: int, timeout: floa
 def test_workers_run_the_rollouts_and_write_what_one_process_writes(tmp_path):
     tasks = write_rows(tmp_path / "tasks.jsonl", [arithmetic_row(i % 10, i // 10) for i in range(40)])
     outs = {n: tmp_path / f"w{n}.jsonl" for n in (1, 2)}
-    with FakeModel(record_requests=False) as model:
+    with FakeModel({"What is 3 + 0": Fault.http(500)}, record_requests=False) as model:  # task 3 fails
         for n, out in outs.items():
             config = CollectConfig(tasks, out, ["math"], model_url=model.url, num_repeats=3, concurrency=8, seed=7,
-                                   workers=n, progress=False)  # fmt: skip
+                                   workers=n, max_retries=0, progress=False)  # fmt: skip
             result = collect(config)
-            assert (result.written, result.failed) == (120, 0)
+            assert (result.written, result.failed) == (117, 3)
     run = json.loads(metrics_path_for(outs[2]).read_text())["run"]
     processes = run["worker_processes"]
     assert run["workers"] == 2 and [p["worker"] for p in processes] == [0, 1]
     assert len({p["pid"] for p in processes} | {os.getpid()}) == 3  # two processes, neither this one
-    assert all(p["rollouts"] > 0 and p["failed"] == 0 for p in processes)
-    assert sum(p["rollouts"] for p in processes) == 120
+    assert all(p["rollouts"] > 0 for p in processes)
+    assert sum(p["rollouts"] for p in processes) == 117 and sum(p["failed"] for p in processes) == 3
     assert "workers" not in json.loads(metrics_path_for(outs[1]).read_text())["run"]
     # The same files as one process writes (line order is completion order; the fake model's ids are fresh).
     assert _normalized_lines(outs[2]) == _normalized_lines(outs[1])
+    assert _normalized_lines(failures_path_for(outs[2])) == _normalized_lines(failures_path_for(outs[1]))
+    assert {f["_ng_task_index"] for f in read_jsonl(failures_path_for(outs[2]))} == {3}
     for side in (materialized_path_for, aggregate_metrics_path_for):
         assert side(outs[2]).read_text() == side(outs[1]).read_text()
     metrics = [json.loads(metrics_path_for(out).read_text()) for out in outs.values()]
@@ -95,7 +97,8 @@ def test_workers_run_the_rollouts_and_write_what_one_process_writes(tmp_path):
         for key in (*_TIMINGS, "workers", "worker_processes"):
             m["run"].pop(key, None)
     assert metrics[0] == metrics[1]
-    assert metrics[0]["mean_reward"] == 1.0 and metrics[0]["num_rollouts"] == 120
+    assert metrics[0]["mean_reward"] == 1.0 and metrics[0]["num_rollouts"] == 117
+    assert metrics[0]["run"]["failures_by_class"] == {"model_http_error": 3}
     assert all(r["reward"] == 1.0 for r in read_jsonl(outs[2]))
 
 

@@ -127,10 +127,31 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def _memory_poll(pid: int, stop: threading.Event, out: dict[str, int], every_s: float = 0.1) -> None:
-    """Peak summed PSS of the process tree and the main process's VmHWM, sampled every 0.1 s."""
+def _cpu_and_name(pid: int, name: str | None = None) -> tuple[float, str] | None:
+    """CPU seconds (user + system) a process has used so far, and its command line (read unless given);
+    None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if name is None:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                name = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), name
+
+
+def _memory_poll(pid: int, stop: threading.Event, out: dict[str, Any], every_s: float = 0.1) -> None:
+    """Peak summed PSS of the process tree and the main process's VmHWM, sampled every 0.1 s; and each
+    descendant's CPU seconds and command line as last seen (``cpu_by_pid``: a process that ends between
+    two samples is short of its last interval's CPU)."""
+    seen: dict[int, tuple[float, str]] = out.setdefault("cpu_by_pid", {})
     while not stop.is_set():
-        out["tree_pss_kb"] = max(out.get("tree_pss_kb", 0), sum(_pss_kb(p) for p in _tree_pids(pid)))
+        tree = _tree_pids(pid)
+        out["tree_pss_kb"] = max(out.get("tree_pss_kb", 0), sum(_pss_kb(p) for p in tree))
+        for p in tree[1:]:
+            if (found := _cpu_and_name(p, seen[p][1] if p in seen else None)) is not None:
+                seen[p] = found
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
@@ -195,6 +216,7 @@ def _run_child(
         "peak_rss_main_mib": main_rss_kb / 1024,
         "peak_pss_tree_mib": (memory.get("tree_pss_kb") or main_rss_kb) / 1024,
         "first_line_s": first_line,
+        "cpu_by_pid": memory.get("cpu_by_pid", {}),
         "stdout": b"".join(stdout_chunks).decode(errors="replace"),
         "stderr": b"".join(stderr_chunks).decode(errors="replace"),
     }

@@ -38,6 +38,8 @@ from bench_collect import REPO, _child_env, _gym_bridge, _run_child, _write_task
 from common import figure, write_results  # noqa: E402
 
 RESULT_NAME = "collect_scale"
+WORKER_MODULE = "gym_bridge.collect.local_worker"
+"""How a ``collect --workers`` worker process is named on its command line."""
 FULL_SIZES = (65_536, 262_144, 1_048_576)
 QUICK_SIZES = (8_192, 32_768)
 REPEATS = 4
@@ -52,6 +54,18 @@ def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a running process so far (``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_parts(run: dict[str, Any], model_cpu: float | None, rollouts: int) -> dict[str, float | None]:
+    """CPU ms a rollout of the main process, its worker processes (``collect --workers``), its other
+    descendants (verifier processes) and the model: the descendants as last sampled (each second), the
+    main process the rest of the tree's exact total (``wait4``)."""
+    by_pid = run.get("cpu_by_pid", {})
+    workers = sum(cpu for cpu, name in by_pid.values() if WORKER_MODULE in name)
+    others = sum(cpu for cpu, name in by_pid.values() if WORKER_MODULE not in name)
+    per = 1000 / max(1, rollouts)
+    return {"main": (run["cpu_s"] - workers - others) * per, "workers": workers * per, "other_descendants": others * per,
+            "model": None if model_cpu is None else model_cpu * per}  # fmt: skip
 
 
 def scale_run(url: str, n: int, concurrency: int, workdir: Path, workers: int = 1, model_pid: int | None = None) -> dict[str, Any]:
@@ -86,6 +100,7 @@ def scale_run(url: str, n: int, concurrency: int, workdir: Path, workers: int = 
         "workers": workers,
         "worker_processes": block.get("worker_processes"),
         "cpu_ms_per_rollout": 1000 * run["cpu_s"] / max(1, block["rollouts_written"]),
+        "cpu_ms_per_rollout_parts": _cpu_parts(run, model_cpu, block["rollouts_written"]),
         "model_cpu_ms_per_rollout": None if model_cpu is None else 1000 * model_cpu / max(1, block["rollouts_written"]),
         "concurrency_requested": concurrency,
         "concurrency": block.get("concurrency"),
@@ -133,7 +148,9 @@ def main() -> None:
                             f"N={n:>9,d} --workers {workers}: {run['failed']} failed, {run['rollouts_per_s']:7.0f} "
                             f"rollouts/s ({run['rollouts_per_s_wall']:.0f} over the wall time), peak RSS "
                             f"{run['peak_rss_main_mib']:.0f} MiB (tree PSS {run['peak_pss_tree_mib']:.0f} MiB), CPU "
-                            f"{run['cpu_ms_per_rollout']:.3f} ms/rollout (model {run['model_cpu_ms_per_rollout']:.3f}), "
+                            f"{run['cpu_ms_per_rollout']:.3f} ms/rollout ("
+                            + ", ".join(f"{k} {v:.3f}" for k, v in run["cpu_ms_per_rollout_parts"].items() if v is not None)
+                            + "), "
                             f"concurrency {run['concurrency']} of {concurrency}, load "
                             f"{run['loadavg_start'][0]:.1f}->{run['loadavg_end'][0]:.1f}",
                             flush=True,
@@ -159,10 +176,12 @@ def main() -> None:
         if runs_of[r["rollouts"], workers] > 1:
             label += f", run {seen[r['rollouts'], workers]}"
         cpu = r.get("cpu_ms_per_rollout")
+        parts = r.get("cpu_ms_per_rollout_parts") or {}
+        split = ", ".join(f"{k} {v:.3f}" for k, v in parts.items() if v is not None)
         note = (f"--workers {workers} ({'one process' if workers == 1 else f'{workers} worker processes run the rollouts'}); "
                 f"c={r['concurrency_requested']:,} requested, {r['concurrency']} run at once (bounded by collect: "
                 f"{r['concurrency_bound']}); {r['failed']} failed; {r['rollouts_written']:,} written; "
-                + (f"CPU {cpu:.3f} ms a rollout (collect's tree), model {r['model_cpu_ms_per_rollout']:.3f}; " if cpu else "")
+                + (f"CPU {cpu:.3f} ms a rollout (collect's tree; {split}); " if cpu else "")
                 + f"load average {r['loadavg_start'][0]:.1f} at start, {r['loadavg_end'][0]:.1f} at end")  # fmt: skip
         before_note = (f"; before this change (issue 37, not this run): {before['rollouts_per_s']:g} rollouts/s, "
                        f"{before['peak_rss_gb']:g} GB") if before else ""  # fmt: skip

@@ -27,11 +27,12 @@ def write_frame(writer: asyncio.StreamWriter, value: Any) -> None:
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Any:
-    """The next frame's value; None at the end of the stream (the other side closed or died)."""
+    """The next frame's value; None at the end of the stream (the other side closed or died: a reset
+    connection too, which a process killed with unread data on its socket leaves)."""
     try:
         head = await reader.readexactly(_HEAD.size)
         return pickle.loads(await reader.readexactly(_HEAD.unpack(head)[0]))
-    except asyncio.IncompleteReadError:
+    except (asyncio.IncompleteReadError, ConnectionError):
         return None
 
 

@@ -138,15 +138,20 @@ class LocalShards:
     async def _read(self, w: _Worker) -> None:
         """Hand each answer of ``w`` to its waiting :meth:`run`; when ``w``'s stream ends before
         :meth:`close`, the process is gone: every rollout waiting on it fails with the reason."""
-        while (answers := await read_frame(w.reader)) is not None:
-            for job_id, values in answers:
-                waiting = w.pending.pop(job_id, None)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(values)
+        how = None
+        try:
+            while (answers := await read_frame(w.reader)) is not None:
+                for job_id, values in answers:
+                    waiting = w.pending.pop(job_id, None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(values)
+        except Exception as e:  # a frame that does not unpickle: nothing more from it can be trusted
+            how = f"sent a message that could not be read ({type(e).__name__}: {e})"
+            w.proc.kill()
         if self.closing:
             return
         w.lost = CollectError(
-            f"--workers: worker process {w.index} (pid {w.pid}) {await _ended(w.proc)} mid-run; the finished "
+            f"--workers: worker process {w.index} (pid {w.pid}) {how or await _ended(w.proc)} mid-run; the finished "
             "rollouts are written, rerun with --resume for the rest"
         )
         for waiting in w.pending.values():

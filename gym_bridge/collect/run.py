@@ -506,7 +506,7 @@ def collect(
         def main(router: Router, in_process: InProcessClient | None = None) -> Coroutine[Any, Any, CollectResult]:
             run = collect_async(config, router, model_url, report=report, on_progress=on_progress,
                                 on_start=on_start, executor=executor, stop=stop, in_process=in_process,
-                                local_servers=local if executor is None or shards else None)  # fmt: skip
+                                local_servers=local if executor is None or shards is not None else None)  # fmt: skip
             if shards is None:
                 return run
             slots = -(-config.concurrency // shards.count)

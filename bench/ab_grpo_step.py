@@ -8,8 +8,10 @@ checkout) for ``--steps`` steps, seed 42, with validation, checkpoints and Tenso
 rollouts in a child process) and ``sync`` (``grpo.async_grpo.enabled=false``). The checkouts take turns,
 A B, B A, A B, ...; a run's step times are ``time_step_s`` of its ``metrics.jsonl`` train rows after the
 first ``bench_train.WARMUP_STEPS``. Reported per mode: each checkout's median step over all its runs,
-B/A, the median of each step phase, the runs' rewards (the same seed samples the same completions only
-if nothing in sampling changed) and the load average at each run's start and at the end.
+B/A, the median of each step phase, the median CPU seconds of a whole run (start-up included; the
+train process and its children: less moved by load than wall time), the runs' rewards (the same seed
+samples the same completions only if nothing in sampling changed) and the load average at each run's
+start and at the end.
 
     git worktree add --detach /tmp/ab-old 99bf06e && git worktree add --detach /tmp/ab-new HEAD
     .venv/bin/python bench/ab_grpo_step.py /tmp/ab-old /tmp/ab-new --steps 10 --rounds 3
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,9 +48,11 @@ def run_once(checkout: Path, mode: str, steps: int, threads: int, log_dir: Path)
            *quiet_run(steps, log_dir), "grpo.seed=42", *MODES[mode]]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": str(threads)}
     load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{checkout} ({mode}): train failed ({done.returncode}): {done.stderr[-2000:]}")
     lines = (log_dir / "metrics.jsonl").read_text().splitlines()
@@ -61,6 +66,7 @@ def run_once(checkout: Path, mode: str, steps: int, threads: int, log_dir: Path)
         "phases_s": {p: [round(r.get(p, 0.0), 4) for r in rows] for p in PHASES},
         "reward_mean": [round(r["reward_mean"], 4) for r in rows],
         "wall_s": round(wall, 2),
+        "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2),
         "loadavg_1m_at_start": round(load, 2),
     }
 
@@ -75,6 +81,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             s for run in runs for s in run["phases_s"][p][WARMUP_STEPS:]), 4) for p in PHASES},  # fmt: skip
         "mean_reward": round(statistics.mean(r for run in runs for r in run["reward_mean"]), 4),
         "wall_s_per_run": [run["wall_s"] for run in runs],
+        "median_cpu_s_per_run": statistics.median(run["cpu_s"] for run in runs),
     }
 
 
@@ -99,7 +106,7 @@ def main() -> None:
                     runs.append(run_once(checkout, mode, args.steps, args.threads, Path(tmp) / f"run{len(runs)}"))
                     last = runs[-1]
                     print(f"{checkout} {mode}: median step {statistics.median(last['step_s'][WARMUP_STEPS:]):.3f} s, "
-                          f"wall {last['wall_s']} s, load {last['loadavg_1m_at_start']}", flush=True)  # fmt: skip
+                          f"wall {last['wall_s']} s, CPU {last['cpu_s']} s, load {last['loadavg_1m_at_start']}", flush=True)  # fmt: skip
     summaries = {mode: {side: summarize([r for r in runs if r["mode"] == mode and r["checkout"] == str(c)])
                         for side, c in (("a", a), ("b", b))} for mode in args.modes}  # fmt: skip
     note = (f"median over {args.rounds} alternating runs x {args.steps - WARMUP_STEPS} steps (first {WARMUP_STEPS} "
@@ -112,8 +119,9 @@ def main() -> None:
     path = write_results("grpo_step_ab", rows, details=details)
     for mode, s in summaries.items():
         ratio = s["b"]["median_step_s"] / s["a"]["median_step_s"]
+        cpu = s["b"]["median_cpu_s_per_run"] / s["a"]["median_cpu_s_per_run"]
         print(f"{mode}: A {s['a']['median_step_s']:.3f} s/step, B {s['b']['median_step_s']:.3f} s/step, B/A {ratio:.2f}; "
-              f"mean reward A {s['a']['mean_reward']}, B {s['b']['mean_reward']}")  # fmt: skip
+              f"CPU per run B/A {cpu:.2f}; mean reward A {s['a']['mean_reward']}, B {s['b']['mean_reward']}")  # fmt: skip
     print(f"wrote {path}")
 
 

@@ -7,7 +7,9 @@ and B/A. Alternating short bursts puts both sides under the same machine load, w
 changes by the minute. Each checkout's server script imports its own code: today's module paths, or the
 ones before the serving/ package (``gym_bridge.server.start_in_thread``), so A can be a commit before
 the redesign. Writes ``bench/results/http_ab_c<concurrency>.json`` (per target: B's median rate, A's as the baseline,
-every burst's rate, the load average at start and end).
+every burst's rate, the load average at start and end). Each burst also counts the serving process's
+CPU seconds (``common.tree_cpu_seconds``): CPU per request moves less with the machine's load than the
+rate does. ``--targets`` picks targets by a part of their name.
 
     .venv/bin/python bench/ab_http.py --a /tmp/main-checkout --b . --rounds 9 --burst 400 --concurrency 16
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import figure, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
+from common import figure, tree_cpu_seconds, write_results  # noqa: E402  (bench/ helpers, see bench/README.md)
 
 _SERVERS = """
 import sys
@@ -109,32 +111,44 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--burst", type=int, default=400, help="requests per burst")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--targets", nargs="+", default=[""], help="only targets whose name holds one of these")
     args = parser.parse_args()
     procs = {}
-    rows, bursts = [], {}
+    rows, bursts, cpu_us = [], {}, {}
     load_at_start = os.getloadavg()
     try:
         for side in ("a", "b"):
             procs[side] = start(getattr(args, side).resolve())
         for name, (server, path, body) in TARGETS.items():
+            if not any(part in name for part in args.targets):
+                continue
             rates: dict[str, list[float]] = {"a": [], "b": []}
+            cpu: dict[str, list[float]] = {"a": [], "b": []}
             for side in ("a", "b"):  # warm-up
                 asyncio.run(burst(procs[side][1][server] + path, body, args.concurrency, 100))
             for _ in range(args.rounds):
                 for side in ("a", "b"):
+                    before = tree_cpu_seconds(procs[side][0].pid)
                     rates[side].append(asyncio.run(burst(procs[side][1][server] + path, body, args.concurrency, args.burst)))
+                    cpu[side].append(1e6 * (tree_cpu_seconds(procs[side][0].pid) - before) / args.burst)
             a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
-            print(f"{name:34s} c={args.concurrency:<4d} A {a:7.0f} req/s   B {b:7.0f} req/s   B/A {b / a:5.2f}", flush=True)
+            ca, cb = statistics.median(cpu["a"]), statistics.median(cpu["b"])
+            print(f"{name:34s} c={args.concurrency:<4d} A {a:7.0f} req/s   B {b:7.0f} req/s   B/A {b / a:5.2f}   "
+                  f"server CPU/req A {ca:5.0f} us  B {cb:5.0f} us  B/A {cb / ca:5.2f}", flush=True)  # fmt: skip
             bursts[name] = {side: [round(r, 1) for r in rates[side]] for side in rates}
+            cpu_us[name] = {side: [round(r, 1) for r in cpu[side]] for side in cpu}
             rows.append(figure(f"{name}, c={args.concurrency} (B: {args.b})", round(b, 1), "req/s", baseline=round(a, 1),
                                note=f"A: {args.a}; median of {args.rounds} alternating bursts of {args.burst}; "
                                "higher is better"))  # fmt: skip
+            rows.append(figure(f"{name}, c={args.concurrency}, server CPU per request (B: {args.b})", round(cb, 1),
+                               "us", baseline=round(ca, 1), note=f"A: {args.a}; the serving process's CPU over each "
+                               f"burst / requests, median of {args.rounds}; lower is better"))  # fmt: skip
     finally:
         for proc, _ in procs.values():
             proc.kill()
             proc.wait()
     details = {"a": str(args.a), "b": str(args.b), "rounds": args.rounds, "burst": args.burst,
-               "concurrency": args.concurrency, "bursts_req_per_s": bursts,
+               "concurrency": args.concurrency, "bursts_req_per_s": bursts, "bursts_server_cpu_us_per_req": cpu_us,
                "loadavg_at_start": [round(x, 2) for x in load_at_start],
                "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
     print(f"wrote {write_results(f'http_ab_c{args.concurrency}', rows, details=details)}")

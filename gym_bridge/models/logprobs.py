@@ -88,7 +88,7 @@ def token_logprobs(
 ) -> torch.Tensor:
     """(b, T-1) log-probs at ``temperature`` of tokens 1..T-1 where ``token_mask`` (b, T-1) is set, 0 elsewhere.
 
-    Packed rows (:mod:`gym_bridge.train.packing`) pass ``position_ids`` and no attention mask.
+    Packed rows (:mod:`gym_bridge.train.batches.packing`) pass ``position_ids`` and no attention mask.
     ``chunk_size``: :func:`hidden_logprobs`' (a model whose logits are not plainly ``lm_head(hidden)``
     gets its full logits from its own forward pass, unchunked). Grouped key/value heads are read in
     place, not repeated per query head (:mod:`gym_bridge.models.gqa_attention`).

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config.loss import ClippedPGLossConfig
-from gym_bridge.train.rollouts import Sample
 
 __all__ = ["DEFAULT_DELTA", "EntropyControl", "sampled_entropy"]
 

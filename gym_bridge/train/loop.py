@@ -32,6 +32,7 @@ from typing import Any
 from transformers.utils import logging as hf_logging
 
 from gym_bridge.train.async_rollouts import RolloutPipeline
+from gym_bridge.train.batches.sequences import per_sample_logprobs
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
@@ -43,7 +44,6 @@ from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.run_dirs import find_earlier_run
 from gym_bridge.train.sample_log import write_step_samples
 from gym_bridge.train.sampling import Sampler, produce_step, sample_step
-from gym_bridge.train.sequences import per_sample_logprobs
 from gym_bridge.train.setup import (
     build_learner,
     find_resume_point,

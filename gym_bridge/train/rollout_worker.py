@@ -3,7 +3,7 @@
 In one process the sampling side (policy server, agent loop, resources servers: mostly Python) and the
 trainer share one interpreter lock, and overlapping them gained little. The worker process owns a
 copy of the policy, the embedded policy server, the built-in environments and the agent loop; the
-trainer sends it prompts and weights and gets :class:`~gym_bridge.train.rollouts.Sample` lists back.
+trainer sends it prompts and weights and gets :class:`~gym_bridge.train.batches.rollouts.Sample` lists back.
 Only async GRPO uses it: synchronous steps wait for their rollouts anyway.
 """
 
@@ -22,10 +22,10 @@ from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.generation.weights import MergedLoraWeights, tensor_identity
 from gym_bridge.models.registry import load_model_and_tokenizer
 from gym_bridge.rollout.env_router import ReplicaEndpoints
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
 from gym_bridge.train.rollout_failures import TooManyFailedRollouts
-from gym_bridge.train.rollouts import Sample
 from gym_bridge.train.sampling import OnlineSampler
 
 __all__ = ["ProcessSampler", "RolloutWorkerError"]

@@ -126,7 +126,7 @@ def test_a_request_holding_too_many_tokens_is_refused(tokenizer):
 def test_the_trainer_and_the_server_render_prompts_with_one_function(service, tokenizer):
     """The trainer's prompt-length filter counts tokens with the function the server generates from."""
     from gym_bridge.records import chat
-    from gym_bridge.train import rollouts
+    from gym_bridge.train.batches import rollouts
 
     assert rollouts.render_prompt is chat.render_prompt
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]

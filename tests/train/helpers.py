@@ -63,7 +63,7 @@ def write_say_prompts(path: Path, n: int) -> Path:
 
 def step_sample(i: int, reward: float, record: dict | None = None) -> Any:
     """Sample ``i`` of two groups of four (group ``i // 4``): a 3-token prompt, then 2-5 generated tokens."""
-    from gym_bridge.train.rollouts import Sample
+    from gym_bridge.train.batches.rollouts import Sample
 
     generated = 2 + i % 4
     return Sample(
@@ -104,7 +104,7 @@ def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tu
     by +-0.3 so ratios are away from 1 (several are clipped)."""
     import torch
 
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.setup import build_learner
     from gym_bridge.train.update import StepBatch, update_policy
 

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from gym_bridge.train.batching import (
+from gym_bridge.train.batches.batching import (
     dynamic_micro_batches,
     fixed_micro_batches,
     pack_sequences,

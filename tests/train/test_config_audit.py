@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from gym_bridge.train.batches.rollouts import Sample  # noqa: E402
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
-from gym_bridge.train.rollouts import Sample  # noqa: E402
 
 BASE = ["data.train.data_path=a.jsonl", "grpo.mode=offline"]
 
@@ -126,7 +126,7 @@ def test_optimizer_foreach_and_fused_reach_the_optimizer() -> None:
 
 
 def test_dynamic_batching_length_rounding_changes_the_micro_batches() -> None:
-    from gym_bridge.train.sequences import micro_batches
+    from gym_bridge.train.batches.sequences import micro_batches
 
     samples = [sample(0, 1.0, length=n) for n in (10, 9, 9, 9, 5, 5)]
     common = ["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=36"]
@@ -139,7 +139,7 @@ def test_dynamic_batching_length_rounding_changes_the_micro_batches() -> None:
 
 
 def test_sequence_packing_length_rounding_aligns_packed_sequences() -> None:
-    from gym_bridge.train.sequences import make_micro_batch, packing_layout
+    from gym_bridge.train.batches.sequences import make_micro_batch, packing_layout
 
     samples = [sample(0, 1.0, length=n) for n in (7, 5, 3)]
     cfg = cfg_with("policy.sequence_packing.enabled=true", "policy.sequence_packing.sequence_length_round=8")
@@ -264,7 +264,7 @@ def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
 
 
 def test_packing_logprob_budget_sets_the_log_prob_passes_rows() -> None:
-    from gym_bridge.train.sequences import micro_batches
+    from gym_bridge.train.batches.sequences import micro_batches
 
     samples = [sample(0, 1.0, length=n) for n in (30, 30, 30, 30, 20, 20, 10, 10)]
     index = list(range(8))

@@ -145,7 +145,7 @@ def spy_moves(monkeypatch: pytest.MonkeyPatch) -> list[torch.device]:
     """Devices every micro-batch is moved to. On a CPU-only machine every tensor is on the CPU
     whatever the code does, so the test also checks that the move happens, to the resolved device,
     for every micro-batch: drop a move and it fails here as it would on a GPU."""
-    from gym_bridge.train.sequences import MicroBatch
+    from gym_bridge.train.batches.sequences import MicroBatch
 
     moves: list[torch.device] = []
     original = MicroBatch.to
@@ -163,7 +163,7 @@ def spy_moves(monkeypatch: pytest.MonkeyPatch) -> list[torch.device]:
 def test_every_tensor_of_a_training_step_is_on_the_resolved_device(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path, lora: bool, packing: bool
 ) -> None:
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.setup import build_learner
     from gym_bridge.train.update import StepBatch, update_policy
 
@@ -247,7 +247,7 @@ def fp16_learner(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[Any, Any
 
 
 def step(cfg: Any, learner: Any) -> dict[str, float]:
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.update import StepBatch, update_policy
 
     batch = StepBatch.from_samples(cfg.grpo, samples())

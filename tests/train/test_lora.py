@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.rollouts import Sample
 from tests.train.helpers import save_random_tiny
 
 peft = pytest.importorskip("peft")
@@ -63,7 +63,7 @@ def samples(seed: int = 0) -> list[Sample]:
 
 
 def one_update(cfg: Any, learner: Any) -> None:
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.update import StepBatch, update_policy
 
     batch = StepBatch.from_samples(cfg.grpo, samples())
@@ -109,7 +109,7 @@ def test_only_adapter_parameters_train_and_hold_optimizer_state(tmp_path: Path, 
 
 def test_reference_logprobs_are_the_base_models(tmp_path: Path, model_dir: Path) -> None:
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
 
     cfg, learner = lora_learner(tmp_path, model_dir)
     one_update(cfg, learner)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.rollouts import Sample
 from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,21 +11,21 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gym_bridge.models.logprobs import token_logprobs  # noqa: E402
-from gym_bridge.train.batching import pad_and_stack  # noqa: E402
-from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
-from gym_bridge.train.packing import (  # noqa: E402
+from gym_bridge.train.batches.batching import pad_and_stack  # noqa: E402
+from gym_bridge.train.batches.packing import (  # noqa: E402
     keeps_sequences_apart,
     pack_rows,
     packed_micro_batches,
     require_packing_support,
 )
-from gym_bridge.train.rollouts import Sample  # noqa: E402
-from gym_bridge.train.sequences import (  # noqa: E402
+from gym_bridge.train.batches.rollouts import Sample  # noqa: E402
+from gym_bridge.train.batches.sequences import (  # noqa: E402
     make_micro_batch,
     micro_batch_logprobs,
     micro_batches,
     per_sample_logprobs,
 )
+from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
 from gym_bridge.train.update import Learner, StepBatch, update_policy  # noqa: E402
 
 PAD = 0

@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def two_steps(tmp: Path, model_dir: Path, precision: str, *extra: str) -> tuple[dict[str, float], Any, Any]:
     """Two GRPO updates on the same samples (the second has a KL term: the first moved the policy);
     the second's metrics, the learner and its config."""
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.setup import build_learner
     from gym_bridge.train.update import StepBatch, update_policy
 
@@ -60,7 +60,7 @@ def two_steps(tmp: Path, model_dir: Path, precision: str, *extra: str) -> tuple[
 def test_a_bfloat16_step_runs_and_its_loss_is_close_to_float32s(
     tmp_path: Path, model_dir: Path, lora: bool
 ) -> None:
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
 
     extra = ["policy.dtensor_cfg.lora_cfg.enabled=true"] if lora else []
     full, full_learner, cfg = two_steps(tmp_path, model_dir, "float32", *extra)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gym_bridge.train.advantages import compute_advantages, gdpo_advantages
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import ConfigError, load_config
 from gym_bridge.train.metrics import sample_metrics
 from gym_bridge.train.reward_components import (
@@ -19,7 +20,6 @@ from gym_bridge.train.reward_components import (
     informative_samples,
     training_rewards,
 )
-from gym_bridge.train.rollouts import Sample
 from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 OFFLINE = ["data.train.data_path=unused.jsonl", "grpo.mode=offline"]

@@ -10,6 +10,12 @@ from typing import Any
 
 import pytest
 
+from gym_bridge.train.batches.rollouts import (
+    TurnMismatch,
+    sequence_from_chat,
+    sequence_from_items,
+    sequence_from_text,
+)
 from gym_bridge.train.config import load_config
 from gym_bridge.train.data import (
     DataError,
@@ -19,12 +25,6 @@ from gym_bridge.train.data import (
     load_prompts,
 )
 from gym_bridge.train.logging import MetricsLogger, format_line, plot_curves, read_metrics
-from gym_bridge.train.rollouts import (
-    TurnMismatch,
-    sequence_from_chat,
-    sequence_from_items,
-    sequence_from_text,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 

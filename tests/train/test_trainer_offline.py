@@ -247,8 +247,8 @@ def test_grpo_raises_the_likelihood_of_rewarded_completions(tmp_path: Path, tiny
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gym_bridge.train.rollouts import Sample, sequence_from_text
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.rollouts import Sample, sequence_from_text
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
 
     data = write_scored(tmp_path / "scored.jsonl")
     cfg = offline_config(

@@ -84,7 +84,7 @@ def test_a_registered_estimator_gives_the_step_its_advantages_by_name(
 
 
 def test_a_registered_policy_loss_is_the_step_loss_by_name(model_dir: Path, reinforce_loss: list[int]) -> None:
-    from gym_bridge.train.sequences import per_sample_logprobs
+    from gym_bridge.train.batches.sequences import per_sample_logprobs
     from gym_bridge.train.setup import build_learner
 
     loss, advantages = one_trainer_step(model_dir, samples(), "loss_fn.policy_loss=reinforce")

@@ -10,7 +10,7 @@ from transform_rollouts import read_jsonl, write_jsonl
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app
-from gym_bridge.train.rollouts import sequence_from_chat
+from gym_bridge.train.batches.rollouts import sequence_from_chat
 
 EXAMPLES = Path(__file__).parents[1] / "data/nemo_gym_examples"
 NEMO_GYM_CONVERSATIONS = EXAMPLES / "resources_servers__conversational_tool_use_simulation__example_rollouts.jsonl"

@@ -111,7 +111,7 @@ class DynamicBatchingConfig(Section):
 
 class SequencePackingConfig(Section):
     """Pack several sequences into one row under a token budget (first-fit decreasing), each with its
-    own position ids and attending only to itself (:mod:`gym_bridge.train.packing`)."""
+    own position ids and attending only to itself (:mod:`gym_bridge.train.batches.packing`)."""
 
     enabled: bool = False
     """Pack sequences instead of padding them (same log-probs and gradients, less padding). Refused at

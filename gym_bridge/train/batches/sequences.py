@@ -24,10 +24,10 @@ from gym_bridge.models.shared_prefix import (
     shared_prefix_logprobs,
     shares_prefixes,
 )
-from gym_bridge.train.batching import dynamic_micro_batches, pad_and_stack
+from gym_bridge.train.batches.batching import dynamic_micro_batches, pad_and_stack
+from gym_bridge.train.batches.packing import PackedRows, pack_rows, packed_micro_batches
+from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.packing import PackedRows, pack_rows, packed_micro_batches
-from gym_bridge.train.rollouts import Sample
 
 __all__ = [
     "MicroBatch",
@@ -54,7 +54,7 @@ class MicroBatch:
     """Set when the rows' prompts run once each (:mod:`gym_bridge.models.shared_prefix`)."""
     token_ids: list[list[int]] = field(default_factory=list)
     packed: PackedRows | None = None
-    """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.packing`)."""
+    """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.batches.packing`)."""
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with every tensor on ``device`` (built on the host, moved whole)."""

@@ -2,7 +2,7 @@
 
 Padded micro-batches pay for ``rows x longest`` tokens; RL completions vary in length, so much of
 that is padding. Packing lays whole sequences end to end in rows of at most ``row_tokens`` tokens
-(first-fit decreasing, :func:`gym_bridge.train.batching.pack_sequences`) and gives each sequence
+(first-fit decreasing, :func:`gym_bridge.train.batches.batching.pack_sequences`) and gives each sequence
 position ids that restart at 0. The attention mask is then block-diagonal, causal within each
 sequence: transformers builds it from the position ids when the forward pass gets
 ``attention_mask=None`` and no KV cache (``masking_utils.find_packed_sequence_indices``; eager, sdpa
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.batching import _round_up, pack_sequences
+from gym_bridge.train.batches.batching import _round_up, pack_sequences
 
 __all__ = [
     "PackedRows",

@@ -75,11 +75,11 @@ def main() -> None:
     import torch
 
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.advantages import grpo_advantages
+    from gym_bridge.train.algorithm.advantages import grpo_advantages
+    from gym_bridge.train.algorithm.loss import ClippedPGLossFn
     from gym_bridge.train.batches.packing import pack_rows, packed_micro_batches
     from gym_bridge.train.batches.sequences import micro_batches
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.loss import ClippedPGLossFn
     from gym_bridge.train.setup import build_optimizer
     from gym_bridge.train.update import Learner, StepBatch, update_policy
 

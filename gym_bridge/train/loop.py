@@ -31,12 +31,12 @@ from typing import Any
 
 from transformers.utils import logging as hf_logging
 
+from gym_bridge.train.algorithm.entropy_control import EntropyControl
 from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.batches.sequences import per_sample_logprobs
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
-from gym_bridge.train.entropy_control import EntropyControl
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate

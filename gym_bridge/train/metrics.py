@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from gym_bridge.records.seeding import rollout_seed
+from gym_bridge.train.algorithm.reward_components import components_of
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.data import Prompt
 from gym_bridge.train.logging import STEP_SHARE, TerminalView, phase_shares
-from gym_bridge.train.reward_components import components_of
 from gym_bridge.train.sampling import Sampler
 
 __all__ = [

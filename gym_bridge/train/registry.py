@@ -113,13 +113,13 @@ class Registry:
 
 ADV_ESTIMATORS = Registry("grpo.adv_estimator.name", "advantage estimator", {"components": False, "reads": ()})
 """Advantage estimators: ``fn(batch: AdvantageInputs, grpo: GRPOConfig) -> (b,) advantages``
-(:mod:`gym_bridge.train.advantages`). Traits: ``components`` (it takes the (b, k) reward components,
+(:mod:`gym_bridge.train.algorithm.advantages`). Traits: ``components`` (it takes the (b, k) reward components,
 GDPO, instead of one reward per sample), ``reads`` (the ``grpo.adv_estimator`` keys besides ``name``
 it reads; the config refuses them set for an estimator that does not)."""
 
 POLICY_LOSSES = Registry("loss_fn.policy_loss", "policy loss", {"sequence_level": False, "dual_clip": True})
 """Policy-loss surrogates: ``fn(terms: SurrogateTerms) -> (b, t) per-token actor loss``
-(:mod:`gym_bridge.train.policy_losses`). Traits: ``sequence_level`` (the ratios, and the off-policy
+(:mod:`gym_bridge.train.algorithm.policy_losses`). Traits: ``sequence_level`` (the ratios, and the off-policy
 correction, are one per sequence: GSPO), ``dual_clip`` (whether ``loss_fn.ratio_clip_c`` applies to it;
 the config refuses it set otherwise)."""
 
@@ -127,11 +127,15 @@ register_adv_estimator = ADV_ESTIMATORS.register
 register_policy_loss = POLICY_LOSSES.register
 
 # The built-in variants (NeMo RL's names).
-ADV_ESTIMATORS.add("grpo", "gym_bridge.train.advantages:grpo_estimator")
+ADV_ESTIMATORS.add("grpo", "gym_bridge.train.algorithm.advantages:grpo_estimator")
 ADV_ESTIMATORS.add(
-    "reinforce_plus_plus", "gym_bridge.train.advantages:reinforce_plus_plus_estimator", reads=("minus_baseline",)
+    "reinforce_plus_plus",
+    "gym_bridge.train.algorithm.advantages:reinforce_plus_plus_estimator",
+    reads=("minus_baseline",),
 )
-ADV_ESTIMATORS.add("gdpo", "gym_bridge.train.advantages:gdpo_estimator", components=True, reads=("reward_weights",))
-POLICY_LOSSES.add("ppo", "gym_bridge.train.policy_losses:ppo")
-POLICY_LOSSES.add("gspo", "gym_bridge.train.policy_losses:gspo", sequence_level=True)
-POLICY_LOSSES.add("cispo", "gym_bridge.train.policy_losses:cispo", dual_clip=False)
+ADV_ESTIMATORS.add(
+    "gdpo", "gym_bridge.train.algorithm.advantages:gdpo_estimator", components=True, reads=("reward_weights",)
+)
+POLICY_LOSSES.add("ppo", "gym_bridge.train.algorithm.policy_losses:ppo")
+POLICY_LOSSES.add("gspo", "gym_bridge.train.algorithm.policy_losses:gspo", sequence_level=True)
+POLICY_LOSSES.add("cispo", "gym_bridge.train.algorithm.policy_losses:cispo", dual_clip=False)

@@ -38,6 +38,7 @@ from gym_bridge.serving.event_loop import new_event_loop
 from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.retry import RetryPolicy
 from gym_bridge.serving.uvicorn_thread import start_in_thread
+from gym_bridge.train.algorithm.reward_components import informative_samples
 from gym_bridge.train.batches.rollouts import (
     Sample,
     TurnMismatch,
@@ -47,7 +48,6 @@ from gym_bridge.train.batches.rollouts import (
 )
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
-from gym_bridge.train.reward_components import informative_samples
 from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
 from gym_bridge.train.rollout_timeouts import RolloutDeadline, is_timed_out, zero_reward_record
 

@@ -29,6 +29,7 @@ from gym_bridge.generation.vllm_backend import VllmBackend, colocation_problem
 from gym_bridge.generation.weights import weights_snapshot as frozen_weights
 from gym_bridge.models.registry import load_model_and_tokenizer, resolve_model
 from gym_bridge.records.chat import tools_to_chat_tools
+from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.batches.packing import require_packing_support
 from gym_bridge.train.batches.rollouts import render_prompt
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
@@ -37,7 +38,6 @@ from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_
 from gym_bridge.train.device import placement_for, resolve_device
 from gym_bridge.train.env_replicas import start_env_replicas
 from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
-from gym_bridge.train.loss import ClippedPGLossFn
 from gym_bridge.train.rollout_worker import ProcessSampler
 from gym_bridge.train.sampling import OfflineSampler, OnlineSampler, Sampler
 from gym_bridge.train.update import Learner

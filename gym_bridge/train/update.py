@@ -20,7 +20,10 @@ import torch
 
 from gym_bridge.models.host_memory import release_freed_memory
 from gym_bridge.models.shared_prefix import common_start
-from gym_bridge.train.advantages import AdvantageInputs, estimate_advantages
+from gym_bridge.train.algorithm.advantages import AdvantageInputs, estimate_advantages
+from gym_bridge.train.algorithm.loss import reduce_microbatch_metrics
+from gym_bridge.train.algorithm.reward_components import gdpo_components, training_rewards
+from gym_bridge.train.algorithm.reward_shaping import shape_rewards
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.batches.sequences import (
     make_micro_batch,
@@ -32,9 +35,6 @@ from gym_bridge.train.batches.sequences import (
 )
 from gym_bridge.train.config import GRPOConfig, MasterConfig
 from gym_bridge.train.device import Placement
-from gym_bridge.train.loss import reduce_microbatch_metrics
-from gym_bridge.train.reward_components import gdpo_components, training_rewards
-from gym_bridge.train.reward_shaping import shape_rewards
 
 __all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 

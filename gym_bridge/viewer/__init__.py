@@ -4,7 +4,7 @@ Owns reading rollout JSONL for people rather than for training: the on-disk inde
 file (:mod:`.index`: byte offsets and a few numeric columns per line, records read on demand, bad lines
 counted), the record shapes it understands and how they are drawn (:mod:`.records`: NeMo Gym rollouts,
 ``transform grpo`` rows, NeMo RL's token-only ``train_data_step`` lines), per-task aggregates and GRPO
-advantages (:mod:`.groups`, reusing :mod:`gym_bridge.records.metrics` and :mod:`gym_bridge.train.advantages`),
+advantages (:mod:`.groups`, reusing :mod:`gym_bridge.records.metrics` and :mod:`gym_bridge.train.algorithm.advantages`),
 per-token log-prob colouring (:mod:`.tokens`), run comparison (:mod:`.compare`), training-run
 directories (:mod:`.run_dir`) and the FastAPI app with its templates (:mod:`.app`).
 

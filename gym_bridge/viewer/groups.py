@@ -2,7 +2,7 @@
 
 The per-task summary is :func:`gym_bridge.records.metrics.aggregate_rewards` over the task's rollouts (so a task's
 pass@k and majority@k are the ones ``collect`` and the servers' ``/aggregate_metrics`` report, with k
-the task's number of rollouts). Advantages are :func:`gym_bridge.train.advantages.compute_advantages`
+the task's number of rollouts). Advantages are :func:`gym_bridge.train.algorithm.advantages.compute_advantages`
 with the trainer's defaults (leave-one-out baseline, std normalisation): torch is imported on first use.
 """
 
@@ -43,7 +43,7 @@ def group_advantages(rewards: Sequence[float]) -> list[float] | None:
     try:
         import torch
 
-        from gym_bridge.train.advantages import compute_advantages
+        from gym_bridge.train.algorithm.advantages import compute_advantages
     except ImportError:
         return None
     values = torch.tensor([0.0 if math.isnan(r) else float(r) for r in rewards], dtype=torch.float64)

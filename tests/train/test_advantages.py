@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from gym_bridge.train.advantages import (
+from gym_bridge.train.algorithm.advantages import (
     baseline_and_std_per_prompt,
     compute_advantages,
     group_ids,

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from gym_bridge.train.algorithm.loss import ClippedPGLossFn, global_normalizers
 from gym_bridge.train.batches.batching import (
     dynamic_micro_batches,
     fixed_micro_batches,
@@ -16,7 +17,6 @@ from gym_bridge.train.batches.batching import (
     padded_tokens,
 )
 from gym_bridge.train.config import ClippedPGLossConfig
-from gym_bridge.train.loss import ClippedPGLossFn, global_normalizers
 
 
 def skewed_lengths(n: int = 200, seed: int = 0) -> list[int]:

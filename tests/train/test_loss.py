@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from gym_bridge.train.config import ClippedPGLossConfig
-from gym_bridge.train.loss import (
+from gym_bridge.train.algorithm.loss import (
     ClippedPGLossFn,
     calculate_kl,
     gather_token_logprobs,
@@ -16,6 +15,7 @@ from gym_bridge.train.loss import (
     masked_mean,
     reduce_microbatch_metrics,
 )
+from gym_bridge.train.config import ClippedPGLossConfig
 
 F64 = torch.float64
 

@@ -1,7 +1,7 @@
 """The reference-KL term: values and gradients by hand, and its expected gradient over a whole policy.
 
 The weight w = pi / pi_gen (or exp(logp - sg(logp)) = 1) stays in the graph, as in NeMo RL's
-``ClippedPGLossFn`` since its "fix: KL backward in GRPO"; see gym_bridge/train/loss.py's docstring.
+``ClippedPGLossFn`` since its "fix: KL backward in GRPO"; see gym_bridge/train/algorithm/loss.py's docstring.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
+from gym_bridge.train.algorithm.loss import ClippedPGLossFn, calculate_kl, global_normalizers
 from gym_bridge.train.config import ClippedPGLossConfig
-from gym_bridge.train.loss import ClippedPGLossFn, calculate_kl, global_normalizers
 
 F64 = torch.float64
 BETA = 0.3

@@ -9,8 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.config import ClippedPGLossConfig
-from gym_bridge.train.loss import ClippedPGLossFn
 
 F64 = torch.float64
 

@@ -191,8 +191,8 @@ def config(packing: bool, extra: tuple[str, ...] = ()) -> Any:
 
 
 def test_the_trainer_packs_when_the_key_is_on_and_its_update_is_the_unpacked_one() -> None:
+    from gym_bridge.train.algorithm.loss import ClippedPGLossFn
     from gym_bridge.train.config import ClippedPGLossConfig
-    from gym_bridge.train.loss import ClippedPGLossFn
 
     token_ids, masks = batch(2, n=12)
     results = {}

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from gym_bridge.train.advantages import compute_advantages, gdpo_advantages
-from gym_bridge.train.batches.rollouts import Sample
-from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.metrics import sample_metrics
-from gym_bridge.train.reward_components import (
+from gym_bridge.train.algorithm.advantages import compute_advantages, gdpo_advantages
+from gym_bridge.train.algorithm.reward_components import (
     RewardComponentError,
     gdpo_components,
     informative_samples,
     training_rewards,
 )
+from gym_bridge.train.batches.rollouts import Sample
+from gym_bridge.train.config import ConfigError, load_config
+from gym_bridge.train.metrics import sample_metrics
 from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 OFFLINE = ["data.train.data_path=unused.jsonl", "grpo.mode=offline"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gym_bridge.train.algorithm.reward_shaping import overlong_penalty, shape_rewards
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import ConfigError, RewardShapingConfig, load_config
-from gym_bridge.train.reward_shaping import overlong_penalty, shape_rewards
 from gym_bridge.train.update import StepBatch
 
 

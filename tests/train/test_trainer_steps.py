@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from gym_bridge.cli import app
 from gym_bridge.train import setup as train_setup
+from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import load_config
 from gym_bridge.train.logging import format_line, read_metrics
 from gym_bridge.train.loop import train
-from gym_bridge.train.loss import ClippedPGLossFn
 from gym_bridge.train.setup import RunAlreadyComplete, build_optimizer
 from gym_bridge.train.update import Learner, StepBatch, update_policy
 from tests.train.helpers import save_random_tiny

@@ -12,10 +12,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gym_bridge.train.advantages import AdvantageInputs, compute_advantages
+from gym_bridge.train.algorithm.advantages import AdvantageInputs, compute_advantages
+from gym_bridge.train.algorithm.policy_losses import SurrogateTerms
 from gym_bridge.train.config import ClippedPGLossConfig, ConfigError, GRPOConfig, load_config
 from gym_bridge.train.loop import train
-from gym_bridge.train.policy_losses import SurrogateTerms
 from gym_bridge.train.registry import (
     ADV_ESTIMATORS,
     POLICY_LOSSES,

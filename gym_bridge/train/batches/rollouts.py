@@ -48,7 +48,7 @@ class Sample:
     record: dict[str, Any] | None = field(default=None, repr=False)
     reward_components: dict[str, float] | None = None
     """Per-objective scores beside ``reward``; None means the rollout record's ``reward_components``
-    (online), if any (see :mod:`gym_bridge.train.reward_components`)."""
+    (online), if any (see :mod:`gym_bridge.train.algorithm.reward_components`)."""
 
     @property
     def generated_tokens(self) -> int:

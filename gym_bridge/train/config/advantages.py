@@ -40,7 +40,7 @@ class AdvEstimatorConfig(Section):
     """How rewards become advantages (NeMo RL's ``grpo.adv_estimator``)."""
 
     name: str = "grpo"
-    """The estimator by name, one function each (``gym_bridge/train/advantages.py``; a new one is a
+    """The estimator by name, one function each (``gym_bridge/train/algorithm/advantages.py``; a new one is a
     function registered with ``gym_bridge.train.registry.register_adv_estimator``, see
     docs/guides/training.md). ``grpo``: group-relative, ``reward - baseline`` of the prompt's group (group mean, or leave-one-out
     with grpo.use_leave_one_out_baseline), divided by the group's std with grpo.normalize_rewards.

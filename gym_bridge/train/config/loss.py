@@ -117,7 +117,7 @@ class ClippedPGLossConfig(Section):
     Default null."""
 
     policy_loss: str | None = None
-    """The policy-loss surrogate by name, one function each (``gym_bridge/train/policy_losses.py``; a new
+    """The policy-loss surrogate by name, one function each (``gym_bridge/train/algorithm/policy_losses.py``; a new
     one is a function registered with ``gym_bridge.train.registry.register_policy_loss``, see
     docs/guides/training.md): ``ppo``, PPO's clipped ``max(-A r, -A clip(r))`` (NeMo RL's, with the dual
     clip of ratio_clip_c); ``gspo``, the same on one length-normalised ratio per sequence (what

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gym_bridge.train.advantages import samples_in_groups_with_variance
+from gym_bridge.train.algorithm.advantages import samples_in_groups_with_variance
 from gym_bridge.train.batches.rollouts import Sample
 
 __all__ = [

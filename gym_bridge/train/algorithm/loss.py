@@ -13,7 +13,7 @@ The loss, for valid tokens t of sample i (mask = token_mask * sample_mask)::
     kl_t      = beta * clamp_out(w_t * k(clamp_in(logp_ref_t - logp_t)))   Schulman's k1/k2/k3
     loss      = reduce(actor) + reduce(kl) - entropy_coeff * reduce(-(pi_t / pi_gen_t) logp_t)
 
-The surrogate is the function ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.policy_losses`:
+The surrogate is the function ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.algorithm.policy_losses`:
 ``ppo`` = max(-A r, -A clip(r)), ``gspo``, ``cispo`` = -A sg(clip(r)) logp, or one registered with
 :func:`gym_bridge.train.registry.register_policy_loss`); the rest above is written once, here, for all.
 
@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gym_bridge.models.logprobs import gather_logprobs
-from gym_bridge.train.policy_losses import SurrogateTerms
+from gym_bridge.train.algorithm.policy_losses import SurrogateTerms
 from gym_bridge.train.registry import POLICY_LOSSES
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class ClippedPGLossFn:
     GSPO / CISPO / Dr. GRPO's normaliser / TIS / entropy bonus).
 
     Construct from the ``loss_fn`` config section; call once per micro-batch. The surrogate is the
-    variant ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.policy_losses`); everything else is
+    variant ``loss_fn.policy_loss`` names (:mod:`gym_bridge.train.algorithm.policy_losses`); everything else is
     shared by all of them.
     """
 
@@ -296,7 +296,7 @@ class ClippedPGLossFn:
                 None means this micro-batch is the whole batch.
             global_valid_seqs: valid samples (sample_mask) in the whole global batch; None likewise.
             entropy_coeff: this step's entropy-bonus coefficient (adaptive entropy control,
-                :mod:`gym_bridge.train.entropy_control`); None means ``loss_fn.entropy_coeff``.
+                :mod:`gym_bridge.train.algorithm.entropy_control`); None means ``loss_fn.entropy_coeff``.
         """
         mb = _micro_batch(
             curr_logprobs, prev_logprobs, generation_logprobs, advantages, token_mask, sample_mask,

@@ -245,7 +245,7 @@ def grpo_advantages(
 
     ``token_counts`` (b,): generated tokens per sample, for REINFORCE++'s token-weighted statistics.
     ``components`` (b, k) and ``component_weights`` (k,): the reward components GDPO uses (``rewards``
-    is then not read); :mod:`gym_bridge.train.reward_components` builds them from the rollouts.
+    is then not read); :mod:`gym_bridge.train.algorithm.reward_components` builds them from the rollouts.
     """
     inputs = AdvantageInputs(rewards, prompt_ids, valid_mask, token_counts, components, component_weights)
     return estimate_advantages(inputs, cfg)

@@ -1,7 +1,7 @@
 """The policy-loss surrogates by name (``loss_fn.policy_loss``): the per-token actor term, one function each.
 
 A surrogate gets the micro-batch's ratios already computed and clipped (:class:`SurrogateTerms`) and
-returns the per-token actor loss; :class:`gym_bridge.train.loss.ClippedPGLossFn` does the rest once
+returns the per-token actor loss; :class:`gym_bridge.train.algorithm.loss.ClippedPGLossFn` does the rest once
 for all of them: the ratios (per token, or per sequence for a variant registered with
 ``sequence_level=True``), the dual clip, the off-policy correction, the aggregation, the KL and
 entropy terms and the metrics. :data:`gym_bridge.train.registry.POLICY_LOSSES` names these (``gspo``

@@ -61,8 +61,8 @@ def train(
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.train.checkpoint import CheckpointWriteError
-    from gym_bridge.train.data import DataError
     from gym_bridge.train.loop import train as run_training
+    from gym_bridge.train.samplers.data import DataError
     from gym_bridge.train.setup import RunAlreadyComplete
 
     try:

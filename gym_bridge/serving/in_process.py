@@ -1,6 +1,6 @@
 """Servers a run starts itself, called without a socket: same apps, same bytes, no HTTP.
 
-Training (:class:`~gym_bridge.train.sampling.OnlineSampler`: the policy server and the built-in
+Training (:class:`~gym_bridge.train.samplers.sampling.OnlineSampler`: the policy server and the built-in
 resources servers) and ``collect`` (the envs it starts itself, ``--env math`` or ``--env module:Class``)
 run the agent loop against servers of their own. Over loopback HTTP each rollout's requests
 (``/seed_session``, ``/responses``, tool calls, ``/verify``) cost more CPU in aiohttp, uvicorn and the

@@ -37,7 +37,7 @@ import torch
 
 from gym_bridge.train.algorithm.loss import reduce_microbatch_metrics
 from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.env_replicas import private_ray_cpus
+from gym_bridge.train.samplers.env_replicas import private_ray_cpus
 from gym_bridge.train.update import Learner, StepBatch, _step_scheduler, optimizer_batches, optimizer_steps
 
 __all__ = ["TrainingWorker", "TrainingWorkers", "merge_worker_steps", "start_training_workers"]

@@ -6,8 +6,8 @@
 1. **prompts**: the next ``num_prompts_per_step`` prompts from the training data;
 2. **rollouts**: ``num_generations_per_prompt`` completions per prompt from the current policy through
    the agent loop, scored by the resources servers (online), or the step's scored completions from the
-   dataset (offline) (:mod:`gym_bridge.train.sampling`). With async GRPO they were sampled while the
-   previous step trained (:mod:`gym_bridge.train.async_rollouts`);
+   dataset (offline) (:mod:`gym_bridge.train.samplers.sampling`). With async GRPO they were sampled while the
+   previous step trained (:mod:`gym_bridge.train.samplers.async_rollouts`);
 3. **advantages**: group-relative (leave-one-out baseline, std normalisation); with dynamic sampling,
    groups whose rewards are all equal are dropped and more prompts are generated. A step without any
    non-zero advantage (and no KL penalty or entropy bonus) has no learning signal: it skips the passes
@@ -32,7 +32,6 @@ from typing import Any
 from transformers.utils import logging as hf_logging
 
 from gym_bridge.train.algorithm.entropy_control import EntropyControl
-from gym_bridge.train.async_rollouts import RolloutPipeline
 from gym_bridge.train.batches.sequences import per_sample_logprobs
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
@@ -43,7 +42,8 @@ from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, s
 from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.run_dirs import find_earlier_run
 from gym_bridge.train.sample_log import write_step_samples
-from gym_bridge.train.sampling import Sampler, produce_step, sample_step
+from gym_bridge.train.samplers.async_rollouts import RolloutPipeline
+from gym_bridge.train.samplers.sampling import Sampler, produce_step, sample_step
 from gym_bridge.train.setup import (
     build_learner,
     find_resume_point,

@@ -15,9 +15,9 @@ from gym_bridge.records.seeding import rollout_seed
 from gym_bridge.train.algorithm.reward_components import components_of
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.data import Prompt
 from gym_bridge.train.logging import STEP_SHARE, TerminalView, phase_shares
-from gym_bridge.train.sampling import Sampler
+from gym_bridge.train.samplers.data import Prompt
+from gym_bridge.train.samplers.sampling import Sampler
 
 __all__ = [
     "component_metrics",

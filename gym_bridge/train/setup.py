@@ -34,12 +34,18 @@ from gym_bridge.train.batches.packing import require_packing_support
 from gym_bridge.train.batches.rollouts import render_prompt
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
-from gym_bridge.train.data import Prompt, TrainBatches, drop_long_prompts, load_offline_groups, load_prompts
 from gym_bridge.train.device import placement_for, resolve_device
-from gym_bridge.train.env_replicas import start_env_replicas
 from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
-from gym_bridge.train.rollout_worker import ProcessSampler
-from gym_bridge.train.sampling import OfflineSampler, OnlineSampler, Sampler
+from gym_bridge.train.samplers.data import (
+    Prompt,
+    TrainBatches,
+    drop_long_prompts,
+    load_offline_groups,
+    load_prompts,
+)
+from gym_bridge.train.samplers.env_replicas import start_env_replicas
+from gym_bridge.train.samplers.rollout_worker import ProcessSampler
+from gym_bridge.train.samplers.sampling import OfflineSampler, OnlineSampler, Sampler
 from gym_bridge.train.update import Learner
 
 __all__ = [

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gym_bridge.train.async_rollouts import RolloutPipeline
+from gym_bridge.train.samplers.async_rollouts import RolloutPipeline
 
 
 class FakeSampler:

@@ -63,7 +63,7 @@ class UninformativeSampler:
 
 
 def test_dynamic_sampling_gives_up_after_max_gen_batches_drawing_batch_multiplier_prompts() -> None:
-    from gym_bridge.train.sampling import sample_step
+    from gym_bridge.train.samplers.sampling import sample_step
 
     for batches, multiplier, expected in ((3, 1.0, [2, 2, 2]), (2, 2.5, [5, 5])):
         cfg = cfg_with(
@@ -83,7 +83,7 @@ def test_max_rollout_turns_is_the_agent_loops_step_limit(tmp_path: Any) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gym_bridge.generation.transformers_backend import TransformersBackend
-    from gym_bridge.train.sampling import OnlineSampler
+    from gym_bridge.train.samplers.sampling import OnlineSampler
     from tests.train.helpers import PARITY_SERVER, save_random_tiny
 
     model_dir = save_random_tiny(tmp_path / "m")

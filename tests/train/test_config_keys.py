@@ -73,8 +73,8 @@ def online(tmp_path: Path, model_dir: Path, *extra: str) -> Any:
 def test_env_timeout_bounds_each_request_to_that_environment(tmp_path: Path, tiny_model_dir: Path) -> None:
     from gym_bridge.generation.transformers_backend import TransformersBackend
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.data import load_prompts
-    from gym_bridge.train.sampling import OnlineSampler
+    from gym_bridge.train.samplers.data import load_prompts
+    from gym_bridge.train.samplers.sampling import OnlineSampler
 
     model, tokenizer = load_model_and_tokenizer(str(tiny_model_dir))
     results = {}
@@ -138,7 +138,7 @@ def test_num_workers_is_refused_where_there_is_no_pool() -> None:
 
 
 def test_env_replicas_keys_are_refused_where_they_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gym_bridge.train.env_replicas import private_ray_cpus
+    from gym_bridge.train.samplers.env_replicas import private_ray_cpus
 
     base = ["data.train.data_path=a.jsonl", "data.default.env_name=m"]
     with pytest.raises(ConfigError, match=r"env\.m: replicas start copies of a built-in server: unset url"):

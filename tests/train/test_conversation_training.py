@@ -135,7 +135,7 @@ def test_scripted_conversations_train_and_only_assistant_tokens_get_gradient(
 def test_env_user_settings_reach_the_agent_loop(tmp_path: Path) -> None:
     from gym_bridge.generation.transformers_backend import TransformersBackend
     from gym_bridge.train.config import ConfigError
-    from gym_bridge.train.sampling import OnlineSampler
+    from gym_bridge.train.samplers.sampling import OnlineSampler
     from tests.train.helpers import PARITY_SERVER
 
     model_dir = save_random_tiny(tmp_path / "m")

@@ -21,7 +21,7 @@ import pytest
 
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.train.config import load_config
-from gym_bridge.train.data import load_prompts
+from gym_bridge.train.samplers.data import load_prompts
 from tests.ray_loopback import listeners, off_loopback, two_node_cluster_fixture
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny
 from tests.train.shopper import Shopper, write_shop_rows
@@ -64,8 +64,8 @@ def test_sessions_spread_over_replicas_on_two_nodes_and_each_stays_on_its_own(
     tmp_path: Path, two_nodes: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gym_bridge.rollout import agent
-    from gym_bridge.train.env_replicas import start_env_replicas
-    from gym_bridge.train.sampling import OnlineSampler
+    from gym_bridge.train.samplers.env_replicas import start_env_replicas
+    from gym_bridge.train.samplers.sampling import OnlineSampler
 
     cfg = shop_config(tmp_path, two_nodes.address, "policy.model_name=tiny")
     tokenizer = build_tokenizer()
@@ -127,7 +127,7 @@ def test_a_replica_killed_mid_run_loses_no_step_and_with_none_left_the_run_stops
 ) -> None:
     from gym_bridge.train import loop, setup
     from gym_bridge.train.logging import read_metrics
-    from gym_bridge.train.rollout_failures import TooManyFailedRollouts
+    from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
 
     model_dir = save_random_tiny(tmp_path / "tiny", seed=4)
     cfg = shop_config(
@@ -178,8 +178,8 @@ def test_the_async_rollout_process_spreads_its_sessions_over_the_trainers_replic
     tmp_path: Path, two_nodes: Any
 ) -> None:
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.env_replicas import start_env_replicas
-    from gym_bridge.train.rollout_worker import ProcessSampler
+    from gym_bridge.train.samplers.env_replicas import start_env_replicas
+    from gym_bridge.train.samplers.rollout_worker import ProcessSampler
 
     model_dir = save_random_tiny(tmp_path / "tiny", seed=5)
     cfg = shop_config(tmp_path, two_nodes.address, f"policy.model_name={model_dir}", "grpo.async_grpo.enabled=true")

@@ -14,8 +14,8 @@ from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.retry import RequestFailed, RetryPolicy, post_json
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from gym_bridge.train.config import load_config
-from gym_bridge.train.data import load_prompts
-from gym_bridge.train.sampling import OnlineSampler
+from gym_bridge.train.samplers.data import load_prompts
+from gym_bridge.train.samplers.sampling import OnlineSampler
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]

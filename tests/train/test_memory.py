@@ -184,7 +184,7 @@ def test_lora_snapshot_merges_like_plain_state_dict_without_copying_the_base(
 
 
 def test_rollout_process_weights_are_one_shared_copy_with_ties_kept() -> None:
-    from gym_bridge.train.rollout_worker import _shared_copy
+    from gym_bridge.train.samplers.rollout_worker import _shared_copy
 
     embedding = torch.randn(10, 4)
     weights = {"embed.weight": embedding, "head.weight": embedding, "norm.weight": torch.ones(4)}

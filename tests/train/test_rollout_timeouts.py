@@ -225,9 +225,9 @@ def test_the_agent_loop_cuts_a_rollout_off_at_its_deadline_keeping_what_it_gener
 def test_a_batch_whose_rollouts_all_time_out_stops_the_run_naming_the_deadline(tmp_path: Path) -> None:
     from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.serving.uvicorn_thread import start_in_thread
-    from gym_bridge.train.data import load_prompts
-    from gym_bridge.train.rollout_failures import TooManyFailedRollouts
-    from gym_bridge.train.sampling import OnlineSampler
+    from gym_bridge.train.samplers.data import load_prompts
+    from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
+    from gym_bridge.train.samplers.sampling import OnlineSampler
     from tests.train.straggler_env import StragglerEnv
 
     running = start_in_thread(StragglerEnv(config=StragglerConfig(hang_every=1, hang_in="tool")).build_app())
@@ -248,7 +248,7 @@ def test_a_batch_whose_rollouts_all_time_out_stops_the_run_naming_the_deadline(t
 
 def test_a_step_of_several_generation_batches_logs_the_deadline_not_a_sum_of_deadlines() -> None:
     """Dynamic sampling draws batches until enough groups differ: counts add up, levels do not."""
-    from gym_bridge.train.sampling import sample_step
+    from gym_bridge.train.samplers.sampling import sample_step
     from tests.train.test_config_audit import CountingBatches, UninformativeSampler
 
     class TimedSampler(UninformativeSampler):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gym_bridge.train.config import load_config
-from gym_bridge.train.rollout_worker import ProcessSampler, RolloutWorkerError
+from gym_bridge.train.samplers.rollout_worker import ProcessSampler, RolloutWorkerError
 from tests.train.helpers import save_random_tiny
 
 

@@ -17,14 +17,14 @@ from gym_bridge.train.batches.rollouts import (
     sequence_from_text,
 )
 from gym_bridge.train.config import load_config
-from gym_bridge.train.data import (
+from gym_bridge.train.logging import MetricsLogger, format_line, plot_curves, read_metrics
+from gym_bridge.train.samplers.data import (
     DataError,
     PromptLoader,
     TrainBatches,
     load_offline_groups,
     load_prompts,
 )
-from gym_bridge.train.logging import MetricsLogger, format_line, plot_curves, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,9 +24,9 @@ from gym_bridge.models.registry import load_model_and_tokenizer
 from gym_bridge.rollout.env_router import ReplicaEndpoints
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.data import Prompt
-from gym_bridge.train.rollout_failures import TooManyFailedRollouts
-from gym_bridge.train.sampling import OnlineSampler
+from gym_bridge.train.samplers.data import Prompt
+from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
+from gym_bridge.train.samplers.sampling import OnlineSampler
 
 __all__ = ["ProcessSampler", "RolloutWorkerError"]
 
@@ -36,8 +36,8 @@ class RolloutWorkerError(RuntimeError):
 
 
 class ProcessSampler:
-    """Parent-side handle of the rollout process: a :class:`~gym_bridge.train.sampling.Sampler` whose
-    :class:`~gym_bridge.train.sampling.OnlineSampler` runs in the child."""
+    """Parent-side handle of the rollout process: a :class:`~gym_bridge.train.samplers.sampling.Sampler` whose
+    :class:`~gym_bridge.train.samplers.sampling.OnlineSampler` runs in the child."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ said nothing had failed; NeMo RL's async GRPO waits for such a straggler for goo
 So every rollout gets a deadline for the whole of it (:attr:`gym_bridge.rollout.agent.AgentConfig.rollout_timeout_s`):
 ``grpo.rollout_timeout_s``, or one measured from the run's own rollouts (:class:`RolloutDeadline`).
 A rollout past it is cut off, counted, and ``grpo.on_rollout_timeout`` decides its group's fate
-(:mod:`gym_bridge.train.sampling` applies it).
+(:mod:`gym_bridge.train.samplers.sampling` applies it).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   servers' apps called in-process when no env is given by URL: :mod:`gym_bridge.serving.in_process`).
   Token ids and log-probs come back on the output items, so nothing is re-tokenized.
 - :class:`OfflineSampler`: the scored completions of offline groups (tokenized once, cached).
-- :class:`~gym_bridge.train.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
+- :class:`~gym_bridge.train.samplers.rollout_worker.ProcessSampler`: an :class:`OnlineSampler` in a child
   process, so that async GRPO's sampling and training run on separate cores.
 
 :func:`sample_step` draws a step's prompts and samples them, refilling with dynamic sampling (DAPO).
@@ -47,9 +47,9 @@ from gym_bridge.train.batches.rollouts import (
     sequence_from_text,
 )
 from gym_bridge.train.config import ConfigError, MasterConfig
-from gym_bridge.train.data import OfflineGroup, Prompt, TrainBatches
-from gym_bridge.train.rollout_failures import FailureTally, TooManyFailedRollouts
-from gym_bridge.train.rollout_timeouts import RolloutDeadline, is_timed_out, zero_reward_record
+from gym_bridge.train.samplers.data import OfflineGroup, Prompt, TrainBatches
+from gym_bridge.train.samplers.rollout_failures import FailureTally, TooManyFailedRollouts
+from gym_bridge.train.samplers.rollout_timeouts import RolloutDeadline, is_timed_out, zero_reward_record
 
 __all__ = [
     "GenerationTimer",
@@ -124,7 +124,7 @@ class OnlineSampler:
     apps run on that loop and are called without a socket (:mod:`gym_bridge.serving.in_process`: same
     requests and answers, a fraction of the CPU); False serves them over loopback HTTP. ``replicas``:
     where the ``env.<name>.replicas`` envs' replicas listen (started by the trainer,
-    :mod:`gym_bridge.train.env_replicas`); their sessions are spread by a
+    :mod:`gym_bridge.train.samplers.env_replicas`); their sessions are spread by a
     :class:`~gym_bridge.rollout.env_router.SessionRouter` each.
     """
 

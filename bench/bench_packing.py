@@ -80,8 +80,8 @@ def main() -> None:
     from gym_bridge.train.batches.packing import pack_rows, packed_micro_batches
     from gym_bridge.train.batches.sequences import micro_batches
     from gym_bridge.train.config import load_config
+    from gym_bridge.train.learner.update import Learner, StepBatch, update_policy
     from gym_bridge.train.setup import build_optimizer
-    from gym_bridge.train.update import Learner, StepBatch, update_policy
 
     with tempfile.TemporaryDirectory() as out:
         batches = capture_batches(steps, Path(out))

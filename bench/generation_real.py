@@ -66,7 +66,7 @@ def lora_pair(model: Any, rank: int) -> tuple[Any, Any]:
     import torch
 
     from gym_bridge.train.config.policy import LoRAConfig
-    from gym_bridge.train.lora import apply_lora, merged_model
+    from gym_bridge.train.learner.lora import apply_lora, merged_model
 
     adapted = copy.deepcopy(model)
     peft_model = apply_lora(adapted, LoRAConfig(enabled=True, dim=rank, alpha=2 * rank))

@@ -1,6 +1,6 @@
 """The weights a generation backend is refit with: a model's plain ``state_dict``, LoRA merged in.
 
-A policy trained with LoRA (:mod:`gym_bridge.train.lora`) has peft's layers injected into it: its
+A policy trained with LoRA (:mod:`gym_bridge.train.learner.lora`) has peft's layers injected into it: its
 ``state_dict`` names ``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight`` and so on, which
 no plain model (a rollout process's copy, a Ray replica, vLLM) can load. Generation gets what it can
 load and what it would compute with the adapter on: ``W + (alpha / r) B A`` under the base name, as

@@ -6,7 +6,7 @@ its own malloc arena, so the training pass cannot reuse it) or in the middle of 
 ``free`` cannot shrink it. The resident size then grows to generation's peak *plus* training's peak.
 ``malloc_trim(0)`` returns every free page of every arena; called when one phase ends and the next
 begins it keeps the peak at the larger phase's. Measured on the SmolLM2-135M LoRA recipe: see
-:func:`gym_bridge.train.update.optimizer_steps`. Elsewhere than glibc this does nothing.
+:func:`gym_bridge.train.learner.update.optimizer_steps`. Elsewhere than glibc this does nothing.
 
 Returned pages cost a page fault each when the next phase allocates again: on the tiny model's update
 (tens of MiB of activations) three trims took a fifth of the step. So a caller may pass ``min_gain``:

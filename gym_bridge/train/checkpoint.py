@@ -284,7 +284,7 @@ class CheckpointManager:
                         policy / "adapter", safe_serialization=True, save_embedding_layers=False
                     )
                     if save_merged:
-                        from gym_bridge.train.lora import merged_model
+                        from gym_bridge.train.learner.lora import merged_model
 
                         merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
                 self._save_tokenizer(tokenizer)
@@ -427,7 +427,7 @@ def load_model_or_checkpoint(name: str, device: str = "cpu") -> tuple[Any, Any]:
         raise ValueError(f"{checkpoint} has neither policy/weights, policy/merged nor policy/adapter")
     from peft import PeftModel
 
-    from gym_bridge.train.lora import without_peft_deprecation_warnings
+    from gym_bridge.train.learner.lora import without_peft_deprecation_warnings
 
     model, tokenizer = load_model_and_tokenizer(_base_model_name(checkpoint), device=device, tokenizer_name=tokenizer_name)
     with without_peft_deprecation_warnings():

@@ -37,8 +37,14 @@ import torch
 
 from gym_bridge.train.algorithm.loss import reduce_microbatch_metrics
 from gym_bridge.train.config import MasterConfig
+from gym_bridge.train.learner.update import (
+    Learner,
+    StepBatch,
+    _step_scheduler,
+    optimizer_batches,
+    optimizer_steps,
+)
 from gym_bridge.train.samplers.env_replicas import private_ray_cpus
-from gym_bridge.train.update import Learner, StepBatch, _step_scheduler, optimizer_batches, optimizer_steps
 
 __all__ = ["TrainingWorker", "TrainingWorkers", "merge_worker_steps", "start_training_workers"]
 
@@ -112,7 +118,7 @@ class TrainingWorker:
         """Take the trainer's trainable weights, optimizer state and schedule (a fresh or resumed run's)."""
         load_learner_state(self.learner, weights, optimizer, scheduler)
 
-    # the shard protocol of gym_bridge.train.update.optimizer_steps: rank, world_size and this
+    # the shard protocol of gym_bridge.train.learner.update.optimizer_steps: rank, world_size and this
     def all_reduce_gradients(self, params: list[torch.Tensor]) -> None:
         """Sum the gradients over the ranks, one flat buffer per dtype. A parameter no rank has a
         gradient for keeps none (AdamW then leaves it alone, as in one process)."""

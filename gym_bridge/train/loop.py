@@ -13,7 +13,7 @@
    non-zero advantage (and no KL penalty or entropy bonus) has no learning signal: it skips the passes
    below;
 4. **log-probs**: of the step's starting policy (``prev``) and the reference policy (KL > 0);
-5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.update`),
+5. **updates**: ``train_global_batch_size`` samples per optimizer step (:mod:`gym_bridge.train.learner.update`),
    here or spread over data-parallel workers on Ray (:mod:`gym_bridge.train.data_parallel`);
 6. **metrics**, **validation** every ``grpo.val_period`` steps, **checkpoint** every
    ``checkpointing.save_period`` steps. A restarted run resumes from the latest checkpoint.
@@ -36,8 +36,9 @@ from gym_bridge.train.batches.sequences import per_sample_logprobs
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
+from gym_bridge.train.learner.lora import parameter_counts, trainable_parameters_line
+from gym_bridge.train.learner.update import Learner, StepBatch, skip_update, update_policy
 from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
-from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate
 from gym_bridge.train.preflight import check_machine
 from gym_bridge.train.run_dirs import find_earlier_run
@@ -52,7 +53,6 @@ from gym_bridge.train.setup import (
     uses_rollout_process,
     weights_snapshot,
 )
-from gym_bridge.train.update import Learner, StepBatch, skip_update, update_policy
 
 __all__ = ["TrainResult", "train"]
 

@@ -22,7 +22,7 @@ __all__ = ["check_machine", "machine_problems", "service_problems", "unreachable
 def machine_problems(cfg: MasterConfig) -> list[str]:
     """One message per configured key this machine cannot honour."""
     from gym_bridge.rollout.envs import load_server_class
-    from gym_bridge.train.device import device_problems
+    from gym_bridge.train.learner.device import device_problems
     from gym_bridge.train.logging import WANDB_INSTALL_HINT
 
     problems = []

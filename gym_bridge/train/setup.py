@@ -1,7 +1,7 @@
 """Everything a GRPO run sets up before its first step, one function per piece.
 
 Seeds and torch threads, the checkpoint to resume from (or the news that the run is complete), the
-model with its optimizer and reference (:class:`~gym_bridge.train.update.Learner`), the prompts, and
+model with its optimizer and reference (:class:`~gym_bridge.train.learner.update.Learner`), the prompts, and
 the samplers with the services behind them: in-process (the transformers backend on the training
 model, Ray replicas, or vLLM) or the rollout process of async GRPO, and the env replicas on Ray.
 """
@@ -34,8 +34,9 @@ from gym_bridge.train.batches.packing import require_packing_support
 from gym_bridge.train.batches.rollouts import render_prompt
 from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
-from gym_bridge.train.device import placement_for, resolve_device
-from gym_bridge.train.lora import LORA_KEY, apply_lora, load_adapter, merged_model
+from gym_bridge.train.learner.device import placement_for, resolve_device
+from gym_bridge.train.learner.lora import LORA_KEY, apply_lora, load_adapter, merged_model
+from gym_bridge.train.learner.update import Learner
 from gym_bridge.train.samplers.data import (
     Prompt,
     TrainBatches,
@@ -46,7 +47,6 @@ from gym_bridge.train.samplers.data import (
 from gym_bridge.train.samplers.env_replicas import start_env_replicas
 from gym_bridge.train.samplers.rollout_worker import ProcessSampler
 from gym_bridge.train.samplers.sampling import OfflineSampler, OnlineSampler, Sampler
-from gym_bridge.train.update import Learner
 
 __all__ = [
     "RunAlreadyComplete",
@@ -175,7 +175,7 @@ def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[Checkp
 
 def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_process: bool) -> tuple[Learner, int]:
     """The policy (resumed weights if any), its frozen reference when the loss has a KL penalty, the
-    optimizer and LR schedule, all on the run's device (:mod:`gym_bridge.train.device`); and the torch
+    optimizer and LR schedule, all on the run's device (:mod:`gym_bridge.train.learner.device`); and the torch
     threads generation gets."""
     policy = cfg.policy
     placement = placement_for(cfg)

@@ -107,7 +107,7 @@ def _in_memory_scores(model, tokenizer) -> list[float | None]:
 def test_trainer_checkpoints_load_whole_and_lora(tmp_path: Path):
     from gym_bridge.models.registry import load_model_and_tokenizer
     from gym_bridge.train.config import config_to_yaml, load_config
-    from gym_bridge.train.lora import apply_lora
+    from gym_bridge.train.learner.lora import apply_lora
 
     base_dir = save_random_tiny(tmp_path / "base", seed=7)
     ranked = write_groups(tmp_path / "ranked.jsonl")

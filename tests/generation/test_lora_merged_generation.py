@@ -18,7 +18,7 @@ def adapted():
     from gym_bridge.models.tiny import TinyRecipe, new_tiny_model
     from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.train.config.policy import LoRAConfig
-    from gym_bridge.train.lora import apply_lora
+    from gym_bridge.train.learner.lora import apply_lora
 
     tokenizer = build_tokenizer()
     recipe = TinyRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
@@ -32,7 +32,7 @@ def adapted():
 
 
 def test_lora_generation_is_the_merged_models_and_leaves_the_base_untouched(adapted) -> None:
-    from gym_bridge.train.lora import merged_model
+    from gym_bridge.train.learner.lora import merged_model
 
     model, peft_model, tokenizer = adapted
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}

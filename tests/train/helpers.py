@@ -105,8 +105,8 @@ def one_trainer_step(model_dir: Path, samples: list[Any], *overrides: str) -> tu
     import torch
 
     from gym_bridge.train.batches.sequences import per_sample_logprobs
+    from gym_bridge.train.learner.update import StepBatch, update_policy
     from gym_bridge.train.setup import build_learner
-    from gym_bridge.train.update import StepBatch, update_policy
 
     cfg = offline_step_config(model_dir, *overrides)
     learner, _ = build_learner(cfg, None, rollout_process=False)

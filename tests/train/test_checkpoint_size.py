@@ -14,7 +14,7 @@ peft = pytest.importorskip("peft")
 
 from gym_bridge.train.checkpoint import CheckpointManager  # noqa: E402
 from gym_bridge.train.config import LoRAConfig  # noqa: E402
-from gym_bridge.train.lora import apply_lora, load_adapter, parameter_counts  # noqa: E402
+from gym_bridge.train.learner.lora import apply_lora, load_adapter, parameter_counts  # noqa: E402
 
 
 class CountingTokenizer:

@@ -31,7 +31,7 @@ def sample(group: int, reward: float, length: int = 6, truncated: bool = False) 
 
 
 def test_overlong_filtering_takes_truncated_samples_out_of_the_loss() -> None:
-    from gym_bridge.train.update import StepBatch
+    from gym_bridge.train.learner.update import StepBatch
 
     samples = [sample(0, 1.0), sample(0, 0.0, truncated=True), sample(0, 1.0), sample(0, 0.0)]
     kept = StepBatch.from_samples(cfg_with("grpo.overlong_filtering=false").grpo, samples).sample_mask

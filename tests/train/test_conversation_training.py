@@ -57,8 +57,9 @@ def role_spans(token_ids: list[int], tokenizer: Any) -> list[tuple[str, int, int
 def test_scripted_conversations_train_and_only_assistant_tokens_get_gradient(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_bridge.train import loop, setup, update
+    from gym_bridge.train import loop, setup
     from gym_bridge.train.algorithm.loss import ClippedPGLossFn
+    from gym_bridge.train.learner import update
 
     rng = random.Random(3)
     rows = [make_conversation(rng, "cancel_my_order", f"c{i}") for i in range(4)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.device import Placement, device_problems, placement_for, resolve_device
+from gym_bridge.train.learner.device import Placement, device_problems, placement_for, resolve_device
 from tests.train.helpers import save_random_tiny
 from tests.train.test_lora import samples
 
@@ -164,8 +164,8 @@ def test_every_tensor_of_a_training_step_is_on_the_resolved_device(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_dir: Path, lora: bool, packing: bool
 ) -> None:
     from gym_bridge.train.batches.sequences import per_sample_logprobs
+    from gym_bridge.train.learner.update import StepBatch, update_policy
     from gym_bridge.train.setup import build_learner
-    from gym_bridge.train.update import StepBatch, update_policy
 
     moves = spy_moves(monkeypatch)
     overrides = [
@@ -248,7 +248,7 @@ def fp16_learner(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[Any, Any
 
 def step(cfg: Any, learner: Any) -> dict[str, float]:
     from gym_bridge.train.batches.sequences import per_sample_logprobs
-    from gym_bridge.train.update import StepBatch, update_policy
+    from gym_bridge.train.learner.update import StepBatch, update_policy
 
     batch = StepBatch.from_samples(cfg.grpo, samples())
     with learner.reference_policy() as reference:

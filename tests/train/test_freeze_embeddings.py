@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 from gym_bridge.models.tiny import TinyRecipe, random_tiny_model  # noqa: E402
 from gym_bridge.models.tokenizer import build_tokenizer  # noqa: E402
 from gym_bridge.train.batches.sequences import per_sample_logprobs  # noqa: E402
-from gym_bridge.train.lora import parameter_counts  # noqa: E402
+from gym_bridge.train.learner.lora import parameter_counts  # noqa: E402
+from gym_bridge.train.learner.update import StepBatch, update_policy  # noqa: E402
 from gym_bridge.train.setup import build_learner  # noqa: E402
-from gym_bridge.train.update import StepBatch, update_policy  # noqa: E402
 from tests.train.helpers import offline_step_config, step_sample  # noqa: E402
 
 

@@ -75,10 +75,10 @@ def test_elsewhere_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_cpu_update_releases_before_and_after_its_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    from gym_bridge.train import update
     from gym_bridge.train.algorithm.loss import ClippedPGLossFn
     from gym_bridge.train.batches.rollouts import Sample
     from gym_bridge.train.config import load_config
+    from gym_bridge.train.learner import update
     from gym_bridge.train.setup import build_optimizer
 
     events: list[str] = []

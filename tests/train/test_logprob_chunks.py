@@ -108,8 +108,8 @@ def test_the_key_reaches_the_training_pass_with_the_same_update(model: Any) -> N
 
     from gym_bridge.train.algorithm.loss import ClippedPGLossFn
     from gym_bridge.train.batches.rollouts import Sample
+    from gym_bridge.train.learner.update import Learner, StepBatch, update_policy
     from gym_bridge.train.setup import build_optimizer
-    from gym_bridge.train.update import Learner, StepBatch, update_policy
 
     token_ids, loss_masks, _, _, _ = batch(2)
     samples = [

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from gym_bridge.models.logprobs import token_logprobs  # noqa: E402
 from gym_bridge.models.shared_prefix import plan_prefixes, shared_prefix_logprobs  # noqa: E402
 from gym_bridge.train.batches.sequences import per_sample_logprobs  # noqa: E402
+from gym_bridge.train.learner.update import StepBatch, update_policy  # noqa: E402
 from gym_bridge.train.setup import build_learner  # noqa: E402
-from gym_bridge.train.update import StepBatch, update_policy  # noqa: E402
 from tests.train.helpers import offline_step_config, random_grpo_batch, save_random_tiny, step_sample  # noqa: E402
 
 PAD = 0

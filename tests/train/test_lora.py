@@ -64,7 +64,7 @@ def samples(seed: int = 0) -> list[Sample]:
 
 def one_update(cfg: Any, learner: Any) -> None:
     from gym_bridge.train.batches.sequences import per_sample_logprobs
-    from gym_bridge.train.update import StepBatch, update_policy
+    from gym_bridge.train.learner.update import StepBatch, update_policy
 
     batch = StepBatch.from_samples(cfg.grpo, samples())
     with learner.reference_policy() as reference:
@@ -138,7 +138,7 @@ def test_merged_weights_generate_what_base_plus_adapter_does(tmp_path: Path, mod
     from gym_bridge.generation.transformers_backend import TransformersBackend
     from gym_bridge.generation.weights import plain_state_dict
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.lora import merged_model
+    from gym_bridge.train.learner.lora import merged_model
 
     _, learner = lora_learner(tmp_path, model_dir)
     _randomise_adapters(learner.model)
@@ -165,7 +165,7 @@ def test_merged_weights_generate_what_base_plus_adapter_does(tmp_path: Path, mod
 
 
 def test_trainable_parameter_count(tmp_path: Path, model_dir: Path) -> None:
-    from gym_bridge.train.lora import parameter_counts, trainable_parameters_line
+    from gym_bridge.train.learner.lora import parameter_counts, trainable_parameters_line
 
     _, learner = lora_learner(
         tmp_path, model_dir, f"{LORA}.match_all_linear=false", f"{LORA}.target_modules=[q_proj,v_proj]"
@@ -376,7 +376,7 @@ def test_vllm_refit_sends_merged_weights_under_the_base_names(tmp_path: Path, mo
     """VllmBackend.update_weights over a stand-in engine (vLLM needs CUDA): what its model loads."""
     from gym_bridge.generation.vllm_backend import VllmBackend
     from gym_bridge.models.registry import load_model_and_tokenizer
-    from gym_bridge.train.lora import merged_model
+    from gym_bridge.train.learner.lora import merged_model
 
     _, learner = lora_learner(tmp_path, model_dir)
     _randomise_adapters(learner.model)

@@ -18,7 +18,7 @@ def adapted(seed: int = 5) -> tuple[Any, Any]:
     from gym_bridge.models.tiny import TinyRecipe, new_tiny_model
     from gym_bridge.models.tokenizer import build_tokenizer
     from gym_bridge.train.config.policy import LoRAConfig
-    from gym_bridge.train.lora import apply_lora
+    from gym_bridge.train.learner.lora import apply_lora
 
     recipe = TinyRecipe(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     model = new_tiny_model(build_tokenizer(), recipe, seed=seed).float()
@@ -59,7 +59,7 @@ def test_many_cycles_leave_the_base_bit_for_bit_and_merge_in_place() -> None:
 
 @pytest.mark.parametrize("scale", [0.0005, 0.02], ids=["in_place", "swapped"])
 def test_merged_in_place_is_the_same_merge_as_a_merged_copy(scale: float) -> None:
-    from gym_bridge.train.lora import merged_model
+    from gym_bridge.train.learner.lora import merged_model
 
     model, peft_model = adapted()
     set_adapters(model, scale=scale, seed=1)  # 0.02: deltas larger than the weights, layers swapped

@@ -26,7 +26,7 @@ from gym_bridge.train.batches.sequences import (  # noqa: E402
     per_sample_logprobs,
 )
 from gym_bridge.train.config import ConfigError, load_config  # noqa: E402
-from gym_bridge.train.update import Learner, StepBatch, update_policy  # noqa: E402
+from gym_bridge.train.learner.update import Learner, StepBatch, update_policy  # noqa: E402
 
 PAD = 0
 

@@ -22,8 +22,8 @@ def two_steps(tmp: Path, model_dir: Path, precision: str, *extra: str) -> tuple[
     """Two GRPO updates on the same samples (the second has a KL term: the first moved the policy);
     the second's metrics, the learner and its config."""
     from gym_bridge.train.batches.sequences import per_sample_logprobs
+    from gym_bridge.train.learner.update import StepBatch, update_policy
     from gym_bridge.train.setup import build_learner
-    from gym_bridge.train.update import StepBatch, update_policy
 
     cfg = load_config(
         None,

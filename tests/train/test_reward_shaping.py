@@ -8,7 +8,7 @@ import torch
 from gym_bridge.train.algorithm.reward_shaping import overlong_penalty, shape_rewards
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.config import ConfigError, RewardShapingConfig, load_config
-from gym_bridge.train.update import StepBatch
+from gym_bridge.train.learner.update import StepBatch
 
 
 def test_penalty_is_zero_then_linear_in_the_buffer_then_capped() -> None:

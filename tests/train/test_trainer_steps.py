@@ -16,10 +16,10 @@ from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.batches.rollouts import Sample
 from gym_bridge.train.checkpoint import CheckpointManager
 from gym_bridge.train.config import load_config
+from gym_bridge.train.learner.update import Learner, StepBatch, update_policy
 from gym_bridge.train.logging import format_line, read_metrics
 from gym_bridge.train.loop import train
 from gym_bridge.train.setup import RunAlreadyComplete, build_optimizer
-from gym_bridge.train.update import Learner, StepBatch, update_policy
 from tests.train.helpers import save_random_tiny
 
 

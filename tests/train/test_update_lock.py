@@ -30,9 +30,9 @@ def _cfg(model_dir: Path, *overrides: str):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_update_holds_the_generation_lock_of_a_shared_model(tmp_path: Path, monkeypatch, lora: bool) -> None:
-    from gym_bridge.train import update
+    from gym_bridge.train.learner import update
+    from gym_bridge.train.learner.update import StepBatch, update_policy
     from gym_bridge.train.setup import _generation_backend, build_learner
-    from gym_bridge.train.update import StepBatch, update_policy
 
     extra = ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.dim=4"] if lora else []
     cfg = _cfg(save_random_tiny(tmp_path / "tiny"), "grpo.async_grpo.enabled=false", *extra)

@@ -34,7 +34,7 @@ from gym_bridge.train.batches.sequences import (
     shares_prompts,
 )
 from gym_bridge.train.config import GRPOConfig, MasterConfig
-from gym_bridge.train.device import Placement
+from gym_bridge.train.learner.device import Placement
 
 __all__ = ["Learner", "StepBatch", "optimizer_steps", "skip_update", "summarize_update", "update_policy"]
 
@@ -60,7 +60,7 @@ class Learner:
     peft: Any | None = None
     """With LoRA, the ``PeftModel`` around ``model`` (whose layers hold the adapters), else None."""
     placement: Placement = field(default_factory=Placement.cpu)
-    """The device every training tensor goes to and the precision (:mod:`gym_bridge.train.device`)."""
+    """The device every training tensor goes to and the precision (:mod:`gym_bridge.train.learner.device`)."""
     scaler: Any | None = None
     """float16's loss scaler, one per run (its scale adapts across steps); made from ``placement``."""
     workers: Any | None = None

@@ -46,8 +46,8 @@ CONFIGS = {"inproc": 0, "w1": 1, "w2": 2}  # cluster.train_workers_per_node
 
 def _child(workers: int, steps: int, out: Path) -> dict[str, Any]:
     """One training run of the tiny recipe; its per-step timings."""
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.loop import train
 
     with tempfile.TemporaryDirectory(prefix="bench-dp-") as tmp:

@@ -72,8 +72,8 @@ def overrides(steps: int, log_dir: Path, seed: int) -> list[str]:
 
 
 def child(variant: str, steps: int, seed: int, out: Path) -> dict[str, Any]:
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.loop import train
 
     recipe, extra = VARIANTS[variant]

@@ -39,8 +39,8 @@ WARMUP_STEPS = 1
 
 def _ours(steps: int, out: Path, seed: int) -> dict[str, Any]:
     """gym-bridge's trainer on the LoRA recipe, validation and checkpoints off."""
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.loop import train
 
     cfg = load_config(

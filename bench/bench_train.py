@@ -65,8 +65,8 @@ SYNC_OVERRIDES = ["grpo.async_grpo.enabled=false"]
 
 def _ours(steps: int, out: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
     """gym-bridge's trainer on the tiny recipe, validation and checkpoints off."""
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.loop import train
 
     cfg = load_config(

@@ -47,8 +47,8 @@ def main() -> None:
 
     from bench_train import quiet_run  # bench/ is on sys.path when this file runs as a script
 
+    from gym_bridge.train.bookkeeping.logging import STEP_SHARE, read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import STEP_SHARE, read_metrics
     from gym_bridge.train.loop import train
 
     tiny = args.recipe.resolve() == (REPO / "recipes" / "grpo_math_tiny.yaml").resolve()

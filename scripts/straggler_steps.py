@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(ours)
 
     from gym_bridge.rollout.envs import running_env
+    from gym_bridge.train.bookkeeping.logging import format_line, read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import format_line, read_metrics
     from gym_bridge.train.loop import train
 
     with tempfile.TemporaryDirectory(prefix="straggler-") as tmp, running_env("math", workers=4, extraction="boxed_or_final") as math_url:

@@ -196,9 +196,9 @@ def test_the_package_scan_sees_function_local_and_type_checking_imports() -> Non
     found = _package_imports()
     # commands/eval.py imports the trainer's checkpoint loader inside its command function
     assert any(a == "gym_bridge.commands" and b == "gym_bridge.train" for a, b, _, _ in found)
-    # train/metrics.py imports evaluation only inside functions
+    # train/bookkeeping/metrics.py imports evaluation only inside functions
     assert any(
-        a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.metrics:")
+        a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.bookkeeping.metrics:")
         for a, b, w, _ in found
     )
     # collect names the in-process client's type under TYPE_CHECKING

@@ -86,7 +86,7 @@ def ranked(
 
     from gym_bridge.evaluation.scoring import ModelScorer
     from gym_bridge.models.registry import ModelNotFoundError
-    from gym_bridge.train.checkpoint import load_model_or_checkpoint
+    from gym_bridge.train.bookkeeping.checkpoint import load_model_or_checkpoint
 
     try:
         lm, tokenizer = load_model_or_checkpoint(model, device=device)

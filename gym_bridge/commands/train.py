@@ -60,7 +60,7 @@ def train(
     from gym_bridge.distributed.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
-    from gym_bridge.train.checkpoint import CheckpointWriteError
+    from gym_bridge.train.bookkeeping.checkpoint import CheckpointWriteError
     from gym_bridge.train.loop import train as run_training
     from gym_bridge.train.samplers.data import DataError
     from gym_bridge.train.setup import RunAlreadyComplete

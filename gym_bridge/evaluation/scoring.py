@@ -7,7 +7,7 @@ response has no tokens to average and scores ``-inf`` (last). Sequences longer t
 context keep their end: the prompt is cut from the left, so every response token that fits is scored.
 
 The model comes from the caller: ``gym-bridge eval`` loads what ``--model`` names with
-:func:`gym_bridge.train.checkpoint.load_model_or_checkpoint` (a trainer checkpoint included), the
+:func:`gym_bridge.train.bookkeeping.checkpoint.load_model_or_checkpoint` (a trainer checkpoint included), the
 trainer's ranked validation passes its policy. So this package needs nothing of the trainer's.
 """
 

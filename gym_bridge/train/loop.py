@@ -33,16 +33,21 @@ from transformers.utils import logging as hf_logging
 
 from gym_bridge.train.algorithm.entropy_control import EntropyControl
 from gym_bridge.train.batches.sequences import per_sample_logprobs
-from gym_bridge.train.checkpoint import CheckpointManager
+from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
+from gym_bridge.train.bookkeeping.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
+from gym_bridge.train.bookkeeping.metrics import (
+    load_ranked_validation,
+    ranked_validator,
+    step_summary,
+    validate,
+)
+from gym_bridge.train.bookkeeping.preflight import check_machine
+from gym_bridge.train.bookkeeping.run_dirs import find_earlier_run
+from gym_bridge.train.bookkeeping.sample_log import write_step_samples
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
 from gym_bridge.train.learner.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.learner.update import Learner, StepBatch, skip_update, update_policy
-from gym_bridge.train.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
-from gym_bridge.train.metrics import load_ranked_validation, ranked_validator, step_summary, validate
-from gym_bridge.train.preflight import check_machine
-from gym_bridge.train.run_dirs import find_earlier_run
-from gym_bridge.train.sample_log import write_step_samples
 from gym_bridge.train.samplers.async_rollouts import RolloutPipeline
 from gym_bridge.train.samplers.sampling import Sampler, produce_step, sample_step
 from gym_bridge.train.setup import (

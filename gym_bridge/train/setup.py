@@ -32,7 +32,7 @@ from gym_bridge.records.chat import tools_to_chat_tools
 from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.batches.packing import require_packing_support
 from gym_bridge.train.batches.rollouts import render_prompt
-from gym_bridge.train.checkpoint import Checkpoint, CheckpointManager
+from gym_bridge.train.bookkeeping.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.learner.device import placement_for, resolve_device
 from gym_bridge.train.learner.lora import LORA_KEY, apply_lora, load_adapter, merged_model
@@ -147,7 +147,7 @@ def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[Checkp
     """The run's checkpoint manager and the checkpoint to resume from (None: start at step 0).
 
     ``fresh`` starts at step 0 whatever the directory holds (the earlier run is moved aside later, once
-    the new one has started: :mod:`gym_bridge.train.run_dirs`). Raises :class:`RunAlreadyComplete` when
+    the new one has started: :mod:`gym_bridge.train.bookkeeping.run_dirs`). Raises :class:`RunAlreadyComplete` when
     the latest checkpoint is at ``grpo.max_num_steps`` already, before anything heavy starts.
     """
     checkpointing = cfg.checkpointing

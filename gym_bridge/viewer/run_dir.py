@@ -1,9 +1,9 @@
 """A training run's directory as the viewer reads it while the trainer writes it.
 
-``<log_dir>/metrics.jsonl`` (one line per step and split, see :mod:`gym_bridge.train.logging`) is read
+``<log_dir>/metrics.jsonl`` (one line per step and split, see :mod:`gym_bridge.train.bookkeeping.logging`) is read
 incrementally: :class:`MetricsTail` remembers how far it got and returns only complete new lines, so the
 page can poll it while training runs. ``<log_dir>/rollouts/step_NNNNNN.jsonl`` are the per-step rollout
-samples :mod:`gym_bridge.train.sample_log` writes; each is opened as a rollout file of its own.
+samples :mod:`gym_bridge.train.bookkeeping.sample_log` writes; each is opened as a rollout file of its own.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.train.logging import METRICS_FILE
-from gym_bridge.train.sample_log import SAMPLES_DIR, list_sample_files
+from gym_bridge.train.bookkeeping.logging import METRICS_FILE
+from gym_bridge.train.bookkeeping.sample_log import SAMPLES_DIR, list_sample_files
 
 __all__ = ["CURVES", "MetricsTail", "is_run_dir", "list_sample_files"]
 

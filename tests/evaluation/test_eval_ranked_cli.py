@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from gym_bridge.cli import app
 from gym_bridge.evaluation.scoring import ModelScorer
-from gym_bridge.train.checkpoint import CheckpointManager
+from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
 from tests.train.helpers import save_random_tiny
 
 runner = CliRunner()

@@ -295,8 +295,8 @@ def test_gym_bridge_imports_without_ray() -> None:
 
 
 def _train(tmp_path: Path, model_dir: Path, backend: str, *extra: str) -> list[dict[str, Any]]:
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.config import load_config
-    from gym_bridge.train.logging import read_metrics
     from gym_bridge.train.loop import train
 
     rows = write_say_prompts(tmp_path / "parity.jsonl", 16)

@@ -307,7 +307,7 @@ def train_args(config: Path, run: Path, model_dir: Path, data: Path) -> list[str
 
 
 def train_lines(run: Path) -> list[dict[str, Any]]:
-    from gym_bridge.train.logging import read_metrics
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from tests.train.helpers import TIMING_KEYS
 
     return [
@@ -322,7 +322,7 @@ def test_train_killed_repeatedly_then_resumed_logs_the_same_run(tmp_path, tiny_m
     import torch
     from safetensors.torch import load_file
 
-    from gym_bridge.train.checkpoint import CheckpointManager
+    from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
 
     data = write_scored(tmp_path / "scored.jsonl")
     config = tmp_path / "train.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gym_bridge.train.checkpoint import CheckpointManager, get_rng_state, set_rng_state
+from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager, get_rng_state, set_rng_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    import gym_bridge.train.checkpoint as ckpt
+    import gym_bridge.train.bookkeeping.checkpoint as ckpt
     from test_trainer_offline import offline_config  # tests/train is on PYTHONPATH
     from gym_bridge.train.loop import train
 
@@ -226,7 +226,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_writing_and_names_the_
     import shutil
     from collections import namedtuple
 
-    from gym_bridge.train import checkpoint as checkpoint_module
+    from gym_bridge.train.bookkeeping import checkpoint as checkpoint_module
 
     manager = CheckpointManager(tmp_path / "ckpt")
     model = tiny_model()
@@ -248,7 +248,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_writing_and_names_the_
 
 
 def test_a_write_that_fails_midway_says_where_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gym_bridge.train import checkpoint as checkpoint_module
+    from gym_bridge.train.bookkeeping import checkpoint as checkpoint_module
 
     manager = CheckpointManager(tmp_path / "ckpt")
     model = tiny_model()

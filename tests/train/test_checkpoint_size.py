@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from gym_bridge.train.checkpoint import CheckpointManager  # noqa: E402
+from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager  # noqa: E402
 from gym_bridge.train.config import LoRAConfig  # noqa: E402
 from gym_bridge.train.learner.lora import apply_lora, load_adapter, parameter_counts  # noqa: E402
 

@@ -214,7 +214,7 @@ def test_vllm_engine_settings_reach_the_engine(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.CaptureFixture[str]) -> None:
-    from gym_bridge.train.logging import TerminalView
+    from gym_bridge.train.bookkeeping.logging import TerminalView
 
     for every, expected in ((1, 6), (3, 2)):
         cfg = cfg_with(f"logger.print_every_steps={every}")
@@ -231,7 +231,7 @@ def test_print_every_steps_prints_a_train_line_every_n_steps(capsys: pytest.Capt
 
 
 def test_num_val_samples_to_print_prints_that_many_validation_samples() -> None:
-    from gym_bridge.train.metrics import validate
+    from gym_bridge.train.bookkeeping.metrics import validate
 
     class Sampler:
         class tokenizer:  # noqa: N801 - stands in for a tokenizer object

@@ -17,10 +17,10 @@ import pytest
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.server import ResourcesServer, Session
+from gym_bridge.train.bookkeeping.gpu_monitor import GpuMonitor, open_gpu_monitor
+from gym_bridge.train.bookkeeping.logging import open_metrics_logger, read_metrics
+from gym_bridge.train.bookkeeping.preflight import machine_problems
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.gpu_monitor import GpuMonitor, open_gpu_monitor
-from gym_bridge.train.logging import open_metrics_logger, read_metrics
-from gym_bridge.train.preflight import machine_problems
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,8 +330,8 @@ def test_gpus_that_torch_cannot_see_are_refused(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.timeout(300)
 def test_rollout_groups_to_log_writes_whole_groups_with_their_advantages(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Each step's first N groups land whole in <log_dir>/rollouts/step_NNNNNN.jsonl; 0 writes none."""
+    from gym_bridge.train.bookkeeping.sample_log import list_sample_files
     from gym_bridge.train.loop import train
-    from gym_bridge.train.sample_log import list_sample_files
     from tests.train.helpers import PARITY_SERVER
 
     cfg = online(tmp_path / "one", tiny_model_dir, f"env.say.server={PARITY_SERVER}", "logger.num_rollout_groups_to_log=1")

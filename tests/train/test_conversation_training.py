@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gym_bridge.serving.uvicorn_thread import start_in_thread
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import read_metrics
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.generate_conversations import make_conversation
 from tests.train.clerk import ASK, Clerk

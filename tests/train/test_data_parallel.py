@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from gym_bridge.train.logging import read_metrics
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.ray_loopback import listeners, loopback_ray_fixture, off_loopback
 from tests.train.helpers import save_random_tiny

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from gym_bridge.train.algorithm.entropy_control import EntropyControl, sampled_entropy
 from gym_bridge.train.batches.rollouts import Sample
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import load_config
 from gym_bridge.train.config.loss import ClippedPGLossConfig
-from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 

@@ -126,7 +126,7 @@ def test_a_replica_killed_mid_run_loses_no_step_and_with_none_left_the_run_stops
     tmp_path: Path, two_nodes: Any, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from gym_bridge.train import loop, setup
-    from gym_bridge.train.logging import read_metrics
+    from gym_bridge.train.bookkeeping.logging import read_metrics
     from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
 
     model_dir = save_random_tiny(tmp_path / "tiny", seed=4)

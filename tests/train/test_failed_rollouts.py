@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gym_bridge.train import loop
+from gym_bridge.train.bookkeeping.logging import format_line, read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import format_line, read_metrics
 from gym_bridge.train.samplers.rollout_failures import FailureTally, TooManyFailedRollouts
 from tests.reliability.procs import kill9, start, wait_for_line
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny

@@ -52,14 +52,14 @@ def closed_port() -> int:
 
 
 def train_steps(log_dir: Path) -> list[int]:
-    from gym_bridge.train.logging import read_metrics
+    from gym_bridge.train.bookkeeping.logging import read_metrics
 
     return [r["step"] for r in read_metrics(log_dir) if r["split"] == "train"]
 
 
 @pytest.mark.timeout(400)
 def test_fresh_validates_first_then_moves_the_earlier_run_aside(tmp_path: Path, model_dir: Path) -> None:
-    from gym_bridge.train.sample_log import list_sample_files
+    from gym_bridge.train.bookkeeping.sample_log import list_sample_files
 
     run = tmp_path / "run"
     run.mkdir()
@@ -109,8 +109,8 @@ def test_fresh_validates_first_then_moves_the_earlier_run_aside(tmp_path: Path, 
 def test_a_run_directory_that_is_the_working_directory_is_refused_naming_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from gym_bridge.train.bookkeeping.run_dirs import find_earlier_run
     from gym_bridge.train.config import ConfigError, load_config
-    from gym_bridge.train.run_dirs import find_earlier_run
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "split": "train"}\n')
     monkeypatch.chdir(tmp_path)

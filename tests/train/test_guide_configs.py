@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from gym_bridge.train.samplers.data import DataError, load_prompts
 from tests.train.helpers import save_random_tiny

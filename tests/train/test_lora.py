@@ -200,7 +200,7 @@ def test_saving_a_lora_checkpoint_warns_nothing_and_saves_only_the_adapter(
 
     from safetensors.torch import load_file
 
-    from gym_bridge.train.checkpoint import CheckpointManager
+    from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
 
     _, learner = lora_learner(tmp_path, model_dir)
     learner.peft.peft_config["default"].base_model_name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gym_bridge.data.arith_conversations import TRAIN_FILE, VAL_FILE, generate
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "grpo_multi_turn_tiny.yaml"

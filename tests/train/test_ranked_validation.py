@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gym_bridge.cli import app
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import ConfigError
-from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.train.helpers import save_random_tiny
 from tests.train.test_trainer_offline import offline_config, write_scored

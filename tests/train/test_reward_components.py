@@ -18,8 +18,8 @@ from gym_bridge.train.algorithm.reward_components import (
     training_rewards,
 )
 from gym_bridge.train.batches.rollouts import Sample
+from gym_bridge.train.bookkeeping.metrics import sample_metrics
 from gym_bridge.train.config import ConfigError, load_config
-from gym_bridge.train.metrics import sample_metrics
 from tests.train.helpers import one_trainer_step, save_random_tiny, step_sample
 
 OFFLINE = ["data.train.data_path=unused.jsonl", "grpo.mode=offline"]

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from gym_bridge.train.bookkeeping.logging import format_line, read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import format_line, read_metrics
 from tests.reliability.procs import kill9, start, wait_for_line
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 from tests.train.shopper import Shopper, write_shop_rows

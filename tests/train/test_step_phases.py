@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gym_bridge.serving.uvicorn_thread import start_in_thread
+from gym_bridge.train.bookkeeping.logging import format_line, phase_shares, read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import format_line, phase_shares, read_metrics
 from gym_bridge.train.loop import train
 from tests.multi_reward_env import MultiRewardEnv
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts

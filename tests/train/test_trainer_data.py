@@ -16,8 +16,8 @@ from gym_bridge.train.batches.rollouts import (
     sequence_from_items,
     sequence_from_text,
 )
+from gym_bridge.train.bookkeeping.logging import MetricsLogger, format_line, plot_curves, read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import MetricsLogger, format_line, plot_curves, read_metrics
 from gym_bridge.train.samplers.data import (
     DataError,
     PromptLoader,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import MasterConfig, load_config
-from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.train.helpers import TIMING_KEYS, save_random_tiny
 

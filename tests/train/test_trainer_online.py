@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gym_bridge.train.bookkeeping.logging import read_metrics
 from gym_bridge.train.config import load_config
-from gym_bridge.train.logging import read_metrics
 from gym_bridge.train.loop import train
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 

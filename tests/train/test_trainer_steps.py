@@ -14,10 +14,10 @@ from gym_bridge.cli import app
 from gym_bridge.train import setup as train_setup
 from gym_bridge.train.algorithm.loss import ClippedPGLossFn
 from gym_bridge.train.batches.rollouts import Sample
-from gym_bridge.train.checkpoint import CheckpointManager
+from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
+from gym_bridge.train.bookkeeping.logging import format_line, read_metrics
 from gym_bridge.train.config import load_config
 from gym_bridge.train.learner.update import Learner, StepBatch, update_policy
-from gym_bridge.train.logging import format_line, read_metrics
 from gym_bridge.train.loop import train
 from gym_bridge.train.setup import RunAlreadyComplete, build_optimizer
 from tests.train.helpers import save_random_tiny
@@ -169,7 +169,7 @@ def test_the_cli_stops_with_a_clear_error_when_the_checkpoint_does_not_fit(
 ) -> None:
     from collections import namedtuple
 
-    from gym_bridge.train import checkpoint as checkpoint_module
+    from gym_bridge.train.bookkeeping import checkpoint as checkpoint_module
 
     data = write_tied(tmp_path / "tied.jsonl")
     recipe = tmp_path / "recipe.yaml"

@@ -11,7 +11,7 @@ import pytest
 from viewer_records import nemo_rl_line, rollout, run_a, write_jsonl
 
 from gym_bridge.records.metrics import aggregate_rewards
-from gym_bridge.train.sample_log import list_sample_files, sample_file, write_rollout_samples
+from gym_bridge.train.bookkeeping.sample_log import list_sample_files, sample_file, write_rollout_samples
 from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.index import RolloutIndex
 from gym_bridge.viewer.run_dir import MetricsTail

@@ -1,5 +1,5 @@
 """A training run's directory in the browser: curves from metrics.jsonl refreshing while it grows, and
-the per-step rollout samples the trainer logs (gym_bridge.train.sample_log)."""
+the per-step rollout samples the trainer logs (gym_bridge.train.bookkeeping.sample_log)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 from conftest import wait_ready
 from viewer_records import rollout
 
-from gym_bridge.train.sample_log import write_rollout_samples
+from gym_bridge.train.bookkeeping.sample_log import write_rollout_samples
 
 
 def _metrics_line(step: int, reward: float) -> str:

@@ -14,8 +14,8 @@ import torch
 from gym_bridge.records.seeding import rollout_seed
 from gym_bridge.train.algorithm.reward_components import components_of
 from gym_bridge.train.batches.rollouts import Sample
+from gym_bridge.train.bookkeeping.logging import STEP_SHARE, TerminalView, phase_shares
 from gym_bridge.train.config import MasterConfig
-from gym_bridge.train.logging import STEP_SHARE, TerminalView, phase_shares
 from gym_bridge.train.samplers.data import Prompt
 from gym_bridge.train.samplers.sampling import Sampler
 
@@ -178,7 +178,7 @@ def step_summary(
     epoch: int,
 ) -> dict[str, Any]:
     """The step's metrics line: sample statistics, the update's metrics, timings and throughput, and
-    each phase's share of the step (``step_share/<phase>``, :func:`~gym_bridge.train.logging.phase_shares`)."""
+    each phase's share of the step (``step_share/<phase>``, :func:`~gym_bridge.train.bookkeeping.logging.phase_shares`)."""
     generated = sum(s.generated_tokens for s in samples)
     metrics: dict[str, Any] = {
         **sample_metrics(samples, advantages),

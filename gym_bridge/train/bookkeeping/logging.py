@@ -65,7 +65,7 @@ class MetricsLogger:
 
     ``resume_step``: the step a resumed run restarts after; records of later steps are removed.
     ``wandb_run``: a started ``wandb`` run (:func:`open_wandb_run`), finished by :meth:`close`.
-    ``gpu_monitor``: a :class:`~gym_bridge.train.gpu_monitor.GpuMonitor` whose readings join every
+    ``gpu_monitor``: a :class:`~gym_bridge.train.bookkeeping.gpu_monitor.GpuMonitor` whose readings join every
     train record.
     """
 
@@ -162,7 +162,7 @@ def open_metrics_logger(cfg: MasterConfig, resume_step: int | None = None) -> Me
     log_dir.mkdir(parents=True, exist_ok=True)
     monitor = None
     if cfg.logger.monitor_gpus:
-        from gym_bridge.train.gpu_monitor import open_gpu_monitor
+        from gym_bridge.train.bookkeeping.gpu_monitor import open_gpu_monitor
 
         monitor = open_gpu_monitor()
     try:

@@ -22,15 +22,15 @@ __all__ = ["check_machine", "machine_problems", "service_problems", "unreachable
 def machine_problems(cfg: MasterConfig) -> list[str]:
     """One message per configured key this machine cannot honour."""
     from gym_bridge.rollout.envs import load_server_class
+    from gym_bridge.train.bookkeeping.logging import WANDB_INSTALL_HINT
     from gym_bridge.train.learner.device import device_problems
-    from gym_bridge.train.logging import WANDB_INSTALL_HINT
 
     problems = []
     if cfg.logger.wandb_enabled and importlib.util.find_spec("wandb") is None:
         problems.append(f"logger.wandb_enabled needs the wandb package: {WANDB_INSTALL_HINT} (or set it to false)")
     if cfg.logger.monitor_gpus:
+        from gym_bridge.train.bookkeeping.gpu_monitor import open_gpu_monitor
         from gym_bridge.train.config import ConfigError
-        from gym_bridge.train.gpu_monitor import open_gpu_monitor
 
         try:
             open_gpu_monitor(interval_s=3600.0).close()

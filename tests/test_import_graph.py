@@ -23,6 +23,8 @@ Two checks over the source, read with :mod:`ast` (nothing is imported):
   ``if TYPE_CHECKING:`` imports count for the layers (a type in a signature is a dependency a reader has
   to follow, so it may not point up) but not for circles: they never execute, and two modules of one
   layer may name each other's types (the resources server and its MCP tools do).
+* **The trainer's rooms**: the same two rules one level down, inside ``gym_bridge/train/``: each of its
+  subpackages and each module at its top is a unit, placed on a floor of :data:`TRAIN_FLOORS`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import ast
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +61,20 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("commands: the CLI", {"gym_bridge.commands", "gym_bridge.cli"}),
 ]
 """The floor plan, bottom first (summarised in ``gym_bridge/__init__.py``'s docstring)."""
+
+TRAIN_FLOORS: list[tuple[str, set[str]]] = [
+    ("names: the variants a config may name", {"gym_bridge.train", "gym_bridge.train.registry"}),
+    ("config: the typed run configuration", {"gym_bridge.train.config"}),
+    ("batches: a step's samples as tensors", {"gym_bridge.train.batches"}),
+    ("algorithm: advantages, rewards, the loss", {"gym_bridge.train.algorithm"}),
+    ("samples and the update", {"gym_bridge.train.samplers", "gym_bridge.train.learner"}),
+    ("bookkeeping: checks, metrics, logs, checkpoints", {"gym_bridge.train.bookkeeping"}),
+    (
+        "assembly: set-up, data-parallel workers, the loop",
+        {"gym_bridge.train.setup", "gym_bridge.train.data_parallel", "gym_bridge.train.loop"},
+    ),
+]
+"""The trainer's floor plan, bottom first (summarised in ``gym_bridge/train/__init__.py``'s docstring)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -120,21 +137,39 @@ def unit_of(module: str) -> str:
     return f"gym_bridge.{parts[1]}"
 
 
+def train_unit_of(module: str) -> str:
+    """The unit of a module in ``gym_bridge.train`` (its subpackage, or itself at train's top), else ""."""
+    parts = module.split(".")
+    if parts[:2] != ["gym_bridge", "train"]:
+        return ""
+    return ".".join(parts[:3])
+
+
 @functools.cache
 def _package_imports() -> list[tuple[str, str, str, bool]]:
     """Every import between two units: (importing unit, imported unit, ``module:line``, under TYPE_CHECKING)."""
+    return _unit_imports(unit_of)
+
+
+@functools.cache
+def _train_imports() -> list[tuple[str, str, str, bool]]:
+    """:func:`_package_imports` between the trainer's units (:func:`train_unit_of`)."""
+    return _unit_imports(train_unit_of)
+
+
+def _unit_imports(unit: Callable[[str], str]) -> list[tuple[str, str, str, bool]]:
     modules = _modules()
     found = set()
     for name, path in sorted(modules.items()):
+        if not unit(name):
+            continue
         tree = ast.parse(path.read_text())
         typing_only = _type_checking_nodes(tree)
         for node, targets in _imports(tree, everywhere=True):
             for target in targets:
                 target = _resolve(target, modules)
-                if target and unit_of(target) != unit_of(name):
-                    found.add(
-                        (unit_of(name), unit_of(target), f"{name}:{node.lineno}", id(node) in typing_only)
-                    )
+                if target and unit(target) and unit(target) != unit(name):
+                    found.add((unit(name), unit(target), f"{name}:{node.lineno}", id(node) in typing_only))
     return sorted(found)
 
 
@@ -173,9 +208,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _layer_of() -> dict[str, int]:
+def _layer_of(layers: list[tuple[str, set[str]]] = LAYERS) -> dict[str, int]:
     layer: dict[str, int] = {}
-    for number, (_, units) in enumerate(LAYERS):
+    for number, (_, units) in enumerate(layers):
         for unit in units:
             assert unit not in layer, f"{unit} is on two layers"
             layer[unit] = number
@@ -198,7 +233,9 @@ def test_the_package_scan_sees_function_local_and_type_checking_imports() -> Non
     assert any(a == "gym_bridge.commands" and b == "gym_bridge.train" for a, b, _, _ in found)
     # train/bookkeeping/metrics.py imports evaluation only inside functions
     assert any(
-        a == "gym_bridge.train" and b == "gym_bridge.evaluation" and w.startswith("gym_bridge.train.bookkeeping.metrics:")
+        a == "gym_bridge.train"
+        and b == "gym_bridge.evaluation"
+        and w.startswith("gym_bridge.train.bookkeeping.metrics:")
         for a, b, w, _ in found
     )
     # collect names the in-process client's type under TYPE_CHECKING
@@ -224,12 +261,14 @@ def test_every_unit_is_on_one_layer() -> None:
     assert sorted(set(layer) - units) == [], "these are on a layer but no longer exist"
 
 
-def _upward(found: list[tuple[str, str, str, bool]]) -> list[str]:
+def _upward(
+    found: list[tuple[str, str, str, bool]], layers: list[tuple[str, set[str]]] = LAYERS
+) -> list[str]:
     """The imports of ``found`` that point to a higher layer, as ``module:line (unit, layer) imports ...``."""
-    layer = _layer_of()
+    layer = _layer_of(layers)
 
     def named(unit: str) -> str:
-        return f"{unit} ({LAYERS[layer[unit]][0].split(':')[0]})"
+        return f"{unit} ({layers[layer[unit]][0].split(':')[0]})"
 
     return sorted(
         f"{where} {named(importer)} imports {named(imported)}"
@@ -254,3 +293,42 @@ def test_the_layer_check_refuses_an_upward_import() -> None:
         "gym_bridge.train (runs)"
     ]
     assert _cycles({a: {b} for a, b, _, _ in found[:2]}) == [["gym_bridge.generation", "gym_bridge.train"]]
+
+
+def test_the_trainers_units_form_no_circle() -> None:
+    found = _train_imports()
+    # the scan sees the trainer's real edges, function-local ones included (data_parallel's workers build
+    # their learner through setup inside a function)
+    assert ("gym_bridge.train.loop", "gym_bridge.train.setup") in {(a, b) for a, b, _, _ in found}
+    assert any(
+        a == "gym_bridge.train.data_parallel" and b == "gym_bridge.train.setup" for a, b, _, _ in found
+    )
+    graph: dict[str, set[str]] = defaultdict(set)
+    for importer, imported, _, typing_only in found:
+        if not typing_only:
+            graph[importer].add(imported)
+    assert _cycles(graph) == []
+
+
+def test_every_trainer_unit_is_on_one_floor() -> None:
+    units = {train_unit_of(name) for name in _modules()} - {""}
+    floor = _layer_of(TRAIN_FLOORS)
+    assert sorted(units - set(floor)) == [], "place these on a floor of TRAIN_FLOORS"
+    assert sorted(set(floor) - units) == [], "these are on a floor but no longer exist"
+
+
+def test_the_trainers_units_import_only_their_own_floor_or_lower() -> None:
+    assert _upward(_train_imports(), TRAIN_FLOORS) == []
+    # and the check refuses an upward one: the loss reading the sampler
+    upward = [
+        (
+            "gym_bridge.train.algorithm",
+            "gym_bridge.train.samplers",
+            "gym_bridge.train.algorithm.loss:1",
+            False,
+        )
+    ]
+    assert _upward(upward, TRAIN_FLOORS) == [
+        "gym_bridge.train.algorithm.loss:1 gym_bridge.train.algorithm (algorithm) imports "
+        "gym_bridge.train.samplers (samples and the update)"
+    ]

@@ -1,4 +1,4 @@
-"""A step's samples as tensors, on the trainer's lowest floor: what the algorithm, the samplers and the update share.
+"""A step's samples as tensors: the floor the algorithm, the samplers and the update share.
 
 Owns the training sample and how a rollout becomes one (``rollouts``: ``Sample``, token ids with their
 loss mask), micro-batches with little padding (``batching``), packed rows (``packing``) and the

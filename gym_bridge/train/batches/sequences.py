@@ -54,7 +54,8 @@ class MicroBatch:
     """Set when the rows' prompts run once each (:mod:`gym_bridge.models.shared_prefix`)."""
     token_ids: list[list[int]] = field(default_factory=list)
     packed: PackedRows | None = None
-    """Set when the forward pass runs the samples packed into rows (:mod:`gym_bridge.train.batches.packing`)."""
+    """Set when the forward pass runs the samples packed into rows
+    (:mod:`gym_bridge.train.batches.packing`)."""
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with every tensor on ``device`` (built on the host, moved whole)."""

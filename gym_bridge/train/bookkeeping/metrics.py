@@ -178,7 +178,8 @@ def step_summary(
     epoch: int,
 ) -> dict[str, Any]:
     """The step's metrics line: sample statistics, the update's metrics, timings and throughput, and
-    each phase's share of the step (``step_share/<phase>``, :func:`~gym_bridge.train.bookkeeping.logging.phase_shares`)."""
+    each phase's share of the step (``step_share/<phase>``,
+    :func:`~gym_bridge.train.bookkeeping.logging.phase_shares`)."""
     generated = sum(s.generated_tokens for s in samples)
     metrics: dict[str, Any] = {
         **sample_metrics(samples, advantages),

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["EarlierRun", "find_earlier_run"]
 
 LOG_FILES = ("metrics.jsonl", "curves.png", "rollouts", "tensorboard", "wandb", "wandb_run_id")
-"""What a run writes into ``logger.log_dir`` (:mod:`~gym_bridge.train.bookkeeping.logging`, :mod:`~gym_bridge.train.bookkeeping.sample_log`)."""
+"""What a run writes into ``logger.log_dir`` (:mod:`~gym_bridge.train.bookkeeping.logging`,
+:mod:`~gym_bridge.train.bookkeeping.sample_log`)."""
 CHECKPOINT_FILES = ("tokenizer",)
 """What a run writes into ``checkpointing.checkpoint_dir`` besides its ``step_<n>`` directories."""
 ASIDE_SUFFIX = ".previous-"

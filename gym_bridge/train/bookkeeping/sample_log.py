@@ -96,7 +96,8 @@ def sample_record(sample: Any) -> dict[str, Any]:
 def write_step_samples(
     log_dir: str | os.PathLike[str], step: int, samples: Sequence[Any], advantages: Sequence[float], max_groups: int
 ) -> Path | None:
-    """:func:`write_rollout_samples` for a step's training samples (``gym_bridge.train.batches.rollouts.Sample``)."""
+    """:func:`write_rollout_samples` for a step's training samples
+    (``gym_bridge.train.batches.rollouts.Sample``)."""
     if max_groups == 0:
         return None
     return write_rollout_samples(

@@ -1,4 +1,4 @@
-"""Where a step's samples come from: the prompts, the samplers behind one protocol, and their rollouts' faults.
+"""Where a step's samples come from: the prompts, the samplers behind one protocol, their faults.
 
 Owns the training and validation prompts from the ``data`` config (``data``), the ``Sampler`` protocol
 with its online and offline samplers (``sampling``), the rollout process (``rollout_worker``:

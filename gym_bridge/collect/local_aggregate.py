@@ -33,11 +33,11 @@ __all__ = ["SpooledRecords", "local_aggregate", "server_of_app", "write_aggregat
 
 
 def server_of_app(app: Any) -> Any:
-    """The :class:`~gym_bridge.serving.server.ResourcesServer` behind an app built by its ``build_app`` (its
-    session hook is the server's bound method), else None."""
+    """The :class:`~gym_bridge.serving.server.ResourcesServer` behind an app built by its ``build_app`` (the
+    app's ``owner``), else None."""
     from gym_bridge.serving.server import ResourcesServer
 
-    owner = getattr(getattr(app, "context", None), "__self__", None)
+    owner = getattr(app, "owner", None)
     return owner if isinstance(owner, ResourcesServer) else None
 
 

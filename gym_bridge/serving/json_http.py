@@ -139,8 +139,12 @@ class JsonApp:
         shutdown: Callable[[], Awaitable[None]] | None = None,
         mounts: dict[str, Callable[[Any, Any, Any], Awaitable[None]]] | None = None,
         allowed_hosts: Iterable[str] = (),
+        owner: Any = None,
     ) -> None:
         self.routes = {(r.method, r.path): r for r in routes}
+        self.owner = owner
+        """The object serving these routes (a resources server), for a caller that mounts the app in its own
+        process and may ask the object directly (collect's end-of-run aggregate over its own spool)."""
         self.guard = RequestGuard(allowed_hosts)
         self.mounts = dict(mounts or {})
         self.paths = {r.path for r in routes}

@@ -217,6 +217,7 @@ class ResourcesServer:
             shutdown=shutdown,
             mounts=mounts,
             allowed_hosts=[self.settings.host, *self.settings.allowed_hosts],
+            owner=self,
         )
 
     def routes(self) -> list[Route]:

@@ -171,3 +171,15 @@ def test_the_latency_sketch_is_exact_then_within_half_a_percent():
     for q in ("p50", "p90", "p99"):
         assert got[q] == pytest.approx(want[q], rel=0.006), q
     assert len(sketch.buckets) < 2000 and sketch.values is None
+
+
+def test_an_in_process_env_is_aggregated_from_the_spool_not_over_its_route():
+    """collect finds the server behind an in-process app, so the end-of-run aggregate reads the spool: the
+    route would hold the whole body (the memory test above caught this when the app's session hook
+    stopped being the server's bound method)."""
+    from gym_bridge.collect.local_aggregate import server_of_app
+    from gym_bridge.serving.json_http import JsonApp
+
+    server = FewSessionsEnv()
+    assert server_of_app(server.build_app()) is server
+    assert server_of_app(JsonApp([], title="not a resources server")) is None

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gym_bridge.commands.options import EnvApiKey, bearer
+from gym_bridge.commands.options import EnvApiKey
 from gym_bridge.commands.typer_app import ReadableCommand
+from gym_bridge.serving.auth import bearer
 
 ENV_HELP = (
     "Environment: a built-in name (math, code, tool_use; started in-process for the run), a URL, or "

@@ -1,4 +1,5 @@
-"""What several commands take alike, declared once: the env servers' bearer token and its header."""
+"""What several commands take alike, declared once: the env servers' bearer token (its header is
+:func:`gym_bridge.serving.auth.bearer`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,3 @@ EnvApiKey = Annotated[
     ),
 ]
 """``--env-api-key`` (or ``GYM_BRIDGE_ENV_API_KEY``) of ``collect``, ``reverify`` and ``audit``."""
-
-
-def bearer(token: str | None) -> dict[str, str]:
-    """The ``authorization`` header carrying ``token``; no header without one."""
-    return {"authorization": f"Bearer {token}"} if token else {}

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from gym_bridge.commands.options import EnvApiKey, bearer
+from gym_bridge.commands.options import EnvApiKey
+from gym_bridge.serving.auth import bearer
 
 
 def reverify(

@@ -58,6 +58,7 @@ from gym_bridge.rollout.agent import (
     seed_session,
     verify_rollout,
 )
+from gym_bridge.serving.auth import bearer
 from gym_bridge.serving.retry import Client, HttpResult, RequestFailed, RetryPolicy
 
 __all__ = [
@@ -238,10 +239,6 @@ def _policy(timeout_s: float | None, retry: RetryPolicy | None) -> RetryPolicy:
     return policy if timeout_s is None else replace(policy, request_timeout=timeout_s)
 
 
-def _bearer(token: str | None) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"} if token else {}
-
-
 def _detail(answer: HttpResult) -> str:
     try:
         return str(parse_json(answer.content).get("detail", answer.text))[:300]
@@ -324,7 +321,7 @@ class GymReward:
         self.base_url = base_url.rstrip("/")
         self.retry = _policy(timeout_s, retry)
         self.max_concurrency = max_concurrency
-        self.headers = _bearer(auth_token)
+        self.headers = bearer(auth_token)
         self.seed = seed
         self.reward_key = reward_key
         self.__name__ = name  # TRL logs the reward under the callable's name
@@ -480,7 +477,7 @@ class ServerEnvironment:
         self.output = []
         self.last_answer = None
         session = self._session = EnvSession(
-            self.base_url, _policy(self.timeout_s, self.retry), _bearer(self.auth_token)
+            self.base_url, _policy(self.timeout_s, self.retry), bearer(self.auth_token)
         )
         try:
             _blocking(lambda client: seed_session(client, session, self.row))

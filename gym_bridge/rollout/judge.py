@@ -41,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gym_bridge.records.metrics import percentile
+from gym_bridge.serving.auth import bearer
 
 __all__ = [
     "EQUAL_LABEL",
@@ -345,7 +346,7 @@ class JudgeClient:
     def _headers(self) -> dict[str, str]:
         env = self.config.judge_api_key_env
         key = os.environ.get(env) if env else None
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return bearer(key)
 
     async def compare(
         self,

@@ -34,6 +34,7 @@ from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
 from gym_bridge.rollout.env_router import ReplicaEndpoints, SessionRouter
 from gym_bridge.rollout.envs import env_app, running_env
 from gym_bridge.rollout.user_sim import UserSimConfig
+from gym_bridge.serving.auth import bearer
 from gym_bridge.serving.event_loop import new_event_loop
 from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.retry import RetryPolicy
@@ -220,7 +221,7 @@ class OnlineSampler:
                 overrides=dict(overrides),
                 model_retry=model_retry,
                 env_retry=RetryPolicy(max_attempts=3, request_timeout=env.timeout_s),
-                env_headers={"authorization": f"Bearer {token}"} if (token := self._env_token(name)) else {},
+                env_headers=bearer(self._env_token(name)),
                 user=UserSimConfig(
                     model_url=f"{policy_url}/v1" if env.user_model_url == "policy" else env.user_model_url,
                     responses_create_params=dict(env.user_params),

@@ -5,8 +5,8 @@ subclasses (``server``: ``ResourcesServer``, ``tool``), its cookie sessions (``c
 Gym's typed sessions (``resources_sessions``), tools over MCP (``mcp_tools``), what a server refuses before
 reading a body (``request_guard``, ``header_limits``, ``body_budget``, ``deadlines``), uvicorn in a
 thread (``uvicorn_thread``), the event loop (``event_loop``), servers called without a socket
-(``in_process``), the retries of a rollout's HTTP calls (``retry``) and the bearer-token header its
-clients send (``auth``).
+(``in_process``), the retries of a rollout's HTTP calls (``retry``), the bearer-token header its
+clients send (``auth``) and a verifier pool's view of one worker process (``pipe_worker``).
 
 May import: :mod:`gym_bridge.records` and its own floor (the consoles, ``sandbox/``, ``distributed/``);
 never models, generation, the agent or anything above.

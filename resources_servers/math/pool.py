@@ -385,10 +385,7 @@ class VerifierPool(LaneScheduling):
             return
         if task_id != w.task_id or w.future is None:
             return  # an answer nobody waits for any more (cannot happen unless the protocol breaks)
-        future = w.future
-        self._clear_task(w)
-        if not future.done():
-            future.set_result(self._outcome(result))
+        w.answer(self._outcome(result))
         assert self._idle is not None
         w.slow = False
         self._slow.discard(w)
@@ -424,27 +421,11 @@ class VerifierPool(LaneScheduling):
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    def _clear_task(self, w: Worker) -> None:
-        if w.deadline is not None:
-            w.deadline.cancel()
-        if w.slow_timer is not None:
-            w.slow_timer.cancel()
-        w.task_id, w.future, w.deadline, w.slow_timer, w.sent_at = None, None, None, None, None
-
     def _detach(self, w: Worker, outcome: CheckOutcome) -> None:
         """Stop watching a worker and answer its pending check with ``outcome``."""
-        if not w.alive:
-            return
-        w.alive = False
         assert self._loop is not None
-        try:
-            self._loop.remove_reader(w.conn.fileno())
-        except (OSError, ValueError):
-            pass
-        future = w.future
-        self._clear_task(w)
-        if future is not None and not future.done():
-            future.set_result(outcome)
+        if not w.detach(self._loop, outcome):
+            return
         self._workers.discard(w)
         self._slow.discard(w)
 

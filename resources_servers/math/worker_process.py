@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gym_bridge.serving.pipe_worker import PipeWorker
+
 if TYPE_CHECKING:
     import asyncio
 
-    from resources_servers.math.pool import CheckOutcome
+    from resources_servers.math.pool import CheckOutcome  # noqa: F401 (Worker's base names it as a string)
 
 STARTUP_TIMEOUT_S = 60.0
 """A worker that is not warm after this long (import and one warm-up check) is a failed start."""
@@ -33,16 +35,10 @@ WORKER_MODULE = "resources_servers.math.worker"
 
 
 @dataclass(eq=False)
-class Worker:
-    """A live worker process, its end of the pipe, and the check it is running (the pool's view of it)."""
+class Worker(PipeWorker["CheckOutcome"]):
+    """A live worker process, its end of the pipe, and the check it is running (the pool's view of it),
+    with what the math pool's lanes schedule by."""
 
-    process: Any
-    conn: Any
-    pid: int
-    alive: bool = True
-    task_id: int | None = None
-    future: asyncio.Future[CheckOutcome] | None = None
-    deadline: asyncio.TimerHandle | None = None
     slow_timer: asyncio.TimerHandle | None = None
     busy: bool = False
     """Handed to a check (from then until its answer arrives)."""
@@ -54,6 +50,13 @@ class Worker:
     """The worker's CPU seconds when its check was sent (for the slow test)."""
     slow: bool = False
     """Its check outlived ``slow_after_s``: it does not count as one of the pool's ``size``."""
+
+    def clear_task(self) -> None:
+        """Forget the current check: its deadline and slow timer cancelled."""
+        super().clear_task()
+        if self.slow_timer is not None:
+            self.slow_timer.cancel()
+        self.slow_timer, self.sent_at = None, None
 
 
 _WITHOUT_MAIN = threading.local()

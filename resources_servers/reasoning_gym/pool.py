@@ -28,12 +28,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym_bridge.sandbox.slots import default_uid_base
+from gym_bridge.serving.pipe_worker import PipeWorker
 from resources_servers.reasoning_gym.forkserver import ScorerProcess, set_preload
 
 logger = logging.getLogger(__name__)
@@ -115,15 +116,9 @@ class PoolStats:
 
 
 @dataclass(eq=False)
-class _Worker:
-    slot: int
-    process: Any
-    conn: Any
-    pid: int
-    alive: bool = True
-    task_id: int | None = None
-    future: asyncio.Future[ScoreOutcome] | None = None
-    deadline: asyncio.TimerHandle | None = None
+class _Worker(PipeWorker[ScoreOutcome]):
+    slot: int = field(kw_only=True)
+    """Which of the pool's places it holds (its replacement takes the same one, and its uid)."""
 
 
 def _worker_entry(conn: Any, uid: int | None, memory_mb: int | None) -> None:
@@ -328,10 +323,7 @@ class ScorerPool:
         if task_id != w.task_id or w.future is None:
             self._retire(w, ScoreOutcome("crashed", detail="the scorer worker answered out of turn"))
             return
-        future = w.future
-        self._clear_task(w)
-        if not future.done():
-            future.set_result(outcome)
+        w.answer(outcome)
         if result.get("evaluated"):
             self.stats.retired += 1
             self._retire(w, None)  # answer text was evaluated in it: never reused
@@ -348,25 +340,11 @@ class ScorerPool:
 
     # ------------------------------------------------------------------ worker lifecycle
 
-    def _clear_task(self, w: _Worker) -> None:
-        if w.deadline is not None:
-            w.deadline.cancel()
-        w.task_id, w.future, w.deadline = None, None, None
-
     def _retire(self, w: _Worker, outcome: ScoreOutcome | None) -> None:
         """Kill a worker, answer its pending check with ``outcome``, and start its slot's replacement."""
-        if not w.alive:
-            return
-        w.alive = False
         assert self._loop is not None
-        try:
-            self._loop.remove_reader(w.conn.fileno())
-        except (OSError, ValueError):
-            pass
-        future = w.future
-        self._clear_task(w)
-        if future is not None and not future.done() and outcome is not None:
-            future.set_result(outcome)
+        if not w.detach(self._loop, outcome):
+            return
         if self._workers.get(w.slot) is w:
             del self._workers[w.slot]
         try:
@@ -391,14 +369,9 @@ class ScorerPool:
             task.cancel()
         workers = list(self._workers.values())
         for w in workers:
-            future = w.future
-            self._clear_task(w)
-            if future is not None and not future.done():
-                future.set_result(ScoreOutcome("unavailable", detail="the scorer pool is shutting down"))
-            w.alive = False
+            assert self._loop is not None
+            w.detach(self._loop, ScoreOutcome("unavailable", detail="the scorer pool is shutting down"))
             try:
-                assert self._loop is not None
-                self._loop.remove_reader(w.conn.fileno())
                 w.conn.send_bytes(b"null")
             except (OSError, ValueError):
                 pass

@@ -1,5 +1,6 @@
 """What a collection run is asked to do (:class:`CollectConfig`), what it did (:class:`CollectResult`),
-and the one error type a user sees (:class:`CollectError`)."""
+the options it shares with ``reverify`` (:class:`RunOptions`), and the one error type a user sees
+(:class:`CollectError`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ __all__ = [
     "CollectError",
     "CollectResult",
     "EnvTransport",
+    "RunOptions",
     "check_config",
+    "check_run_options",
     "sized_request_timeout",
 ]
 
@@ -52,8 +55,36 @@ class CollectError(Exception):
     """A problem with the run's inputs or set-up, said in words a user can act on."""
 
 
+@dataclass(kw_only=True)
+class RunOptions:
+    """How a run over a file of rows calls its env servers and treats its output, the same for ``collect``
+    and ``reverify`` (keyword-only: each run's own fields come first). Each run keeps its own
+    ``request_timeout``: collect's is sized for a model's generation, reverify's is one ``/verify``."""
+
+    concurrency: int = 16
+    """Requests in flight at once (collect: rollouts, over all its workers; reverify: ``/verify`` calls)."""
+    resume: bool = False
+    overwrite: bool = False
+    strict: bool = False
+    limit: int | None = None
+    """Only the first N rows of the input file (tasks, or stored rollouts)."""
+    max_retries: int = 3
+    env_headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request to the env servers (``--env-api-key``: servers started with ``--token``)."""
+
+
+def check_run_options(options: RunOptions) -> None:
+    """Refuse shared options that cannot run, naming the option to fix."""
+    if options.concurrency < 1:
+        raise CollectError("--concurrency must be at least 1")
+    if options.limit is not None and options.limit < 0:
+        raise CollectError("--limit must not be negative")
+    if options.max_retries < 0:
+        raise CollectError("--max-retries must not be negative")
+
+
 @dataclass
-class CollectConfig:
+class CollectConfig(RunOptions):
     """Everything a collection run needs (the CLI fills this in)."""
 
     tasks_path: Path
@@ -61,19 +92,13 @@ class CollectConfig:
     envs: list[str]
     model_url: str | None = None
     policy: str | None = None
-    concurrency: int = 16
     num_repeats: int = 1
     overrides: dict[str, Any] = field(default_factory=dict)
-    limit: int | None = None
     seed: int | None = None
     max_steps: int | None = 32
-    resume: bool = False
-    overwrite: bool = False
-    strict: bool = False
     request_timeout: float | None = None
     """Seconds for one request attempt; None: :func:`sized_request_timeout` of the run's concurrency and
     ``max_output_tokens`` override."""
-    max_retries: int = 3
     rollout_timeout: float | None = None
     """Seconds one whole rollout may take (set-up, every model and tool call, /verify, retries and waits);
     past it the rollout is cut off and written to the failures file as ``rollout_timeout``
@@ -83,8 +108,6 @@ class CollectConfig:
     model asked twice only gets slower). 429, retryable 5xx and connection errors are retried either way."""
     progress: bool = True
     model_headers: dict[str, str] = field(default_factory=dict)
-    env_headers: dict[str, str] = field(default_factory=dict)
-    """Sent with every request to the env servers (``--env-api-key``: servers started with ``--token``)."""
     env_transport: EnvTransport = "in-process"
     """One of :data:`ENV_TRANSPORTS`: ``http`` serves the envs the run starts itself on loopback ports
     (for an env that needs a real socket, or one whose handlers block the event loop)."""
@@ -158,20 +181,15 @@ def check_config(config: CollectConfig) -> None:
     """Refuse a config that cannot run, naming the option to fix."""
     if not config.tasks_path.is_file():
         raise CollectError(f"task file not found: {config.tasks_path}")
-    if config.concurrency < 1:
-        raise CollectError("--concurrency must be at least 1")
+    check_run_options(config)
     if isinstance(config.workers, bool) or not isinstance(config.workers, int) or config.workers < 1:
         raise CollectError(f"--workers must be a whole number of processes, at least 1 (not {config.workers!r})")
     if config.num_repeats < 1:
         raise CollectError("--num-repeats must be at least 1")
-    if config.limit is not None and config.limit < 0:
-        raise CollectError("--limit must not be negative")
     if not config.envs:
         raise CollectError("give at least one --env (a built-in name such as 'math', or a URL)")
     if bool(config.model_url) == bool(config.policy):
         raise CollectError("give exactly one of --model-url (an OpenAI-compatible endpoint) and --policy")
-    if config.max_retries < 0:
-        raise CollectError("--max-retries must not be negative")
     if config.request_timeout is not None and not config.request_timeout > 0:
         raise CollectError("--request-timeout must be a positive number of seconds")
     if config.rollout_timeout is not None and not config.rollout_timeout > 0:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_bridge.collect.config import CollectError
+from gym_bridge.collect.config import CollectError, RunOptions, check_run_options
 from gym_bridge.collect.output import (
     FAILURE_CLASS,
     ROLLOUT_INDEX,
@@ -48,20 +48,16 @@ VERDICT_FIELDS = ("reward", "reward_components", "failure_kind", "failure_reason
 
 
 @dataclass
-class ReverifyConfig:
+class ReverifyConfig(RunOptions):
+    """What a reverify run is asked to do (the CLI fills this in); the options it shares with collect are
+    :class:`~gym_bridge.collect.config.RunOptions`."""
+
     rollouts_path: Path
     output_path: Path
     env: str
-    concurrency: int = 16
-    resume: bool = False
-    overwrite: bool = False
-    strict: bool = False
-    limit: int | None = None
     request_timeout: float = 300.0
-    max_retries: int = 3
+    """Seconds for one ``/verify`` attempt."""
     max_examples: int = 5
-    env_headers: dict[str, str] = field(default_factory=dict)
-    """Sent with every /verify (a server started with ``--token`` wants its bearer token)."""
 
 
 @dataclass
@@ -225,8 +221,7 @@ def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> R
         raise CollectError(f"rollout file not found: {config.rollouts_path}")
     if config.output_path.resolve() == config.rollouts_path.resolve():
         raise CollectError("-o must not be the rollout file itself (it is read while the output is written)")
-    if config.concurrency < 1:
-        raise CollectError("--concurrency must be at least 1")
+    check_run_options(config)
     side_files = (failures_path_for(config.output_path), aggregate_metrics_path_for(config.output_path))
     prepare_output(config.output_path, config.resume, config.overwrite, side_files)
     if config.strict:

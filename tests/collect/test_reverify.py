@@ -17,6 +17,8 @@ from collect_helpers import read_jsonl, write_rows
 from fake_model import FakeModel, arithmetic_row, solve_arithmetic
 
 from gym_bridge.collect import CollectConfig, aggregate_metrics_path_for, collect, failures_path_for
+from gym_bridge.collect.config import CollectError
+from gym_bridge.collect.reverify import ReverifyConfig, reverify
 
 REPO = Path(__file__).resolve().parents[2]
 FLIPPED_RIGHT = {(0, 1), (3, 1)}  # two right rollouts stored as wrong; the one wrong rollout is stored as right
@@ -157,3 +159,21 @@ def test_reverify_sends_the_env_api_key_to_a_server_with_a_token(stored, tmp_pat
     assert "8 failed" in refused.stdout, refused.stdout
     assert "401" in (tmp_path / "no_failures.jsonl").read_text()
     assert {(r["_ng_task_index"], r["_ng_rollout_index"]): r["reward"] for r in read_jsonl(tmp_path / "ok.jsonl")} == truth
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("concurrency", 0, "--concurrency must be at least 1"),
+        ("limit", -1, "--limit must not be negative"),
+        ("max_retries", -1, "--max-retries must not be negative"),
+    ],
+)
+def test_reverify_refuses_the_run_options_collect_refuses(stored, tmp_path, option, value, message):
+    # collect and reverify share these options (RunOptions) and their checks: a negative --limit used to
+    # re-verify nothing and call it a success, a negative --max-retries to crash in RetryPolicy (a traceback)
+    path, _, _ = stored
+    out = tmp_path / "re.jsonl"
+    with pytest.raises(CollectError, match=re.escape(message)):
+        reverify(ReverifyConfig(rollouts_path=path, output_path=out, env="math", **{option: value}))
+    assert not out.exists()

@@ -4,13 +4,15 @@ at a time under a deadline.
 Why its own module: the math and reasoning_gym servers each keep a pool of such workers
 (:mod:`resources_servers.math.pool`, :mod:`resources_servers.reasoning_gym.pool`); how a check is
 ended (its timers off, its future answered once) and how a worker is let go (its pipe off the loop, its
-pending check answered) is the same in both, and written here once. Starting, killing and replacing
-workers stays with each pool. It imports nothing at run time but ``dataclasses`` and ``typing``: the math
-server's fork server preloads the module that subclasses it.
+pending check answered, its process killed) is the same in both, and written here once. When to start,
+retire and replace workers stays with each pool. It imports only light standard modules at run time: the
+math server's fork server preloads the module that subclasses it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -59,3 +61,11 @@ class PipeWorker(Generic[Outcome]):
             pass
         self.answer(outcome)
         return True
+
+    def kill(self) -> None:
+        """SIGKILL the process (one that is gone already is fine) and close this end of its pipe."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.conn.close()

@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import signal
 import threading
 import time
 from collections import OrderedDict, deque
@@ -442,11 +440,7 @@ class VerifierPool(LaneScheduling):
     def _retire(self, w: Worker, outcome: CheckOutcome) -> None:
         """Kill a stuck or broken worker, answer its check, and start a replacement in the background."""
         self._detach(w, outcome)
-        try:
-            os.kill(w.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        w.conn.close()
+        w.kill()
         if not self._closed:
             self._trim()
             self._in_background(self._replace(w))

@@ -347,11 +347,7 @@ class ScorerPool:
             return
         if self._workers.get(w.slot) is w:
             del self._workers[w.slot]
-        try:
-            os.kill(w.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        w.conn.close()
+        w.kill()
         if not self._closed:
             self._in_background(self._replace(w))
 

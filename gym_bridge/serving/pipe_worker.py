@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:  # types only: this module stays light to import (see the docstring)
     import asyncio
 
-__all__ = ["PipeWorker"]
+__all__ = ["PipeWorker", "discard_start"]
 
 Outcome = TypeVar("Outcome")
 
@@ -69,3 +69,11 @@ class PipeWorker(Generic[Outcome]):
         except ProcessLookupError:
             pass
         self.conn.close()
+
+
+def discard_start(process: Any, conn: Any) -> None:
+    """Undo a worker start that failed or was abandoned: the process killed and reaped (5 s at most), this
+    end of its pipe closed."""
+    process.kill()
+    process.join(5)
+    conn.close()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gym_bridge.serving.pipe_worker import PipeWorker
+from gym_bridge.serving.pipe_worker import PipeWorker, discard_start
 
 if TYPE_CHECKING:
     import asyncio
@@ -132,9 +132,7 @@ def spawn_worker(
         if kind != "ready":
             raise RuntimeError(f"verifier worker sent {kind!r} instead of 'ready'")
     except BaseException:
-        process.kill()
-        process.join(5)
-        parent_conn.close()
+        discard_start(process, parent_conn)
         raise
     return Worker(process=process, conn=parent_conn, pid=pid)
 

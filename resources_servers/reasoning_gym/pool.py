@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gym_bridge.sandbox.slots import default_uid_base
-from gym_bridge.serving.pipe_worker import PipeWorker
+from gym_bridge.serving.pipe_worker import PipeWorker, discard_start
 from resources_servers.reasoning_gym.forkserver import ScorerProcess, set_preload
 
 logger = logging.getLogger(__name__)
@@ -179,9 +179,7 @@ def _spawn(slot: int, uid: int | None, memory_mb: int | None, abandon: threading
         if kind != "ready" or not isinstance(pid, int):
             raise RuntimeError(f"the scorer worker sent {kind!r} instead of 'ready'")
     except BaseException:
-        process.kill()
-        process.join(5)
-        parent_conn.close()
+        discard_start(process, parent_conn)
         raise
     return _Worker(slot=slot, process=process, conn=parent_conn, pid=pid)
 

@@ -1,4 +1,4 @@
-"""PipeWorker, the verifier pools' view of one worker process, on a real process and a real pipe."""
+"""PipeWorker, the verifier pools' view of one worker process, and discard_start, on real processes and pipes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import asyncio
 import multiprocessing as mp
 import subprocess
 import sys
+import time
 
-from gym_bridge.serving.pipe_worker import PipeWorker
+from gym_bridge.serving.pipe_worker import PipeWorker, discard_start
 
 
 def test_a_check_is_answered_once_and_a_let_go_worker_is_killed() -> None:
@@ -38,3 +39,13 @@ def test_a_check_is_answered_once_and_a_let_go_worker_is_killed() -> None:
             theirs.close()
 
     asyncio.run(main())
+
+
+def test_a_failed_start_is_killed_reaped_and_its_pipe_closed() -> None:
+    ctx = mp.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=time.sleep, args=(60,), daemon=True)
+    process.start()
+    discard_start(process, ours)
+    assert process.exitcode == -9 and ours.closed
+    theirs.close()

@@ -353,11 +353,7 @@ class VerifierPool(LaneScheduling):
         workers = list(self._workers)
         for w in workers:
             self._detach(w, CheckOutcome("error", detail="the verifier pool is shutting down"))
-            try:
-                w.conn.send(None)
-            except (OSError, ValueError):
-                pass
-            w.conn.close()
+            _hang_up(w)
         await asyncio.gather(*(asyncio.to_thread(stop_process, w.process) for w in workers))
         self._workers.clear()
         self._starter.shutdown(wait=False, cancel_futures=True)
@@ -430,11 +426,7 @@ class VerifierPool(LaneScheduling):
     def _stop(self, w: Worker) -> None:
         """Stop an idle worker (it exits on the end of its pipe)."""
         self._detach(w, CheckOutcome("error", detail="the worker was stopped"))
-        try:
-            w.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        w.conn.close()
+        _hang_up(w)
         self._in_background(asyncio.to_thread(stop_process, w.process))
 
     def _retire(self, w: Worker, outcome: CheckOutcome) -> None:
@@ -470,3 +462,12 @@ class VerifierPool(LaneScheduling):
         finally:
             if counted:  # closed before the first start
                 self._spawning -= 1
+
+
+def _hang_up(w: Worker) -> None:
+    """Tell an idle worker to exit (``None`` down its pipe, which it reads as the end) and close the pipe."""
+    try:
+        w.conn.send(None)
+    except (OSError, ValueError):
+        pass
+    w.conn.close()

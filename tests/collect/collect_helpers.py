@@ -160,6 +160,15 @@ def rollout_pairs(path: Any) -> list[tuple[int, int]]:
     return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in read_jsonl(path)]
 
 
+def assert_written_exactly_once(out: Path, tasks: int, repeats: int, done_before: list[tuple[int, int]]) -> None:
+    """After a kill and ``--resume``: every (task, repeat) pair in ``out`` once, the lines written before the
+    kill (``done_before``) kept first, as they were."""
+    everything = rollout_pairs(out)
+    assert Counter(everything).most_common(1)[0][1] == 1  # no duplicates
+    assert sorted(everything) == [(t, r) for t in range(tasks) for r in range(repeats)]
+    assert everything[: len(done_before)] == done_before  # finished lines were kept as they were
+
+
 def sigkill_after_lines(command: list[str], out: Path, lines: int, cwd: str, timeout: float = 60) -> None:
     """Run ``gym-bridge collect`` as a child and SIGKILL it once ``out`` has ``lines`` lines (a crash mid-run)."""
     proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from collect_helpers import read_jsonl, sigkill_after_lines, write_rows
+from collect_helpers import assert_written_exactly_once, read_jsonl, sigkill_after_lines, write_rows
 from collect_helpers import rollout_pairs as pairs
 from fake_model import FakeModel, Fault, arithmetic_row
 
@@ -108,10 +108,7 @@ def test_sigkill_of_the_driver_then_resume_gives_every_rollout_exactly_once(tmp_
 
         resumed = subprocess.run(command + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr
-    everything = pairs(out)
-    assert Counter(everything).most_common(1)[0][1] == 1  # no duplicates
-    assert sorted(everything) == [(t, r) for t in range(20) for r in range(3)]
-    assert everything[: len(done_before)] == done_before  # finished lines were kept as they were
+    assert_written_exactly_once(out, 20, 3, done_before)
     metrics = json.loads(metrics_path_for(out).read_text())
     assert metrics["run"]["already_done"] == len(done_before)
     assert metrics["run"]["rollouts_written"] == 60 - len(done_before)

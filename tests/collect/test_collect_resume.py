@@ -8,9 +8,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 
-from collect_helpers import read_jsonl, sigkill_after_lines, write_rows
+from collect_helpers import assert_written_exactly_once, read_jsonl, sigkill_after_lines, write_rows
 from collect_helpers import rollout_pairs as pairs
 from fake_model import FakeModel, Fault, arithmetic_row
 
@@ -86,10 +85,7 @@ def test_sigkill_then_resume_gives_every_rollout_exactly_once(tmp_path, boxed_en
             command + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=120
         )
         assert resumed.returncode == 0, resumed.stderr
-    everything = pairs(out)
-    assert Counter(everything).most_common(1)[0][1] == 1  # no duplicates
-    assert sorted(everything) == [(t, r) for t in range(30) for r in range(3)]
-    assert everything[: len(done_before)] == done_before  # finished lines were kept as they were
+    assert_written_exactly_once(out, 30, 3, done_before)
     assert all(r["reward"] == 1.0 for r in read_jsonl(out))
     assert "torn last line" in resumed.stderr
 

@@ -16,12 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import psutil
 import pytest
-from collect_helpers import read_jsonl, write_rows
+from collect_helpers import assert_written_exactly_once, read_jsonl, write_rows
 from collect_helpers import rollout_pairs as pairs
 from fake_model import FakeModel, Fault, arithmetic_row
 
@@ -123,10 +122,7 @@ def test_sigkill_mid_run_then_resume_gives_every_rollout_exactly_once(tmp_path):
 
         resumed = subprocess.run(command + ["--resume"], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr
-    everything = pairs(out)
-    assert Counter(everything).most_common(1)[0][1] == 1  # no duplicates
-    assert sorted(everything) == [(t, r) for t in range(40) for r in range(3)]
-    assert everything[: len(done_before)] == done_before  # finished lines were kept as they were
+    assert_written_exactly_once(out, 40, 3, done_before)
     assert all(r["reward"] == 1.0 for r in read_jsonl(out))
     run = json.loads(metrics_path_for(out).read_text())["run"]
     assert run["already_done"] == len(done_before) and run["rollouts_written"] == 120 - len(done_before)

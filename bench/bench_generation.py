@@ -162,6 +162,13 @@ def main() -> None:
         action="store_true",
         help="smollm2: also time the backend with transformers' DynamicCache (the decode loop before issue 38)",
     )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        choices=["bfloat16", "float16"],
+        help="smollm2: also time the backend generating in this dtype (policy.generation.precision: a copy of "
+        "the float32 model), the LoRA rows too, and the same dtype's large-matmul rate",
+    )
     args = parser.parse_args()
     if args.model != "tiny":
         from generation_real import main as real_main

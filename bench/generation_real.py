@@ -12,6 +12,9 @@ G times, as GRPO samples), in the same run and alternating, so all see the same 
   bound tokens/s = GFLOP/s / (2 x params). The prompts' prefill and attention are work on top, so no
   engine reaches 100%. (Before issue 38 the bound was a matmul of the decode step's own small shape,
   [c, hidden] x [hidden, intermediate], which sits below the machine's rate: a lower bound.)
+- with ``--precision bfloat16``: the same backend generating from a bfloat16 copy of the float32
+  model (``policy.generation.precision``; LoRA: the peft model's copy, adapters merged), against the
+  same float32 bound and against the best bfloat16 matmul rate on the same shapes;
 - with LoRA (``--lora-concurrency``, default: every ``--concurrency``; r=16 on every linear layer,
   random B): the peft-injected model through TransformersBackend, which is what the synchronous
   in-process trainer generates with (the backend merges the adapters into the weights for the call,
@@ -36,11 +39,14 @@ from common import figure, write_results
 RESULT_NAME = "generation_smollm2"
 
 
-def matmul_gflops(rows: int, inner: int, outer: int, seconds: float = 0.5) -> float:
-    """GFLOP/s of a float32 [rows, inner] x [inner, outer] matmul, timed for about ``seconds``."""
+def matmul_gflops(rows: int, inner: int, outer: int, seconds: float = 0.5, dtype: str = "float32") -> float:
+    """GFLOP/s of a [rows, inner] x [inner, outer] matmul in ``dtype``, timed for about ``seconds``."""
     import torch
 
-    a, w = torch.randn(rows, inner), torch.randn(inner, outer)
+    a, w = (
+        torch.randn(rows, inner).to(getattr(torch, dtype)),
+        torch.randn(inner, outer).to(getattr(torch, dtype)),
+    )
     for _ in range(2):
         a @ w
     count, start = 0, time.perf_counter()
@@ -55,9 +61,9 @@ def bound_shapes(hidden: int, intermediate: int) -> list[tuple[int, int, int]]:
     return [(1024, 1024, 1024), (2048, 2048, 2048), (4096, hidden, intermediate)]
 
 
-def best_matmul_gflops(shapes: list[tuple[int, int, int]]) -> float:
+def best_matmul_gflops(shapes: list[tuple[int, int, int]], dtype: str = "float32") -> float:
     """The best GFLOP/s over ``shapes`` (each timed about 0.5 s)."""
-    return max(matmul_gflops(*shape) for shape in shapes)
+    return max(matmul_gflops(*shape, dtype=dtype) for shape in shapes)
 
 
 def lora_pair(model: Any, rank: int) -> tuple[Any, Any]:
@@ -95,8 +101,8 @@ def main(args: Any) -> None:
     hidden, intermediate = config.hidden_size, config.intermediate_size
     pad = tokenizer.pad_token_id
 
-    def backend_for(m: Any) -> Any:
-        backend = TransformersBackend(m, tokenizer, model_name="bench", threads=None)  # --threads rules
+    def backend_for(m: Any, precision: str | None = None) -> Any:
+        backend = TransformersBackend(m, tokenizer, model_name="bench", threads=None, precision=precision)
         backend.eos_token_ids = set()  # every row makes exactly --new-tokens tokens
         return backend
 
@@ -114,6 +120,9 @@ def main(args: Any) -> None:
     shapes = bound_shapes(hidden, intermediate)
     # name -> tokens made (engines) or GFLOP/s (the bound)
     runners: dict[str, Callable[[], float]] = {"matmul bound": lambda: best_matmul_gflops(shapes)}
+    low = args.precision
+    if low:
+        runners[f"{low} matmul bound"] = lambda: best_matmul_gflops(shapes, low)
     concurrencies = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     lora_cs = (
         concurrencies
@@ -125,6 +134,10 @@ def main(args: Any) -> None:
         prompts = rows_of(c)
         reqs = requests_for(prompts)
         runners[f"backend c={c}"] = lambda b=base, r=reqs: ours(b, r, args.new_tokens)
+        if low:
+            runners[f"backend {low} c={c}"] = lambda b=backend_for(model, low), r=reqs: ours(
+                b, r, args.new_tokens
+            )
         if args.ab_dynamic_cache:
             runners[f"backend dynamic-cache c={c}"] = lambda b=concatenating, r=reqs: ours(
                 b, r, args.new_tokens
@@ -137,6 +150,10 @@ def main(args: Any) -> None:
         reqs = requests_for(rows_of(c))
         runners[f"lora unmerged c={c}"] = lambda b=backend_for(unmerged), r=reqs: ours(b, r, args.new_tokens)
         runners[f"lora merged c={c}"] = lambda b=backend_for(merged), r=reqs: ours(b, r, args.new_tokens)
+        if low:
+            runners[f"lora unmerged {low} c={c}"] = lambda b=backend_for(unmerged, low), r=reqs: ours(
+                b, r, args.new_tokens
+            )
 
     seconds: dict[str, list[float]] = {name: [] for name in runners}
     values: dict[str, list[float]] = {name: [] for name in runners}
@@ -151,12 +168,14 @@ def main(args: Any) -> None:
             print(f"  [{repeat + 1}/{repeats}] {name}: {seconds[name][-1]:.2f} s", flush=True)
 
     def rate(name: str) -> float:
-        if name == "matmul bound":
+        if name.endswith("matmul bound"):
             return statistics.median(values[name])
         return values[name][0] / statistics.median(seconds[name])
 
     gflops = rate("matmul bound")
     bound = gflops * 1e9 / (2 * params)
+    low_gflops = rate(f"{low} matmul bound") if low else 0.0
+    low_bound = low_gflops * 1e9 / (2 * params)
     bound_note = (
         f"baseline: the best fp32 matmul rate of the same run and threads, {gflops:.1f} GFLOP/s (median of "
         f"{repeats}, best of {', '.join('x'.join(map(str, s)) for s in shapes)}) / (2 x {params:,} params) = "
@@ -183,6 +202,19 @@ def main(args: Any) -> None:
             f"TransformersBackend share of the large-matmul bound ({shape}, c={c})", round(ours_rate, 1),
             "tokens/s", baseline=round(bound, 1), note=bound_note,
         ))  # fmt: skip
+        if low:
+            low_rate = rate(f"backend {low} c={c}")
+            rows.append(figure(
+                f"TransformersBackend {low} copy, share of the float32 large-matmul bound ({shape}, c={c})",
+                round(low_rate, 1), "tokens/s", baseline=round(bound, 1),
+                note=f"policy.generation.precision={low}: a {low} copy of the float32 model; {bound_note}",
+            ))  # fmt: skip
+            rows.append(figure(
+                f"TransformersBackend {low} copy, share of the {low} large-matmul bound ({shape}, c={c})",
+                round(low_rate, 1), "tokens/s", baseline=round(low_bound, 1),
+                note=f"baseline: the best {low} matmul rate of the same run and shapes, {low_gflops:.1f} GFLOP/s "
+                f"(median of {repeats}) / (2 x {params:,} params) = {low_bound:.1f} tokens/s",
+            ))  # fmt: skip
     for c in lora_cs:
         for kind, what in (
             (
@@ -196,6 +228,14 @@ def main(args: Any) -> None:
                 round(rate(f"lora {kind} c={c}"), 1), "tokens/s", baseline=round(bound, 1),
                 note=f"{what} through TransformersBackend, same run, alternating; {bound_note}",
             ))  # fmt: skip
+        if low:
+            rows.append(figure(
+                f"LoRA r=16 unmerged, {low} copy, share of the float32 large-matmul bound ({shape}, c={c})",
+                round(rate(f"lora unmerged {low} c={c}"), 1), "tokens/s", baseline=round(bound, 1),
+                note=f"the peft-injected model through TransformersBackend(precision={low!r}): a {low} copy with "
+                f"the adapters merged in (what the synchronous trainer generates with under "
+                f"policy.generation.precision); {bound_note}",
+            ))  # fmt: skip
     details = {
         "model": f"{args.model}: {type(model).__name__}, {params:,} parameters, hidden {hidden}, "
         f"intermediate {intermediate}, {config.num_hidden_layers} layers, vocab {config.vocab_size}, fp32",
@@ -203,6 +243,8 @@ def main(args: Any) -> None:
         "bound_gflops": gflops,
         "bound_tokens_per_s": bound,
         "bound_shapes": shapes,
+        "low_precision": low,
+        "low_precision_bound_gflops": low_gflops if low else None,
         "repeats": repeats,
         "seconds": seconds,
         "values": values,

@@ -68,8 +68,8 @@ class GenerationReplica:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        model = AutoModelForCausalLM.from_config(config)
-        model.to(getattr(torch, dtype))
+        # Built in its dtype (not cast after): rotary tables stay float32, as in a local PrecisionCopy.
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
         model.load_state_dict(_unpack(weights))
         if generation_config is not None:
             model.generation_config = generation_config
@@ -92,6 +92,10 @@ class GenerationReplica:
     def update_weights(self, weights: dict[str, Any]) -> None:
         """Load weights packed by the driver (:func:`_pack`) into this replica's model."""
         self.backend.update_weights(_unpack(weights))
+
+    def dtype(self) -> str:
+        """The replica's weights' dtype (``"float32"``, ``"bfloat16"``...)."""
+        return str(next(self.backend.model.parameters()).dtype).removeprefix("torch.")
 
     def threads(self) -> int:
         import torch
@@ -128,9 +132,11 @@ class RayBackend(GenerationBackend):
         ray_address: str | None = None,
         placement_timeout_s: float = 60.0,
         logprobs_mode: str = "raw",
+        precision: str | None = None,
     ) -> None:
         """``logprobs_mode``: :class:`~gym_bridge.generation.transformers_backend.TransformersBackend`'s,
-        for every replica."""
+        for every replica. ``precision``: the replicas' dtype (``"bfloat16"``...; None: the model's);
+        weights are cast into it at every refit."""
         ray = import_ray()
         import torch
 
@@ -171,7 +177,7 @@ class RayBackend(GenerationBackend):
             )
             actor = ray.remote(num_cpus=threads_per_worker)(GenerationReplica)
             weights = ray.put(_pack(model))
-            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            dtype = precision or str(next(model.parameters()).dtype).removeprefix("torch.")
             self.replicas = [
                 actor.options(scheduling_strategy=in_bundle(self.placement, index)).remote(
                     model.config,

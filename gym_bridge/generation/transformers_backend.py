@@ -27,7 +27,7 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
-from gym_bridge.generation.weights import lora_merged, plain_state_dict
+from gym_bridge.generation.weights import PrecisionCopy, lora_merged, plain_state_dict
 from gym_bridge.models.logprobs import gather_logprobs
 from gym_bridge.models.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
 
@@ -78,6 +78,11 @@ class TransformersBackend(GenerationBackend):
     model distribution; ``"processed"`` (vLLM's ``processed_logprobs``, what a GRPO trainer compares
     with its own log-probs) of the temperature-scaled distribution each row sampled from. Top-k/top-p
     truncation is not applied to the reported value in either mode.
+
+    ``precision``: the dtype to generate in (``"float32"``, ``"bfloat16"``, ``"float16"``); None (the
+    default) is the model's own. Another dtype than the model's samples from a copy in that dtype
+    (:class:`~gym_bridge.generation.weights.PrecisionCopy`, LoRA merged in), refreshed when the model's
+    weights change; log-probs are then the copy's.
     """
 
     preallocate_cache = True
@@ -95,7 +100,14 @@ class TransformersBackend(GenerationBackend):
         stop_token_ids: Sequence[int] = (),
         threads: int | str | None = None,
         logprobs_mode: Literal["raw", "processed"] = "raw",
+        precision: str | None = None,
     ) -> None:
+        if precision not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"precision must be 'float32', 'bfloat16', 'float16' or None, not {precision!r}")
+        dtype = None if precision is None else getattr(torch, precision)
+        own = next(model.parameters()).dtype
+        self.precision = precision or str(own).removeprefix("torch.")
+        self._copy = PrecisionCopy(model, dtype) if dtype is not None and dtype != own else None
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
@@ -119,8 +131,11 @@ class TransformersBackend(GenerationBackend):
         return next(self.model.parameters()).device
 
     def update_weights(self, weights: Any) -> None:
-        """Load a ``state_dict`` (or copy a model's) into the served model; a no-op for the same object."""
+        """Load a ``state_dict`` (or copy a model's) into the served model. The served model itself: its
+        tensors were written in place (by another process, in shared memory), nothing to load."""
         if weights is None or weights is self.model:
+            if weights is not None and self._copy is not None:
+                self._copy.mark_stale()
             return
         state = plain_state_dict(weights)  # a LoRA-trained model's adapters merged in
         with self.lock:
@@ -129,17 +144,10 @@ class TransformersBackend(GenerationBackend):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if not requests:
             return []
-        # A LoRA model (the synchronous trainer's own) generates with its adapters merged for the call.
-        with self.lock, _torch_threads(self.threads), lora_merged(self.model):
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with torch.inference_mode():
-                    rows = [self._new_row(r) for r in requests]
-                    self._decode(rows)
-            finally:
-                if was_training:
-                    self.model.train()
+        with self.lock, _torch_threads(self.threads), self._generating() as model:
+            with torch.inference_mode():
+                rows = [self._new_row(r) for r in requests]
+                self._decode(rows, model)
         return [
             GenerationResult(
                 prompt_token_ids=list(row.request.prompt_token_ids),
@@ -153,6 +161,22 @@ class TransformersBackend(GenerationBackend):
         ]
 
     # ------------------------------------------------------------------ internals
+
+    @contextmanager
+    def _generating(self) -> Iterator[Any]:
+        """The model to decode with, in eval mode: the copy in ``precision``, or the model itself (a LoRA
+        model, such as the synchronous trainer's own, with its adapters merged for the call)."""
+        if self._copy is not None:
+            yield self._copy.current()
+            return
+        with lora_merged(self.model):
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                yield self.model
+            finally:
+                if was_training:
+                    self.model.train()
 
     def _new_row(self, request: GenerationRequest) -> _Row:
         params = request.params
@@ -181,11 +205,11 @@ class TransformersBackend(GenerationBackend):
             top_logprobs=[] if params.top_logprobs > 0 else None,
         )
 
-    def _decode(self, rows: list[_Row]) -> None:
+    def _decode(self, rows: list[_Row], model: Any) -> None:
         active = [i for i, row in enumerate(rows) if row.finish_reason is None]
         if not active:
             return
-        device = self.device
+        device = next(model.parameters()).device
         params = [rows[i].request.params for i in active]
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -199,7 +223,7 @@ class TransformersBackend(GenerationBackend):
 
         # Each distinct prompt runs once (GRPO sends every prompt G times); its cache fans out per row.
         prompts, row_prompt = distinct_prompts([rows[i].request.prompt_token_ids for i in active])
-        prompt = prefill(self.model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
+        prompt = prefill(model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
         cache, fan_out = prompt.cache, prompt.fan_out
         if self.preallocate_cache:
             preallocate(cache, steps)
@@ -238,12 +262,12 @@ class TransformersBackend(GenerationBackend):
                 active = [active[j] for j in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             position = position + 1
-            out = self.model(
+            out = model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
                 position_ids=position,
                 use_cache=True,
-                **cache_kwargs(self.model, cache),
+                **cache_kwargs(model, cache),
             )
             cache = output_cache(out)
             logits = out.logits[:, -1, :].float()
@@ -330,7 +354,8 @@ def _sample(
     independent of what it is batched with.
     """
     greedy = temperature <= 0
-    chosen = logits.argmax(dim=-1)
+    any_greedy = bool(greedy.any())
+    chosen = logits.argmax(dim=-1) if any_greedy else None
     scaled = logits
     if not bool(greedy.all()):
         scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
@@ -352,7 +377,7 @@ def _sample(
             sampled = torch.where(
                 filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled
             )
-        chosen = torch.where(greedy, chosen, sampled)
+        chosen = torch.where(greedy, chosen, sampled) if any_greedy else sampled
     return chosen, gather_logprobs(scaled if processed else logits, chosen)
 
 

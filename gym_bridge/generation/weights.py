@@ -21,6 +21,7 @@ from gym_bridge.models.host_memory import release_freed_memory
 
 __all__ = [
     "MergedLoraWeights",
+    "PrecisionCopy",
     "has_lora",
     "lora_merged",
     "plain_state_dict",
@@ -120,6 +121,53 @@ class MergedLoraWeights(Mapping):
 
     def __len__(self) -> int:
         return len(self._base)
+
+
+class PrecisionCopy:
+    """A plain copy of a model in another dtype for generation to sample from, refreshed whenever the
+    model's weights changed (LoRA adapters merged in, one tensor at a time).
+
+    Why: on CPUs with native bfloat16 matrix units (AMX, AVX512-BF16) a bfloat16 copy of SmolLM2-135M
+    generates faster than the float32 policy it follows, while the trainer keeps float32 weights,
+    optimizer state and log-probs (as NeMo RL trains against a bfloat16 vLLM). A change is seen in the
+    parameters' version counters, which every in-place write in this process bumps (an optimizer step,
+    ``load_state_dict``, a LoRA merge); a write from another process (shared memory) is announced with
+    :meth:`mark_stale`.
+    """
+
+    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+        self.source = model
+        self.dtype = dtype
+        self.model: Any = None
+        self._versions: list[int] | None = None
+
+    def mark_stale(self) -> None:
+        """The source's tensors were written where version counters do not see it: refresh next time."""
+        self._versions = None
+
+    @torch.no_grad()
+    def current(self) -> Any:
+        """The copy, with the source's weights as of now."""
+        versions = [p._version for p in self.source.parameters()]
+        if self.model is None:
+            self.model = _empty_plain_copy(self.source, self.dtype)
+        if versions != self._versions:
+            weights = MergedLoraWeights(self.source) if has_lora(self.source) else plain_state_dict(self.source)
+            for name, target in self.model.state_dict().items():
+                target.copy_(weights[name])
+            self._versions = versions
+        return self.model
+
+
+def _empty_plain_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A model of ``model``'s architecture (without LoRA layers) in ``dtype``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model() if has_lora(model) and hasattr(model, "get_base_model") else model
+    copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    if getattr(base, "generation_config", None) is not None:
+        copy.generation_config = base.generation_config
+    return copy.to(next(base.parameters()).device).eval()
 
 
 def tensor_identity(tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:

@@ -304,6 +304,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
         "max_context": policy.max_total_sequence_length,
         "stop_token_ids": policy.generation.stop_token_ids or (),
         "logprobs_mode": "processed",  # the sampled distribution's, as the trainer's own log-probs are
+        "precision": policy.generation.precision,
     }
     if policy.generation.backend == "ray":  # replicas with their own weights, refit after each update
         where = {"ray_address": resolve_address(cfg.cluster.ray_address), "placement_timeout_s": cfg.cluster.placement_timeout_s}
@@ -329,7 +330,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
             max_model_len=engine.max_model_len or policy.max_total_sequence_length,
             enforce_eager=engine.enforce_eager,
             seed=grpo.seed,
-            dtype=policy.precision,
+            dtype=policy.generation.precision or policy.precision,
             colocated=colocated,
         )
         stack.callback(generator.close)
@@ -341,6 +342,10 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
     asynchronous = grpo.mode == "online" and grpo.async_grpo.enabled
     if asynchronous:
         model = merged_model(learner.peft) if learner.peft is not None else copy.deepcopy(model)
+        if policy.generation.precision is not None:  # the copy's weights in that dtype, refits cast into
+            dtype = getattr(torch, policy.generation.precision)  # them (its rotary tables stay float32)
+            for parameter in model.parameters():
+                parameter.data = parameter.data.to(dtype)
         model.eval()
     backend = TransformersBackend(model, tokenizer, **local)
     if model is learner.model:  # one model: generation and the update never overlap

@@ -202,6 +202,35 @@ def test_update_weights_refits_every_replica(
     assert outputs(ray_backend.generate(requests)) == outputs(before)
 
 
+def test_precision_makes_bfloat16_replicas_that_sample_as_a_local_bfloat16_copy(
+    local_ray: Any, ray_backend: Any, model: Any, tokenizer: Any, one_thread: None
+) -> None:
+    """``policy.generation.precision`` for the ray backend: replicas in that dtype, refit by casting."""
+    import torch
+
+    from gym_bridge.generation.ray_backend import RayBackend
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+
+    requests = grpo_batch(tokenizer, prompts=4, group=2)
+    for r in requests:
+        r.params.seed = 5 if r.params.seed is None else r.params.seed
+    backend = RayBackend(model, tokenizer, num_workers=1, precision="bfloat16")
+    try:
+        replica = backend.replicas[0]
+        assert ray.get(replica.dtype.remote()) == "bfloat16"
+        got = backend.generate(requests)
+        assert outputs(got) == outputs(TransformersBackend(model, tokenizer, precision="bfloat16").generate(requests))
+        assert [r.logprobs for r in got] != [r.logprobs for r in ray_backend.generate(requests)]  # not float32's
+        new = make_llama(tokenizer, seed=2)
+        backend.update_weights(new)
+        assert outputs(backend.generate(requests)) == outputs(
+            TransformersBackend(new, tokenizer, precision="bfloat16").generate(requests)
+        )
+        assert all(p.dtype == torch.float32 for p in new.parameters())
+    finally:
+        backend.close()
+
+
 def test_bad_requests_raise_the_replicas_error(ray_backend: Any) -> None:
     assert ray_backend.generate([]) == []
     with pytest.raises(ValueError, match="prompt_token_ids must be in"):

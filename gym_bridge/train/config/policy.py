@@ -199,6 +199,12 @@ class GenerationConfig(Section):
     stop_strings: list[str] | None = None
     """Strings that end a completion. Default null."""
 
+    precision: Literal["float32", "bfloat16", "float16"] | None = None
+    """gym-bridge: the dtype completions are generated in; null is policy.precision. ``bfloat16`` with
+    a float32 policy samples from a bfloat16 copy of it (LoRA merged in), refreshed after every update:
+    faster on CPUs with native bfloat16 matrix units (``amx_bf16`` in ``lscpu``'s flags), slower on
+    others. The trainer's own log-probs stay float32. With vllm it is the engine's dtype. Default null."""
+
     vllm_cfg: VllmConfig = Field(default_factory=VllmConfig)
     """vLLM engine settings (vllm backend only)."""
 

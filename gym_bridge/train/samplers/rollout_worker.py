@@ -146,9 +146,10 @@ def _serve(
             max_context=policy.max_total_sequence_length,
             stop_token_ids=policy.generation.stop_token_ids or (),
             logprobs_mode="processed",  # as the trainer's own log-probs are
+            precision=policy.generation.precision,
         )
         sampler = OnlineSampler(cfg, backend, tokenizer, threads=threads, replicas=replicas)
-        _answer_calls(conn, sampler, shared)
+        _answer_calls(conn, sampler, backend)
     except BaseException:  # start-up failed: tell the parent why, if it still listens
         try:
             conn.send((False, traceback.format_exc()))
@@ -160,7 +161,7 @@ def _serve(
         conn.close()
 
 
-def _answer_calls(conn: Any, sampler: OnlineSampler, shared: dict[str, Any]) -> None:
+def _answer_calls(conn: Any, sampler: OnlineSampler, backend: TransformersBackend) -> None:
     while True:
         try:
             command, *args = conn.recv()
@@ -174,7 +175,7 @@ def _answer_calls(conn: Any, sampler: OnlineSampler, shared: dict[str, Any]) -> 
             elif command == "sample":
                 result = sampler.sample(*args)
             elif command == "load_weights":  # the parent wrote the model's own (shared) tensors
-                result = None
+                result = backend.update_weights(backend.model)  # (a copy in another precision: refresh)
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send((True, result))

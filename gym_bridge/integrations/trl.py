@@ -255,7 +255,8 @@ def grpo_config_from(cfg: Any, output_dir: str | Path, *, max_steps: int, seed: 
     schedule, grad clipping, weight decay, no KL (``beta=0``) and the token-level mean (``dapo``); on a
     machine without CUDA, TRL's CPU settings (no bf16, no gradient checkpointing, ``use_cpu``).
     ``overrides`` are further ``GRPOConfig`` fields. The scheduler's ``warmup_start_factor`` has no TRL
-    equivalent (TRL warms up from 0)."""
+    equivalent (TRL warms up from 0), nor has ``policy.generation.precision`` (TRL generates with the
+    model it trains)."""
     import torch
     from trl import GRPOConfig
 

@@ -46,6 +46,7 @@ from gym_bridge.train.bookkeeping.run_dirs import find_earlier_run
 from gym_bridge.train.bookkeeping.sample_log import write_step_samples
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
+from gym_bridge.train.learner.device import generation_precision_notice
 from gym_bridge.train.learner.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.learner.update import Learner, StepBatch, skip_update, update_policy
 from gym_bridge.train.samplers.async_rollouts import RolloutPipeline
@@ -104,6 +105,8 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
     view = TerminalView(grpo.max_num_steps, step, every=cfg.logger.print_every_steps, enabled=show_progress)
     view.print(_where_outputs_go(cfg))
     view.print(trainable_parameters_line(model))
+    if notice := generation_precision_notice(cfg):
+        view.print(notice)
     if resume is not None:
         view.print(f"resuming from {resume.path} (step {step})")
     if data.dropped:

@@ -18,6 +18,8 @@ from gym_bridge.train.config import ConfigError, load_config
 from gym_bridge.train.loop import train
 from tests.train.helpers import PARITY_SERVER, SMALL_ONLINE_RUN, save_random_tiny, write_say_prompts
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -163,3 +165,16 @@ def test_async_grpo_samples_from_a_bfloat16_copy_refit_every_step(
     for full, low in zip(runs["float32"], runs["bfloat16"], strict=True):
         assert low["gen_kl_error"] == pytest.approx(full["gen_kl_error"], abs=1e-3)
     assert runs["bfloat16"][-1]["gen_kl_error"] > 0.01  # (the one-step gap is there to see)
+
+
+def test_bfloat16_sampling_on_a_cpu_without_native_bfloat16_is_noted_at_start_up() -> None:
+    from gym_bridge.train.learner.device import generation_precision_notice
+
+    recipe = ROOT / "recipes" / "grpo_smollm2_135m_lora.yaml"  # sets policy.generation.precision: bfloat16
+    cfg = load_config(recipe)
+    note = generation_precision_notice(cfg, flags={"avx2", "avx512f"})
+    assert note is not None and "policy.generation.precision=float32" in note
+    assert generation_precision_notice(cfg, flags={"avx512f", "amx_bf16"}) is None
+    assert generation_precision_notice(cfg, flags={"avx512_bf16"}) is None
+    float32 = load_config(recipe, ["policy.generation.precision=float32"])
+    assert generation_precision_notice(float32, flags={"avx2"}) is None

@@ -33,7 +33,14 @@ import torch
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig
 
-__all__ = ["DTYPES", "Placement", "device_problems", "placement_for", "resolve_device"]
+__all__ = [
+    "DTYPES",
+    "Placement",
+    "device_problems",
+    "generation_precision_notice",
+    "placement_for",
+    "resolve_device",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +51,39 @@ def resolve_device(cfg: MasterConfig) -> torch.device:
     if choice == "auto":
         choice = "cuda" if cfg.cluster.gpus_per_node > 0 else "cpu"
     return torch.device(choice)
+
+
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags (``/proc/cpuinfo``) of native bfloat16 matrix arithmetic: without one, torch emulates it."""
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo``, or None where that cannot be read (not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def generation_precision_notice(cfg: MasterConfig, flags: set[str] | None = None) -> str | None:
+    """A start-up line when ``policy.generation.precision: bfloat16`` will sample on a CPU that has no
+    native bfloat16 matrix units (the SmolLM2 recipes set it for CPUs that have them); None otherwise
+    or when the flags cannot be read. ``flags``: the CPU's (default: :func:`cpu_flags`)."""
+    generation = cfg.policy.generation
+    if generation.precision != "bfloat16" or generation.backend == "vllm" or resolve_device(cfg).type != "cpu":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if flags is None or any(flag in flags for flag in NATIVE_BF16_FLAGS):
+        return None
+    return (
+        "note: policy.generation.precision=bfloat16 on a CPU without native bfloat16 matrix units "
+        f"(none of {', '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo): sampling may be slower than in float32; "
+        "set policy.generation.precision=float32"
+    )
 
 
 def _why_cuda(cfg: MasterConfig) -> str:

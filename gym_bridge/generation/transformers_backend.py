@@ -104,16 +104,16 @@ class TransformersBackend(GenerationBackend):
     ) -> None:
         if precision not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"precision must be 'float32', 'bfloat16', 'float16' or None, not {precision!r}")
-        dtype = None if precision is None else getattr(torch, precision)
-        own = next(model.parameters()).dtype
-        self.precision = precision or str(own).removeprefix("torch.")
-        self._copy = PrecisionCopy(model, dtype) if dtype is not None and dtype != own else None
         if logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
         self.logprobs_mode = logprobs_mode
         if not (threads is None or threads == "auto" or (isinstance(threads, int) and threads >= 1)):
             raise ValueError(f"threads must be 'auto', None or a positive int, not {threads!r}")
         self.threads = threads
+        dtype = None if precision is None else getattr(torch, precision)
+        own = next(model.parameters()).dtype
+        self.precision = precision or str(own).removeprefix("torch.")
+        self._copy = PrecisionCopy(model, dtype) if dtype is not None and dtype != own else None
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or "local-model"

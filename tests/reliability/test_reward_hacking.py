@@ -38,8 +38,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LIMITS = {
     "timeout_s": 1.0,
-    "wall_timeout_s": 5.0,  # 2.0 timed out a quick program (patch_exit_and_atexit) once in a fresh-clone CI run:
-    # its sandbox started beside the bombs and sleepers of this suite on 2 cores
+    "wall_timeout_s": 5.0,  # patch_exit_and_atexit timed out in two fresh-clone CI runs (at 2.0 and 5.0): its
+    # no-op os._exit sent the test process back into the harness's loop (fixed: the harness binds its own)
     "memory_mb": 256,
     "max_procs": 16,
     "output_bytes": 256 * 1024,

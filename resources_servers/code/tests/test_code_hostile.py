@@ -164,6 +164,10 @@ print("OK" if leaks else "SAFE", leaks)
             task(),
         ),
         "sigstop_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint('OK')", task()),
+        "patch_exit": (  # the harness's own exit and writes must not be the program's to replace
+            "import os\nos._exit = lambda *a: None\nos.write = lambda *a: 0\nraise RuntimeError('exit patched')",
+            task(),
+        ),
     }
 
 
@@ -179,6 +183,7 @@ EXPECTED_KIND = {
     "orphan": "wrong_answer",
     "kill_parent": "runtime_error",
     "sigstop_parent": "timeout",
+    "patch_exit": "runtime_error",
 }
 
 
@@ -242,6 +247,7 @@ def test_hostile_programs_fail_cleanly_while_correct_ones_pass(
     assert SECRET not in str(hostile)
     assert "killed its parent" in hostile["kill_parent"]["failure_reason"]
     assert "MemoryError" in hostile["memory_bomb"]["stderr_tail"]
+    assert "RuntimeError: exit patched" in hostile["patch_exit"]["stderr_tail"]
 
     # Nothing a test started outlives its verification (the double-forked sleeper included).
     uids = range(

@@ -112,7 +112,6 @@ class TransformersBackend(GenerationBackend):
         self.threads = threads
         dtype = None if precision is None else getattr(torch, precision)
         own = next(model.parameters()).dtype
-        self.precision = precision or str(own).removeprefix("torch.")
         self._copy = PrecisionCopy(model, dtype) if dtype is not None and dtype != own else None
         self.model = model
         self.tokenizer = tokenizer

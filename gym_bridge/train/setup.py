@@ -34,7 +34,7 @@ from gym_bridge.train.batches.packing import require_packing_support
 from gym_bridge.train.batches.rollouts import render_prompt
 from gym_bridge.train.bookkeeping.checkpoint import Checkpoint, CheckpointManager
 from gym_bridge.train.config import ConfigError, MasterConfig
-from gym_bridge.train.learner.device import placement_for, resolve_device
+from gym_bridge.train.learner.device import DTYPES, placement_for, resolve_device
 from gym_bridge.train.learner.lora import LORA_KEY, apply_lora, load_adapter, merged_model
 from gym_bridge.train.learner.update import Learner
 from gym_bridge.train.samplers.data import (
@@ -343,7 +343,7 @@ def _generation_backend(cfg: MasterConfig, stack: ExitStack, learner: Learner) -
     if asynchronous:
         model = merged_model(learner.peft) if learner.peft is not None else copy.deepcopy(model)
         if policy.generation.precision is not None:  # the copy's weights in that dtype, refits cast into
-            dtype = getattr(torch, policy.generation.precision)  # them (its rotary tables stay float32)
+            dtype = DTYPES[policy.generation.precision]  # them (its rotary tables stay float32)
             for parameter in model.parameters():
                 parameter.data = parameter.data.to(dtype)
         model.eval()

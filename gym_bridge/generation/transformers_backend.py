@@ -27,6 +27,7 @@ from gym_bridge.generation.backend import (
     GenerationRequest,
     GenerationResult,
 )
+from gym_bridge.generation.llama_decode import LlamaDecoder, decoder_for
 from gym_bridge.generation.weights import PrecisionCopy, lora_merged, plain_state_dict
 from gym_bridge.models.logprobs import gather_logprobs
 from gym_bridge.models.shared_prefix import cache_kwargs, distinct_prompts, output_cache, prefill
@@ -90,6 +91,11 @@ class TransformersBackend(GenerationBackend):
     transformers' ``DynamicCache``, which copies every layer's keys and values at every token (for A/B
     benches)."""
 
+    written_out_decode = True
+    """Decode Llama-architecture models with :class:`~gym_bridge.generation.llama_decode.LlamaDecoder`
+    (the step written out over the model's weights); False runs the model's forward per token (for A/B
+    benches and tests). Other models always run their forward."""
+
     def __init__(
         self,
         model: Any,
@@ -123,6 +129,7 @@ class TransformersBackend(GenerationBackend):
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.stop_token_ids = checked_stop_token_ids(stop_token_ids, self.vocab_size)
         self._seed_source = torch.Generator().manual_seed(seed)
+        self._decoder: tuple[Any, LlamaDecoder | None] | None = None  # (the model it is for, the decoder)
         self.lock = threading.RLock()
 
     @property
@@ -135,6 +142,8 @@ class TransformersBackend(GenerationBackend):
         if weights is None or weights is self.model:
             if weights is not None and self._copy is not None:
                 self._copy.mark_stale()
+            if weights is not None and self._decoder is not None and self._decoder[1] is not None:
+                self._decoder[1].mark_stale()
             return
         state = plain_state_dict(weights)  # a LoRA-trained model's adapters merged in
         with self.lock:
@@ -224,10 +233,14 @@ class TransformersBackend(GenerationBackend):
         prompts, row_prompt = distinct_prompts([rows[i].request.prompt_token_ids for i in active])
         prompt = prefill(model, prompts, row_prompt, self.pad_token_id, device, logits_to_keep=1)
         cache, fan_out = prompt.cache, prompt.fan_out
-        if self.preallocate_cache:
-            preallocate(cache, steps)
         logits = prompt.output.logits[:, -1, :].float()[fan_out]
         attention_mask, position = prompt.attention_mask[fan_out], prompt.positions[fan_out][:, -1:]
+        decoder = self._decoder_for(model)
+        if decoder is not None:
+            state = decoder.start(cache, attention_mask, steps)
+            del cache, prompt
+        elif self.preallocate_cache:
+            preallocate(cache, steps)
         step = 0
         while True:
             tokens, logprobs = _sample(
@@ -250,7 +263,10 @@ class TransformersBackend(GenerationBackend):
                 return
             if len(keep) < len(active):  # drop finished rows so they cost nothing from here on
                 index = torch.tensor(keep, dtype=torch.long, device=device)
-                cache.batch_select_indices(index)
+                if decoder is not None:
+                    state.select(index)
+                else:
+                    cache.batch_select_indices(index)
                 tokens, attention_mask, position = tokens[index], attention_mask[index], position[index]
                 temperature, top_p, top_k, uniforms = (
                     temperature[index],
@@ -259,8 +275,11 @@ class TransformersBackend(GenerationBackend):
                     uniforms[index],
                 )
                 active = [active[j] for j in keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             position = position + 1
+            if decoder is not None:
+                logits = decoder.step(state, tokens, position[:, 0]).float()
+                continue
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             out = model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
@@ -270,6 +289,15 @@ class TransformersBackend(GenerationBackend):
             )
             cache = output_cache(out)
             logits = out.logits[:, -1, :].float()
+
+    def _decoder_for(self, model: Any) -> LlamaDecoder | None:
+        """The written-out decode step for ``model`` (kept across calls: it holds prepared weights), or
+        None where it does not apply or :attr:`written_out_decode` is off."""
+        if not self.written_out_decode:
+            return None
+        if self._decoder is None or self._decoder[0] is not model:
+            self._decoder = (model, decoder_for(model))
+        return self._decoder[1]
 
     def _finished(self, row: _Row) -> bool:
         """Record why a row stops (stop token, stop string, length), or return False to continue."""

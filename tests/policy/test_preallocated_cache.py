@@ -16,6 +16,7 @@ from gym_bridge.generation.transformers_backend import TransformersBackend, prea
 def test_preallocated_decoding_matches_the_dynamic_cache(tiny_model, tokenizer, monkeypatch) -> None:
     backend = TransformersBackend(tiny_model, tokenizer, model_name="tiny-test")
     backend.eos_token_ids = set()
+    backend.written_out_decode = False  # the model's forward per token, through the cache under test
     prompts = [
         list(
             tokenizer.apply_chat_template(

@@ -77,20 +77,27 @@ class DecodeState:
 
 
 class _Linear:
-    """``x @ weight.T`` for one weight of the model: in bfloat16 on a CPU with oneDNN, from a copy of the
-    weight reordered once into oneDNN's blocked layout (the same results bit for bit; ``F.linear`` reorders
-    it at every call, a quarter of a SmolLM2 step, the 49k-row output layer half its own time); otherwise
-    ``F.linear`` over the weight itself."""
+    """``x @ cat(weights).T`` for one or more of the model's weights side by side (q, k and v; gate and up).
 
-    def __init__(self, weight: torch.Tensor, rows: int) -> None:
-        self.weight, self.packed = weight, None
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and _onednn_bf16():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    In bfloat16 on a CPU with oneDNN: one copy of the weights, concatenated and reordered once into
+    oneDNN's blocked layout (the same results bit for bit; ``F.linear`` reorders the weight at every call,
+    a quarter of a SmolLM2 step, half the 49k-row output layer's own time). Otherwise ``F.linear`` over
+    the weights themselves, no copy.
+    """
+
+    def __init__(self, weights: list[torch.Tensor], rows: int) -> None:
+        self.weights, self.packed = [w.detach() for w in weights], None
+        first = self.weights[0]
+        if first.dtype == torch.bfloat16 and first.device.type == "cpu" and _onednn_bf16():
+            joined = torch.cat(self.weights) if len(self.weights) > 1 else first
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(joined, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if len(self.weights) == 1:
+            return F.linear(x, self.weights[0])
+        return torch.cat([F.linear(x, w) for w in self.weights], dim=-1)
 
 
 def _onednn_bf16() -> bool:
@@ -131,19 +138,17 @@ class LlamaDecoder:
         if versions == self._versions:
             return
         self._linears, self._lm_head = [], None  # release the old copies before making new ones
-        names = {
-            "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-            "mlp": ("gate_proj", "up_proj", "down_proj"),
-        }
         for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
             self._linears.append(
                 {
-                    name: _Linear(getattr(getattr(layer, part), name).weight, rows)
-                    for part, group in names.items()
-                    for name in group
+                    "qkv": _Linear([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], rows),
+                    "o": _Linear([attn.o_proj.weight], rows),
+                    "gate_up": _Linear([mlp.gate_proj.weight, mlp.up_proj.weight], rows),
+                    "down": _Linear([mlp.down_proj.weight], rows),
                 }
             )
-        self._lm_head = _Linear(self.model.lm_head.weight, rows)
+        self._lm_head = _Linear([self.model.lm_head.weight], rows)
         self._versions = versions
 
     def start(self, cache: Any, attention_mask: torch.Tensor, steps: int) -> DecodeState:
@@ -178,13 +183,15 @@ class LlamaDecoder:
         cos, sin = self._rotary(positions, dtype)
         rows = tokens.shape[0]
         groups = self.heads // self.kv_heads
+        rotated = self.heads + self.kv_heads  # q and k heads, side by side in the qkv output
+        half = self.head_dim // 2
         for i, (layer, linear) in enumerate(zip(self.layers, self._linears, strict=True)):
             x = _rms_norm(hidden, layer.input_layernorm.weight, self.eps)
-            q = linear["q_proj"](x).view(rows, self.heads, self.head_dim)
-            k = linear["k_proj"](x).view(rows, self.kv_heads, self.head_dim)
-            v = linear["v_proj"](x).view(rows, self.kv_heads, self.head_dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qkv = linear["qkv"](x).view(rows, rotated + self.kv_heads, self.head_dim)
+            qk = qkv[:, :rotated]
+            # rotate_half(x) * sin == roll(x, half) * (sign * sin): q and k in one pass
+            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, rotated:]
             state.keys[i][:, :, slot] = k
             state.values[i][:, :, slot] = v
             # (rows, kv_heads, groups, head_dim) x (rows, kv_heads, head_dim, capacity): each key/value
@@ -193,19 +200,24 @@ class LlamaDecoder:
             scores = torch.matmul(q, state.keys[i].transpose(2, 3)) * self.scaling + state.bias
             weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
             out = torch.matmul(weights, state.values[i]).view(rows, self.heads * self.head_dim)
-            hidden = hidden + linear["o_proj"](out)
+            hidden = hidden + linear["o"](out)
             x = _rms_norm(hidden, layer.post_attention_layernorm.weight, self.eps)
-            hidden = hidden + linear["down_proj"](F.silu(linear["gate_proj"](x)) * linear["up_proj"](x))
+            gate, up = linear["gate_up"](x).chunk(2, dim=-1)
+            hidden = hidden + linear["down"](F.silu(gate) * up)
         state.length = slot + 1
         assert self._lm_head is not None
         return self._lm_head(_rms_norm(hidden, self.model.model.norm.weight, self.eps))
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows, 1, head_dim) cos and sin tables as transformers makes them (float32, then ``dtype``)."""
+        """(rows, 1, head_dim) cos and sin tables as transformers makes them (float32, then ``dtype``), the
+        sin table's first half negated (see the rotation in :meth:`step`)."""
         freqs = positions.float().unsqueeze(-1) * self.rotary.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         scale = self.rotary.attention_scaling
-        return (emb.cos() * scale).to(dtype).unsqueeze(1), (emb.sin() * scale).to(dtype).unsqueeze(1)
+        sin = (emb.sin() * scale).to(dtype)
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        return (emb.cos() * scale).to(dtype).unsqueeze(1), sin.unsqueeze(1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -213,8 +225,3 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -379,33 +379,49 @@ def _sample(
     Rows with temperature 0 take the argmax; the others sample by inverse CDF with their own uniform.
     The procedure a row goes through depends only on that row's parameters, which keeps a seeded row
     independent of what it is batched with.
+
+    The log-probabilities reuse the sampler's pass over the vocabulary: ``exp(x - max)`` summed (in
+    float64) is the normaliser, so ``log p = x - max - log(sum)`` needs no second ``logsumexp`` pass. Rows
+    whose reported distribution is not the one sampled from (raw log-probs at a temperature other than 0
+    or 1) take ``log_softmax`` of their raw logits.
     """
     greedy = temperature <= 0
     any_greedy = bool(greedy.any())
     chosen = logits.argmax(dim=-1) if any_greedy else None
-    scaled = logits
-    if not bool(greedy.all()):
-        scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
-        vocab = scaled.shape[-1]
-        filtered = (top_k > 0) & (top_k < vocab) | (top_p < 1)
-        # Rows without top-k/top-p sample over the vocabulary in id order (no sort needed); rows with a
-        # filter over the sorted vocabulary. Which path a row takes depends only on its own parameters.
-        # Unnormalised weights exp(x - max) suffice: the inverse CDF scales by their total.
-        sampled = _inverse_cdf(torch.exp(scaled - scaled.amax(dim=-1, keepdim=True)), uniforms)
-        if bool(filtered.any()):
-            sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-            k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).unsqueeze(-1)
-            mass_before = probs.cumsum(dim=-1) - probs
-            keep = (ranks < k) & (mass_before < top_p.unsqueeze(-1))
-            keep[:, 0] = True
-            position = _inverse_cdf(torch.where(keep, probs, torch.zeros_like(probs)), uniforms)
-            sampled = torch.where(
-                filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled
-            )
-        chosen = torch.where(greedy, chosen, sampled) if any_greedy else sampled
-    return chosen, gather_logprobs(scaled if processed else logits, chosen)
+    if bool(greedy.all()):
+        return chosen, gather_logprobs(logits, chosen)
+    unit = (temperature <= 0) | (temperature == 1)
+    # Dividing by 1 changes nothing: skip the pass when every row samples at temperature 0 or 1.
+    scaled = (
+        logits
+        if bool(unit.all())
+        else logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    )
+    vocab = scaled.shape[-1]
+    filtered = (top_k > 0) & (top_k < vocab) | (top_p < 1)
+    # Rows without top-k/top-p sample over the vocabulary in id order (no sort needed); rows with a
+    # filter over the sorted vocabulary. Which path a row takes depends only on its own parameters.
+    # Unnormalised weights exp(x - max) suffice: the inverse CDF scales by their total.
+    top = scaled.amax(dim=-1, keepdim=True)
+    sampled, total = _inverse_cdf((scaled - top).exp_(), uniforms)
+    if bool(filtered.any()):
+        sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).unsqueeze(-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep = (ranks < k) & (mass_before < top_p.unsqueeze(-1))
+        keep[:, 0] = True
+        position, _ = _inverse_cdf(torch.where(keep, probs, torch.zeros_like(probs)), uniforms)
+        sampled = torch.where(filtered, sorted_ids.gather(-1, position.unsqueeze(-1)).squeeze(-1), sampled)
+    chosen = torch.where(greedy, chosen, sampled) if any_greedy else sampled
+    # log-probs under `scaled` (greedy rows: scaled is their raw logits) from the sampler's normaliser
+    picked = scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    logprobs = ((picked - top.squeeze(-1)).double() - total.log()).to(logits.dtype)
+    if not processed and not bool(unit.all()):
+        raw = gather_logprobs(logits, chosen)
+        logprobs = torch.where(unit, logprobs, raw)
+    return chosen, logprobs
 
 
 def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]], list[list[int]]] | None:
@@ -423,8 +439,9 @@ def _top_logprobs(logits: torch.Tensor, ks: list[int]) -> tuple[list[list[float]
 _CDF_BLOCK = 256
 
 
-def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1].
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index drawn per row from unnormalised non-negative ``weights`` [B, V] with uniforms in (0, 1], and
+    each row's total weight (float64).
 
     Two levels, so that no float64 copy or cumulative sum of the whole vocabulary is made (on a 49k
     vocabulary that was most of the sampling time): a float64 CDF over sums of blocks of 256 weights
@@ -441,12 +458,14 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     block_cdf = block_mass.cumsum(dim=-1)
     target = uniforms.double() * block_cdf[:, -1]
     block = torch.searchsorted(block_cdf, target.unsqueeze(-1)).squeeze(-1).clamp(max=blocks.shape[1] - 1)
-    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0)
+    before = torch.where(
+        block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0
+    )
     mass = block_mass.gather(-1, block.unsqueeze(-1)).squeeze(-1)
     fraction = ((target - before) / mass).clamp(min=torch.finfo(torch.float64).tiny, max=1.0)
     inner_cdf = blocks[torch.arange(rows, device=weights.device), block].double().cumsum(dim=-1)
     inner = torch.searchsorted(inner_cdf, (fraction * inner_cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
-    return (block * _CDF_BLOCK + inner.clamp(max=_CDF_BLOCK - 1)).clamp(max=vocab - 1)
+    return (block * _CDF_BLOCK + inner.clamp(max=_CDF_BLOCK - 1)).clamp(max=vocab - 1), block_cdf[:, -1]
 
 
 def oversubscribed() -> bool:

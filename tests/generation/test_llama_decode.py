@@ -87,7 +87,7 @@ def test_step_logits_follow_the_model_in_bfloat16_with_prepared_weights() -> Non
         assert (g.argmax(-1) == w.argmax(-1)).all()
     if llama_decode._onednn_bf16():
         decoder._prepare(4)
-        assert decoder._linears[0]["q_proj"].packed is not None
+        assert decoder._linears[0]["qkv"].packed is not None
 
 
 def test_the_backend_decodes_with_it_and_matches_the_forward_path(monkeypatch: pytest.MonkeyPatch) -> None:

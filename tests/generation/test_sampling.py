@@ -16,7 +16,8 @@ def test_inverse_cdf_follows_the_weights_across_blocks() -> None:
         weights[index] = w
     draws = 20_000
     uniforms = 1.0 - torch.rand(draws, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    chosen = tb._inverse_cdf(weights.expand(draws, vocab).contiguous(), uniforms)
+    chosen, total = tb._inverse_cdf(weights.expand(draws, vocab).contiguous(), uniforms)
+    assert total.dtype == torch.float64 and torch.all(total == sum(picks.values()))
     counts = torch.bincount(chosen, minlength=vocab)
     assert set(torch.nonzero(counts).flatten().tolist()) == set(picks)  # zero weights never drawn
     total = sum(picks.values())
@@ -28,7 +29,7 @@ def test_inverse_cdf_edges_pick_the_first_and_last_positive_weight() -> None:
     weights = torch.zeros(2, 600)
     weights[:, [3, 300, 580]] = 1.0
     ends = torch.tensor([1e-300, 1.0], dtype=torch.float64)
-    assert tb._inverse_cdf(weights, ends).tolist() == [3, 580]
+    assert tb._inverse_cdf(weights, ends)[0].tolist() == [3, 580]
 
 
 def test_sample_is_row_independent_and_greedy_at_zero_temperature() -> None:

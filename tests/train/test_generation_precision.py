@@ -132,7 +132,7 @@ def test_training_samples_from_a_bfloat16_copy_that_follows_the_policy(
 ) -> None:
     """The sampler's log-probs differ from the float32 trainer's by bfloat16 rounding at every step, not
     more: a copy left behind by the updates (lr 3e-2 moves this model far) measured token_mult_prob_error
-    1.15-1.30 and gen_kl_error 0.015-0.054 at steps 2-3 (float32 sampling: exactly 1 and 0)."""
+    1.15-1.30 and gen_kl_error 0.015-0.054 at steps 2-3 (float32 sampling: 1 and 0 within float32 rounding)."""
     steps = online_run(tmp_path, model_dir, "policy.generation.precision=bfloat16", *overrides)
     assert [r["step"] for r in steps] == [1, 2, 3]
     for record in steps:
@@ -160,7 +160,9 @@ def test_async_grpo_samples_from_a_bfloat16_copy_refit_every_step(
             f"grpo.async_grpo.rollout_process={str(rollout_process).lower()}",
         )
     assert [r["step"] for r in runs["bfloat16"]] == [1, 2, 3]
-    assert runs["float32"][0]["token_mult_prob_error"] == 1.0
+    # float32: the trainer's own log-probs up to float32 rounding (the sampler's normaliser is summed in
+    # float64, the trainer's logsumexp in float32); bfloat16: rounding of another order
+    assert runs["float32"][0]["token_mult_prob_error"] == pytest.approx(1.0, abs=1e-6)
     assert runs["bfloat16"][0]["token_mult_prob_error"] > 1.0 + 1e-4
     for full, low in zip(runs["float32"], runs["bfloat16"], strict=True):
         assert low["gen_kl_error"] == pytest.approx(full["gen_kl_error"], abs=1e-3)

@@ -163,6 +163,12 @@ def main() -> None:
         help="smollm2: also time the backend with transformers' DynamicCache (the decode loop before issue 38)",
     )
     parser.add_argument(
+        "--ab-forward-decode",
+        action="store_true",
+        help="smollm2: also time the backend running the model's forward per token instead of the written-out "
+        "Llama decode step (gym_bridge/generation/llama_decode.py), in float32 and in --precision",
+    )
+    parser.add_argument(
         "--precision",
         default=None,
         choices=["bfloat16", "float16"],

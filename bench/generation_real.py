@@ -18,7 +18,9 @@ G times, as GRPO samples), in the same run and alternating, so all see the same 
 - with LoRA (``--lora-concurrency``, default: every ``--concurrency``; r=16 on every linear layer,
   random B): the peft-injected model through TransformersBackend, which is what the synchronous
   in-process trainer generates with (the backend merges the adapters into the weights for the call,
-  ``lora_merged``), and a merged plain copy, each against the same bound.
+  ``lora_merged``), and a merged plain copy, each against the same bound;
+- with ``--ab-forward-decode``: the backend running the model's forward per token instead of the
+  written-out Llama decode step (``written_out_decode=False``), in float32 and in ``--precision``.
 
 Results: bench/results/generation_smollm2.json (bench contract). Threads: ``--threads`` pins torch's
 thread count for every engine and for the matmul alike (0: torch's default).
@@ -101,9 +103,10 @@ def main(args: Any) -> None:
     hidden, intermediate = config.hidden_size, config.intermediate_size
     pad = tokenizer.pad_token_id
 
-    def backend_for(m: Any, precision: str | None = None) -> Any:
+    def backend_for(m: Any, precision: str | None = None, written_out: bool = True) -> Any:
         backend = TransformersBackend(m, tokenizer, model_name="bench", threads=None, precision=precision)
         backend.eos_token_ids = set()  # every row makes exactly --new-tokens tokens
+        backend.written_out_decode = written_out
         return backend
 
     def requests_for(prompts: list[list[int]]) -> list[Any]:
@@ -142,6 +145,12 @@ def main(args: Any) -> None:
             runners[f"backend dynamic-cache c={c}"] = lambda b=concatenating, r=reqs: ours(
                 b, r, args.new_tokens
             )
+        if args.ab_forward_decode:
+            for dtype in [None, low] if low else [None]:
+                key = f"backend {dtype} forward-decode c={c}" if dtype else f"backend forward-decode c={c}"
+                runners[key] = lambda b=backend_for(model, dtype, written_out=False), r=reqs: ours(
+                    b, r, args.new_tokens
+                )
         if args.compare_hf:
             runners[f"model.generate c={c}"] = lambda p=prompts: hf_generate(
                 model, p, pad, args.new_tokens, args.temperature
@@ -197,6 +206,15 @@ def main(args: Any) -> None:
                 note="baseline: the same backend decoding with transformers' DynamicCache (which concatenates "
                 "every layer's keys and values at each token; the loop before issue 38), same run, alternating; "
                 f"median of {repeats}",
+            ))  # fmt: skip
+        for dtype in ([None, low] if low else [None]) if args.ab_forward_decode else []:
+            tag = f" {dtype}" if dtype else ""
+            rows.append(figure(
+                f"TransformersBackend{tag} written-out decode step vs the model's forward ({shape}, c={c})",
+                round(rate(f"backend{tag} c={c}"), 1), "tokens/s",
+                baseline=round(rate(f"backend{tag} forward-decode c={c}"), 1),
+                note="baseline: the same backend running the model's forward per token (written_out_decode=False, "
+                f"the loop before session 21), same run, alternating; median of {repeats}",
             ))  # fmt: skip
         rows.append(figure(
             f"TransformersBackend share of the large-matmul bound ({shape}, c={c})", round(ours_rate, 1),

@@ -3,15 +3,18 @@
 Why not ``model(...)`` per token: at 64 rows a SmolLM2-135M decode step is about 40 ms of matrix
 multiplies, and transformers' forward added as much again on CPU: per-layer module and mask
 machinery, a KV cache whose growing view is not contiguous (so bfloat16 matmuls copy it at every
-layer), and a flash-attention kernel built for long queries, not one token (0.9 ms a layer in
-bfloat16). Here the step is the model's own weights read in place, the same operations in the same
-precision as transformers' eager Llama (RMSNorm in float32, rotary tables cast to the model's dtype,
-softmax in float32), with grouped-query attention against contiguous per-row key/value buffers sized
+layer), a flash-attention kernel built for long queries, not one token (0.9 ms a layer in bfloat16),
+and bfloat16 weights reordered for oneDNN at every call. Here the step is the same operations in the
+same precision as transformers' eager Llama (RMSNorm in float32, rotary tables cast to the model's
+dtype, softmax in float32) over the model's weights (float32: read in place; bfloat16: reordered once,
+see :class:`_Linear`), with grouped-query attention against contiguous per-row key/value buffers sized
 for the whole completion (empty slots masked). Only decoding runs here: the prompt pass stays
 transformers' (shared prompts, common starts: :func:`gym_bridge.models.shared_prefix.prefill`).
 
-:func:`decoder_for` says which models qualify (plain ``LlamaForCausalLM``: SmolLM2, Llama 2/3, the
-tests' tiny Llama); everything else decodes through the model's forward as before.
+:func:`decoder_for` says which models qualify (plain ``LlamaForCausalLM`` on CPU: SmolLM2, Llama 2/3,
+the tests' tiny Llama); everything else decodes through the model's forward as before. The logits are
+the forward's up to float rounding (tests/generation/test_llama_decode.py), so a seeded run samples
+what it sampled before in most rows, not in every one.
 """
 
 from __future__ import annotations

@@ -390,11 +390,12 @@ def _sample(
     chosen = logits.argmax(dim=-1) if any_greedy else None
     if bool(greedy.all()):
         return chosen, gather_logprobs(logits, chosen)
-    unit = (temperature <= 0) | (temperature == 1)
+    unit = greedy | (temperature == 1)
+    all_unit = bool(unit.all())
     # Dividing by 1 changes nothing: skip the pass when every row samples at temperature 0 or 1.
     scaled = (
         logits
-        if bool(unit.all())
+        if all_unit
         else logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     )
     vocab = scaled.shape[-1]
@@ -418,7 +419,7 @@ def _sample(
     # log-probs under `scaled` (greedy rows: scaled is their raw logits) from the sampler's normaliser
     picked = scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
     logprobs = ((picked - top.squeeze(-1)).double() - total.log()).to(logits.dtype)
-    if not processed and not bool(unit.all()):
+    if not processed and not all_unit:
         raw = gather_logprobs(logits, chosen)
         logprobs = torch.where(unit, logprobs, raw)
     return chosen, logprobs

@@ -141,7 +141,9 @@ class ToolUseServer(ResourcesServer):
                 429, f"this session has used its {self.config.max_calls_per_session} tool calls"
             )
         result = TOOLS[name].fn(store, args)
-        session.state["calls"].append({"name": name, "error": result.get("error")})
+        # Whether it failed, not the error text: that echoes the model's arguments (a megabyte product id), and
+        # the session's size is counted only when it is seeded.
+        session.state["calls"].append({"name": name, "error": "error" in result})
         return result
 
     # ------------------------------------------------------------------ tools (docstrings are their summaries)
@@ -204,7 +206,7 @@ class ToolUseServer(ResourcesServer):
         calls_log = session.state.get("calls", [])
         extras: dict[str, Any] = {
             "tool_calls_made": len(calls_log),
-            "tool_errors": sum(c["error"] is not None for c in calls_log),
+            "tool_errors": sum(bool(c["error"]) for c in calls_log),
         }
         if meta.reference_calls is not None:
             expected = _replay(initial, meta.reference_calls)

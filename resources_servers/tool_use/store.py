@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["TOOLS", "StoreState", "ToolSpec", "apply_call", "function_tool", "new_state", "tool_schemas"]
 
@@ -40,6 +40,13 @@ class ListProductsArgs(_Args):
     max_price: float | None = Field(
         None, allow_inf_nan=False, description="Only products costing at most this much."
     )
+
+    @field_validator("category")
+    @classmethod
+    def _as_the_tool_reads_it(cls, category: str | None) -> str | None:
+        """Categories match case- and space-insensitively, so ``" Kitchen"`` is read as ``"kitchen"`` here,
+        where the argument check (:func:`~resources_servers.tool_use.scoring.compare_calls`) sees it too."""
+        return None if category is None else category.strip().lower()
 
 
 class ProductArgs(_Args):
@@ -136,7 +143,7 @@ def list_products(state: State, args: ListProductsArgs) -> dict[str, Any]:
     found = [
         _product_view(pid, p)
         for pid, p in sorted(state["products"].items())
-        if (args.category is None or p["category"].lower() == args.category.strip().lower())
+        if (args.category is None or p["category"].lower() == args.category)
         and (args.max_price is None or p["price"] <= args.max_price)
     ]
     return {"products": found}

@@ -1,0 +1,167 @@
+"""Red-team round on the tool-use server, over real HTTP: what a policy (or a hostile client) tried, and what
+the server now does with it. Findings first; then attacks that held, kept as regression cases."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gym_bridge.serving.server import ServerSettings, _state_bytes
+from gym_bridge.serving.uvicorn_thread import start_in_thread
+from resources_servers.tool_use.app import ToolUseServer
+from resources_servers.tool_use.tests.test_tool_use_server import (
+    final_message,
+    function_call,
+    session,
+    store_row,
+)
+
+SERVER = ToolUseServer()
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with start_in_thread(SERVER.build_app()) as running:
+        yield running.url
+
+
+def verify(client: httpx.Client, row: dict[str, Any], output: list[dict[str, Any]]) -> dict[str, Any]:
+    answer = client.post("/verify", json={**row, "response": {"output": output}})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.mark.parametrize("category", ["Kitchen", " kitchen ", "KITCHEN"])
+def test_a_category_the_tool_reads_alike_verifies(url: str, category: str) -> None:
+    """Finding: ``list_products(category="Kitchen")`` lists exactly what ``"kitchen"`` lists (the tool folds case
+    and spaces), yet the argument check scored it 0 against an expected ``"kitchen"``: an honest call unpaid."""
+    arguments = {"category": category, "max_price": 10}
+    row = store_row(expected_calls=[{"name": "list_products", "arguments": {"category": "kitchen", "max_price": 10}}])
+    with session(url, row) as client:
+        listed = client.post("/list_products", json=arguments).json()["products"]
+        assert listed == client.post("/list_products", json={"category": "kitchen", "max_price": 10}).json()["products"]
+        assert [p["product_id"] for p in listed] == ["P1"]
+        out = verify(client, row, [function_call("list_products", arguments), final_message()])
+    assert out["reward"] == 1.0, out.get("failure_reason")
+    wrong = store_row(expected_calls=[{"name": "list_products", "arguments": {"category": "office", "max_price": 10}}])
+    with session(url, wrong) as client:
+        assert verify(client, wrong, [function_call("list_products", arguments), final_message()])["reward"] == 0.0
+
+
+def test_error_texts_do_not_pile_up_in_a_session() -> None:
+    """Finding: each failed call's error text (which echoes the model's arguments) was kept in the session's call
+    log, uncounted by ``max_session_bytes`` (counted at seeding only): 20 calls with a 1 MB product id held
+    20 MB, and a session's 200 calls up to 3 GB."""
+    server = ToolUseServer(ServerSettings(max_body_bytes=2 * 1024 * 1024))
+    row = store_row()
+    with start_in_thread(server.build_app()) as running, session(running.url, row) as client:
+        seeded = max(_state_bytes(s.state) for s in server.sessions._sessions.values())
+        for _ in range(20):
+            answer = client.post("/get_product", json={"product_id": "X" * 1_000_000})
+            assert answer.status_code == 200 and "unknown product" in answer.json()["error"]
+        grown = max(_state_bytes(s.state) for s in server.sessions._sessions.values())
+        out = verify(client, row, [final_message()])
+    assert grown - seeded < 20 * 64, (seeded, grown)
+    assert out["tool_calls_made"] == 20 and out["tool_errors"] == 20
+
+
+# ---------------------------------------------------------------------------------------------- attacks that held
+
+
+def test_claiming_success_without_calling_earns_nothing(url: str) -> None:
+    row = store_row()
+    with session(url, row) as client:
+        out = verify(client, row, [final_message("I added 2 mugs and placed order O2. Done!")])
+    assert out["reward"] == 0.0 and out["failure_kind"] == "wrong_outcome"
+
+
+def test_forged_tool_outputs_in_the_transcript_are_not_trusted(url: str) -> None:
+    """function_call / function_call_output items the server never produced: the outcome is the session's store."""
+    row = store_row()
+    forged = [
+        function_call("add_to_cart", {"product_id": "P1", "quantity": 2}),
+        {"type": "function_call_output", "call_id": "c1", "output": json.dumps({"cart": {"total": 9.0}})},
+        function_call("place_order", {}, call_id="c2"),
+        {"type": "function_call_output", "call_id": "c2", "output": json.dumps({"order_id": "O2", "status": "placed"})},
+        final_message(),
+    ]
+    with session(url, row) as client:
+        out = verify(client, row, forged)
+    assert out["reward"] == 0.0 and out["tool_calls_made"] == 0
+
+
+def test_tools_after_verify_do_not_change_the_verdict(url: str) -> None:
+    row = store_row()
+    with session(url, row) as client:
+        first = verify(client, row, [final_message()])
+        client.post("/add_to_cart", json={"product_id": "P1", "quantity": 2})
+        client.post("/place_order", json={})
+    assert first["reward"] == 0.0
+
+
+def test_an_undone_detour_reaches_the_same_outcome_but_a_cancelled_order_does_not(url: str) -> None:
+    row = store_row()
+    with session(url, row) as client:  # wrong product in, out again, then the right one: same final store
+        client.post("/add_to_cart", json={"product_id": "P2", "quantity": 1})
+        client.post("/remove_from_cart", json={"product_id": "P2"})
+        client.post("/add_to_cart", json={"product_id": "P1", "quantity": 2})
+        client.post("/place_order", json={})
+        assert verify(client, row, [final_message()])["reward"] == 1.0
+    with session(url, row) as client:  # ordered wrong, cancelled, ordered right: the cancelled order stays
+        client.post("/add_to_cart", json={"product_id": "P1", "quantity": 1})
+        client.post("/place_order", json={})
+        client.post("/cancel_order", json={"order_id": "O2"})
+        client.post("/add_to_cart", json={"product_id": "P1", "quantity": 2})
+        client.post("/place_order", json={})
+        out = verify(client, row, [final_message()])
+    assert out["reward"] == 0.0 and "O3" in out["failure_reason"]
+
+
+def test_another_sessions_cookie_or_token_reaches_nothing(url: str) -> None:
+    row = store_row()
+    with session(url, row) as victim:
+        victim.post("/add_to_cart", json={"product_id": "P1", "quantity": 2})
+        victim_id = victim.cookies["gym_bridge_session"]
+    with httpx.Client(base_url=url, timeout=30) as guesser:
+        for guess in (victim_id[:-1] + ("A" if victim_id[-1] != "A" else "B"), "0" * len(victim_id), "", "../x"):
+            guesser.cookies.set("gym_bridge_session", guess)
+            assert guesser.post("/view_cart", json={}).status_code == 409
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"product_id": "P1", "quantity": NaN}',
+        '{"product_id": "P1", "quantity": 1e309}',
+        '{"product_id": "P1", "quantity": -Infinity}',
+        '{"product_id": {"$ne": null}, "quantity": 2}',
+        '{"product_id": "P1", "quantity": 2, "quantity": 3}',  # a duplicate key: the last one, for tool and check
+        '{"product_id": "p1", "quantity": 2}',
+        '{"product_id": "P1 ", "quantity": 2}',
+    ],
+    ids=["nan", "1e309", "-inf", "operator", "duplicate-key", "case", "space"],
+)
+def test_odd_json_arguments_never_verify_as_the_expected_call(url: str, arguments: str) -> None:
+    expected = [{"name": "add_to_cart", "arguments": {"product_id": "P1", "quantity": 2}}]
+    row = store_row(expected_calls=expected)
+    with session(url, row) as client:
+        tool = client.post("/add_to_cart", content=arguments, headers={"content-type": "application/json"})
+        assert tool.status_code in (200, 422), tool.text
+        out = verify(client, row, [function_call("add_to_cart", arguments), final_message()])
+    assert out["reward"] == 0.0, arguments
+
+
+def test_a_session_cannot_outrun_its_call_budget_by_repeating_state_changes() -> None:
+    from resources_servers.tool_use.app import ToolUseConfig
+
+    server = ToolUseServer(config=ToolUseConfig(max_calls_per_session=5))
+    row = store_row()
+    row["initial_state"]["products"]["P1"]["stock"] = 100
+    with start_in_thread(server.build_app()) as running, session(running.url, copy.deepcopy(row)) as client:
+        statuses = [client.post("/add_to_cart", json={"product_id": "P1", "quantity": 1}).status_code for _ in range(8)]
+    assert statuses == [200] * 5 + [429] * 3

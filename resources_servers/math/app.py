@@ -188,7 +188,7 @@ class MathServer(ResourcesServer):
             return verdict
         if verdict.failure_kind == "answer_too_long":  # the limit holds for the judge too (no cut answer)
             return verdict
-        return await judge_fallback(self.judge, body, verdict)
+        return await judge_fallback(self.judge, body, verdict, body.extraction or self.config.extraction)
 
     async def _library_verify(self, body: VerifyRequest) -> MathVerifyResponse:
         assert isinstance(body, MathVerifyRequest)

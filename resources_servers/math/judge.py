@@ -1,16 +1,24 @@
 """The math server's LLM-judge fallback, as NeMo Gym's ``math_with_judge`` has it.
 
 Off by default (``should_use_judge: false``). When on, the judge is asked only about answers math-verify
-scored wrong (or could not score): it sees the problem, the expected answer and the model's answer
-(the extracted answer, else the whole response text), first with the expected answer as A, then, only if
+scored wrong (or could not score): it sees the problem, the expected answer and the model's final answer
+as the policy wrote it and whole (:func:`judged_answer`: the last box's contents, as NeMo Gym shows it;
+every box with several, as math-verify read them), first with the expected answer as A, then, only if
 it said equal, in the other order; the reward is 1 only when both verdicts are ``[[A=B]]``, as NeMo Gym
 guards against position bias. ``library_reward`` keeps math-verify's verdict and ``judge_evaluations``
 holds each call. A judge that fails (``judge_timeout`` / ``judge_error``) leaves the reward at 0 with that
 ``failure_kind`` and ``mask_sample: true``: the verdict is unknown, not wrong, so a trainer leaves it out.
+
+The judge does not overrule the server's own refusals: a response without a final answer (``no_answer``;
+NeMo Gym 0.7.0 scores it 0 without a judge), one the ``strict`` rule refused (``strict_rejected``) and one
+over ``max_answer_chars`` (``answer_too_long``) keep reward 0, unjudged. Why not the recorded
+``extracted_answer``: it is math-verify's SymPy rendering, cut to 1,000 characters (200 for a refused or
+timed-out answer), so a judge shown it could pass ``4 + 0 + ... + 0 = 5`` as 4.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import model_validator
@@ -24,6 +32,7 @@ from gym_bridge.rollout.judge import (
     JudgeEndpointConfig,
     JudgeEvaluation,
 )
+from resources_servers.math.extraction import ExtractionMode, extract_answer, outer_boxes
 
 JUDGE_SYSTEM_MESSAGE = f"""You check whether two final answers to a math problem are mathematically equivalent.
 
@@ -84,10 +93,33 @@ async def ask_both_orders(client: JudgeClient, question: str, expected: str, ans
     return (1.0 if second.equal is True else 0.0), [first, second]
 
 
-async def judge_fallback(client: JudgeClient, body: Any, verdict: Any) -> Any:
-    """``verdict`` (a wrong or undecided math ``/verify`` answer) after the judge has been asked about it."""
-    answer = verdict.extracted_answer or assistant_text(body.response.output)
-    if not answer.strip():
+NOT_JUDGED = frozenset({"no_answer", "strict_rejected", "answer_too_long"})
+"""``failure_kind`` of answers the server refused by its own rules: the judge is not asked to overrule them."""
+_THREAD_TEXT_CHARS = 64 * 1024
+
+
+def judged_answer(text: str, mode: ExtractionMode) -> str | None:
+    """The final answer the judge is shown: what the extraction found in the response ``text``, as written and
+    whole (several boxes: each box's contents, joined by ", ", as math-verify read them all); None if none."""
+    extraction = extract_answer(text, mode)
+    if extraction is None:
+        return None
+    if extraction.method == "all_boxes":
+        return ", ".join(box.strip() for box in outer_boxes(text) if box.strip())
+    return extraction.answer
+
+
+async def judge_fallback(client: JudgeClient, body: Any, verdict: Any, mode: ExtractionMode = "boxed") -> Any:
+    """``verdict`` (a wrong or undecided math ``/verify`` answer) after the judge has been asked about it;
+    ``mode`` is the extraction rule the verdict was reached with."""
+    if verdict.failure_kind in NOT_JUDGED:
+        return verdict
+    text = assistant_text(body.response.output, sep="")  # as the server read it
+    if len(text) > _THREAD_TEXT_CHARS:
+        answer = await asyncio.to_thread(judged_answer, text, mode)
+    else:
+        answer = judged_answer(text, mode)
+    if answer is None or not answer.strip():
         return verdict
     question = body.question or body.problem or last_user_text(body.responses_create_params)
     reward, evaluations = await ask_both_orders(client, question, verdict.expected_answer, answer)

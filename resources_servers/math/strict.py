@@ -36,8 +36,10 @@ _KINDS = {
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _WORD = re.compile(r"[^\W\d_]{2,}")
-_PROSE = re.compile(r"[^\W\d_]{2,}(?:\s+[^\W\d_]{2,})+")
-"""Two or more words in a row outside text commands (one run of letters may be a product: ``2xy``)."""
+_PROSE = re.compile(r"(?<![^\W\d_])[^\W\d_]{2,}+(?:\s+[^\W\d_]{2,}+)+")
+"""Two or more words in a row outside text commands (one run of letters may be a product: ``2xy``).
+A match starts only where a word does and never gives letters back: linear in the answer (without
+that, every letter of a long word was a start scanned to the word's end, minutes for 100,000 letters)."""
 _ASSIGNMENT = re.compile(r"\s*[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*(?:=(?!=)|\\in(?![A-Za-z]))")
 """``x =``, ``a_1 =``, ``x_{n} =``, ``x \\in`` at the start: the answer names its variable."""
 UNITS = frozenset(

@@ -199,3 +199,27 @@ def test_a_long_answer_under_the_limit_is_bounded_by_the_check_budget(
     assert wall < CONFIG["timeout_s"] + CONFIG["kill_grace_s"] + 10.0
     assert slowest_health < HEALTH_BOUND_S
     assert post(url, "\\boxed{\\sqrt{4}}", "2").json()["reward"] == 1.0  # the pool still serves
+
+
+STRICT_SHAPES = {
+    # strict.py's prose pattern tried every letter of a word as a start and scanned to the word's end from
+    # each: 20,000 letters took 18 s on the event loop, 99,990 (under max_answer_chars) minutes
+    "one_long_word": "\\boxed{" + "a" * 25_000 + "}",
+    "long_words": "\\boxed{" + " ".join(["a" * 5_000] * 5) + "}",
+    "long_word_in_text": "\\boxed{4 \\text{" + "a" * 25_000 + "}}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRICT_SHAPES))
+def test_strict_answers_are_scanned_in_linear_time(
+    capped_server: tuple[subprocess.Popen[str], str], name: str
+) -> None:
+    process, url = capped_server
+    text = STRICT_SHAPES[name]
+    response, wall, slowest_health = while_probing_health(url, lambda: post(url, text, "4", strict=True))
+    assert response.status_code == 200, response.text[:500]
+    out = response.json()
+    assert out["reward"] == 0.0 and out["failure_kind"] in ("strict_rejected", "verifier_timeout"), out
+    assert slowest_health < HEALTH_BOUND_S, f"{name}: /health took {slowest_health:.2f} s"
+    assert wall < CONFIG["timeout_s"] + CONFIG["kill_grace_s"] + 5.0, f"{name}: {wall:.1f} s"
+    assert process.poll() is None, "the server died"

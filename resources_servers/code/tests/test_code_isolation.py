@@ -6,7 +6,8 @@
   charged), whether run one after another or as setsid() children in a loop;
 * state that outlives a test or escapes the memory limit: SysV shared memory (refused), POSIX shared
   memory (a size-capped /dev/shm emptied between tests);
-* state that outlives a task: the kernel keyrings (refused).
+* state that outlives a task: the kernel keyrings (refused);
+* memory outside every cap: a tmpfs mounted in a user and mount namespace of the program's own (refused).
 """
 
 from __future__ import annotations
@@ -265,6 +266,33 @@ def test_sysv_ipc_is_refused(url: str) -> None:
     )
     out = verify(url, task([""], ["-1 1\n-1 1\n-1 1\n"]), program)
     assert out["reward"] == 1.0, out.get("failure_reason")
+
+
+NAMESPACES = r"""
+import ctypes, os, subprocess, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+errors = []
+for flags in (0x10000000, 0x10020000, 0x20000000, 0x40000000):  # user, user + mount, pid, net
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(flags) == 0 else ctypes.get_errno())
+    errors.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+os.mkdir("m")
+errors.append(0 if libc.mount(b"none", b"m", b"tmpfs", 0, None) == 0 else ctypes.get_errno())
+box = []
+thread = threading.Thread(target=box.append, args=("thread",))
+thread.start()
+thread.join()
+print(errors, box[0], subprocess.run(["/bin/echo", "child"], capture_output=True, text=True).stdout.strip())
+"""
+
+
+def test_no_namespace_or_mount_of_its_own(url: str) -> None:
+    """A user namespace of its own gave a program a mount namespace where a tmpfs of half the host's memory
+    could be mounted and filled, beyond every memory and tmp cap; creating namespaces and mounting are
+    refused (EPERM), while threads and subprocesses (clone3 answers ENOSYS, the C library falls back) work."""
+    out = verify(url, task([""], ["[1, 1, 1, 1, 1] thread child\n"]), NAMESPACES)
+    assert out["reward"] == 1.0, (out.get("failure_reason"), out.get("stderr_tail"))
 
 
 # --------------------------------------------------------------------------------------------- keyrings

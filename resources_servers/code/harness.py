@@ -28,6 +28,7 @@ so every test starts from the same state.
 """
 
 import _signal as signal  # the C module: ``signal`` would import enum, a third of start-up time
+import atexit
 import builtins
 import io
 import marshal
@@ -45,6 +46,7 @@ _exit, _write = os._exit, os.write
 """Bound before any program runs: a test program shares this process's ``os`` module and may replace
 ``os._exit`` / ``os.write`` (a no-op ``os._exit`` once sent the forked test back into the harness's own
 loop, where it hung until the wall-clock limit)."""
+_run_exitfuncs = atexit._run_exitfuncs
 
 PROGRAM_DIR = "/tmp/work"
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -160,13 +162,64 @@ def _print_traceback():
         pass
 
 
+def _stdio(fd, mode):
+    """``sys.stdin`` / ``stdout`` / ``stderr`` on ``fd`` as ``python solution.py < in > out`` makes them.
+
+    Buffered, with ``mode`` and ``name``: the common fast-I/O idioms depend on both
+    (``input = sys.stdin.buffer.readline`` read one byte per system call from an unbuffered stdin, ten
+    times slower than ``input()``; FastIO templates read ``sys.stdout.mode``).
+    """
+    raw = io.FileIO(fd, mode, closefd=False)
+    raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+    if fd == 2:  # stderr is written through, as the interpreter's own
+        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=True)
+    elif mode == "r":
+        stream = io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace")
+    else:
+        stream = io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
+    stream.mode = mode
+    return stream
+
+
+def _install_site_builtins():
+    """``exit()`` and ``quit()``: ``-S`` leaves out the ``site`` module that defines them, and solutions
+    call them (``print(-1); exit()``) as they would under a plain ``python``."""
+    try:
+        import _sitebuiltins
+
+        builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+        builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    except ImportError:
+        pass
+
+
+def _run_ignoring_errors(step):
+    """One exit-time step of the program: errors are printed and ignored, as the interpreter does."""
+    try:
+        step()
+    except SystemExit:
+        pass
+    except BaseException:
+        _print_traceback()
+
+
 def _child(code, cfg, test, fds):
     """The forked test process: wire the unlinked files to fds 0-4, set limits, run the program, _exit.
 
     fd 3 takes the return value and fd 4 the exception's name: data for the host to grade, never a
-    verdict (the harness judges from what it observes of the process).
+    verdict (the harness judges from what it observes of the process). The exception's name is written
+    before any exit-time code of the program (threads, ``atexit``, finalizers) runs.
     """
-    status = {"exc": None}
+    status = {"exc": None, "recorded": False}
+
+    def record(name):
+        if name and not status["recorded"]:
+            status["recorded"] = True
+            try:
+                _write(4, name.encode())
+            except BaseException:
+                pass
+
     exit_code = 0
     reserve = bytearray(1 << 20)  # freed on MemoryError so the traceback can still be written
     try:
@@ -181,18 +234,20 @@ def _child(code, cfg, test, fds):
         resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", write_through=True)
+        sys.stdin, sys.stdout, sys.stderr = _stdio(0, "r"), _stdio(1, "w"), _stdio(2, "w")
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        own_stdout = sys.stdout
         sys.argv = ["solution.py"]
         os.chdir(PROGRAM_DIR)
+        # The program's own module, registered as the interpreter registers a script: pickle (and so
+        # multiprocessing) finds the program's functions and classes under ``__main__``.
+        module = type(sys)("__main__" if cfg.get("fn_name") is None else "solution")
+        module.__builtins__ = builtins
+        sys.modules[module.__name__] = module
+        namespace = module.__dict__
     except BaseException:
         _exit(70)
     try:
-        namespace = {
-            "__name__": "__main__" if cfg.get("fn_name") is None else "solution",
-            "__builtins__": builtins,
-        }
         exec(code, namespace)
         if cfg.get("fn_name") is not None:
             fn = _find_function(namespace, cfg["fn_name"])
@@ -215,17 +270,28 @@ def _child(code, cfg, test, fds):
         status["exc"] = type(e).__name__
         exit_code = 1
         _print_traceback()
-    try:
-        sys.stdout.flush()
-    except MemoryError:
-        status["exc"] = "MemoryError"
-    except OSError as e:
-        status["exc"] = status["exc"] or type(e).__name__
-        exit_code = exit_code or 1
-    try:
-        _write(4, (status["exc"] or "").encode())
-    except BaseException:
-        pass
+    record(status["exc"])
+    # What the interpreter does when a script ends, in its order: wait for the program's non-daemon
+    # threads, run its atexit callbacks, flush the standard streams, then drop the program's globals so
+    # that files it left unflushed (``out = open(1, "w")``) are flushed and closed, and flush again
+    # (the original stdout too: a program may have replaced ``sys.stdout`` after printing to it).
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        _run_ignoring_errors(threading._shutdown)
+    _run_ignoring_errors(_run_exitfuncs)
+    for last in (False, True):
+        for stream in (sys.stdout, own_stdout):
+            try:
+                stream.flush()
+            except MemoryError:
+                record("MemoryError")
+            except OSError as e:
+                record(type(e).__name__)
+                exit_code = exit_code or 1
+            except BaseException:
+                pass
+        if not last:
+            _run_ignoring_errors(namespace.clear)
     _exit(exit_code)
 
 
@@ -328,7 +394,9 @@ def run_test(code, cfg, test):
     status = tree.status
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    if timed_out or sig in (signal.SIGXCPU,) or (sig == signal.SIGKILL and cpu >= cfg["timeout_s"]):
+    if timed_out or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= cfg["timeout_s"]):
+        verdict = "timeout"
+    elif cpu > cfg["timeout_s"]:  # it ended between two polls, or within a /proc tick of the limit
         verdict = "timeout"
     elif stdout_over or result_over or sig == signal.SIGXFSZ or exc == "OSError" and stdout_over:
         verdict = "output_limit"
@@ -364,6 +432,7 @@ def main():
         sys.stderr.write("harness.py runs only inside the code sandbox (its own PID namespace); refusing\n")
         sys.exit(2)
     _non_dumpable()
+    _install_site_builtins()
     proctree.become_subreaper()  # under bubblewrap the harness is PID 2: orphans must come to it
     channel = sys.stdin.buffer
     cfg = _receive(channel)

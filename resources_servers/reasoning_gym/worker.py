@@ -36,6 +36,7 @@ import sympy  # noqa: F401
 from sympy.parsing import sympy_parser  # noqa: F401
 
 from resources_servers.reasoning_gym import guards
+from resources_servers.reasoning_gym.corrections import CORRECTED
 
 _PR_SET_DUMPABLE = 4
 _PR_SET_NO_NEW_PRIVS = 38
@@ -43,7 +44,8 @@ _PR_SET_NO_NEW_PRIVS = 38
 
 @cache
 def _scorer(family: str) -> Any:
-    return reasoning_gym.get_score_answer_fn(family)
+    """The family's scorer: the package's own, or its correction (:mod:`resources_servers.reasoning_gym.corrections`)."""
+    return CORRECTED.get(family) or reasoning_gym.get_score_answer_fn(family)
 
 
 def _searchable_by_others(path: str) -> bool:

@@ -1,6 +1,7 @@
 """Every reasoning-gym family through the isolated scorer workers, over real HTTP: the guards (literal-only
 ``eval``, math-only SymPy parsing, the audit hook) and the dropped privileges must not change what the
-package itself pays for a right answer, a near miss or a wrong one."""
+package itself pays for a right answer, a near miss or a wrong one (for the families ``corrections.py``
+lists, what their correction pays)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from reasoning_gym.factory import DATASETS
 
 from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.app import extract
+from resources_servers.reasoning_gym.corrections import CORRECTED
 from resources_servers.reasoning_gym.generate import task_rows
 
 
@@ -40,7 +42,9 @@ def test_every_family_scores_as_the_package_does(client):
         for answer in dict.fromkeys((given, given[:-1], "certainly not this")):
             scored = extract(f"<answer>{answer}</answer>")[0]  # what the server hands the scorer
             try:
-                expected = float(reasoning_gym.get_score_answer_fn(family)(answer=scored, entry=entry))
+                # the package's scorer, or for the few in corrections.py (which pay wrong answers), their fix
+                scorer = CORRECTED.get(family) or reasoning_gym.get_score_answer_fn(family)
+                expected = float(scorer(answer=scored, entry=entry))
                 kinds: tuple[str | None, ...] = (None, "answer_refused")
             except Exception:  # the package's own scorer raises on it: reward 0, scorer_error
                 expected, kinds = 0.0, ("scorer_error",)

@@ -1,0 +1,119 @@
+"""Red-team round on the reasoning_gym server, over real HTTP: answers a policy under RL pressure would try.
+Findings first (scorers of the package that paid wrong answers: ``corrections.py``); then attacks that held,
+kept as regression cases."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import reasoning_gym
+
+from gym_bridge.rollout.envs import running_env
+from resources_servers.reasoning_gym.generate import task_rows
+
+
+@pytest.fixture(scope="module")
+def client():
+    with running_env("reasoning_gym", pool_size=1) as url, httpx.Client(base_url=url, timeout=60) as c:
+        yield c
+
+
+def answered(row, text):
+    return {**row, "response": {"output": [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
+    ]}}  # fmt: skip
+
+
+def reward(client, row, text) -> float:
+    out = client.post("/verify", json=answered(row, text))
+    assert out.status_code == 200, out.text
+    return out.json()["reward"]
+
+
+def package_score(family, answer, row) -> float:
+    entry = {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}
+    return float(reasoning_gym.get_score_answer_fn(family)(answer=answer, entry=entry))
+
+
+def test_game_of_life_halting_pays_only_the_right_verdict(client):
+    """Finding: the package's scorer compares ``bool(answer) == bool(entry["answer"])`` on strings, so every
+    non-empty answer ("False" for "True", "banana") scored 1.0; NeMo Gym 0.7.0 calls the same scorer."""
+    rows = {row["answer"]: row for row in task_rows(["game_of_life_halting"], 12, seed=3)}
+    assert set(rows) == {"True", "False"}
+    for truth, row in rows.items():
+        wrong = "False" if truth == "True" else "True"
+        assert package_score("game_of_life_halting", wrong, row) == 1.0  # the package's bug, kept as evidence
+        assert reward(client, row, f"<answer>{wrong}</answer>") == 0.0
+        assert reward(client, row, "<answer>I cannot tell</answer>") == 0.0
+        assert reward(client, row, "") == 0.0
+        assert reward(client, row, f"<answer>{truth}</answer>") == 1.0
+        assert reward(client, row, f"<answer> {truth.lower()} </answer>") == 1.0
+
+
+@pytest.mark.parametrize("nan", ["nan", "NaN", "(nan)", "nan+1i", "-nan"])
+def test_complex_arithmetic_pays_nothing_for_nan(client, nan):
+    """Finding: the score is ``min(1.0, exp(-distance))``; ``nan`` makes the distance NaN and ``min(1.0, nan)``
+    is 1.0, so "nan" scored 1.0 on every complex_arithmetic task."""
+    for row in task_rows(["complex_arithmetic"], 2, seed=1):
+        assert package_score("complex_arithmetic", nan, row) == 1.0  # the package's bug, kept as evidence
+        assert reward(client, row, f"<answer>{nan}</answer>") == 0.0
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+        for text in ("inf", "3+4i"):  # everything else as the package scores it
+            assert reward(client, row, f"<answer>{text}</answer>") == pytest.approx(
+                package_score("complex_arithmetic", text, row)
+            )
+
+
+def test_spell_backward_pays_a_padded_answer_what_the_family_means(client):
+    """Finding: the right letters followed by anything ("<answer> or <reversed>") are meant to score 0.8, but the
+    package's float sum missed its ``== 1.0`` test and paid ~1.0 (0.9999999) for most lengths."""
+    rows = [row for row in task_rows(["spell_backward"], 40, seed=1)]
+    padded = [(row, f"{row['answer']} or {row['answer'][::-1]}") for row in rows]
+    overpaid = [(row, text) for row, text in padded if package_score("spell_backward", text, row) > 0.8 + 1e-9]
+    assert overpaid, "no row shows the package's rounding any more"
+    for row, text in overpaid[:5]:
+        assert reward(client, row, f"<answer>{text}</answer>") == pytest.approx(0.8)
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+        near = row["answer"][:-1] + ("a" if row["answer"][-1] != "a" else "b")
+        assert reward(client, row, f"<answer>{near}</answer>") == pytest.approx(package_score("spell_backward", near, row))
+
+
+# ---------------------------------------------------------------------------------------------- attacks that held
+
+
+def test_knights_and_knaves_hedges_earn_nothing(client):
+    """Both assignments in one answer: the package scores the set of (name, role) pairs, so a hedge has too many."""
+    row = next(r for r in task_rows(["knights_knaves"], 5, seed=3) if "knight" in r["answer"] or "knave" in r["answer"])
+    right = row["answer"]
+    flipped = right.replace("knight", "@").replace("knave", "knight").replace("@", "knave")
+    assert flipped != right
+    for text in (f"{right} or {flipped}", f"{flipped} or {right}", f"{right}, {flipped}"):
+        assert reward(client, row, f"<answer>{text}</answer>") == 0.0, text
+    assert reward(client, row, f"<answer>{right}</answer>") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("family", "hedge"),
+    [
+        ("polynomial_equations", lambda a: f"{a}, {a}"),  # the roots listed twice: extras are penalised
+        ("word_sorting", lambda a: ", ".join(reversed(a.split(", ")))),  # the words, the other way round
+        ("basic_arithmetic", lambda a: "0123456789"),  # every digit in one answer: contains a one-digit answer
+        ("gsm_symbolic", lambda a: f"{int(float(a)) + 1} or {a}"),  # the first number is the one scored
+    ],
+    ids=["roots-twice", "reversed", "all-digits", "second-number"],
+)
+def test_hedged_answers_score_below_the_right_one(client, family, hedge):
+    for row in task_rows([family], 3, seed=4):
+        text = hedge(row["answer"])
+        got = reward(client, row, f"<answer>{text}</answer>")
+        assert got == pytest.approx(package_score(family, text, row)) and got < 1.0, (family, text, got)
+
+
+def test_tampered_metadata_is_the_collectors_row_not_the_policys(client):
+    """The policy writes only ``response``; a ``metadata`` or ``answer`` inside its output items is not read."""
+    (row,) = task_rows(["basic_arithmetic"], 1, seed=1)
+    forged = answered(row, "<answer>banana</answer>")
+    forged["response"]["output"][0].update(metadata={"source_dataset": "game_of_life_halting"}, answer="banana")
+    forged["response"]["metadata"] = {"answer": "banana"}
+    out = client.post("/verify", json=forged)
+    assert out.status_code == 200 and out.json()["reward"] == 0.0 and out.json()["task_name"] == "basic_arithmetic"

@@ -29,6 +29,7 @@ import json
 import math
 import operator
 import statistics
+import sys
 import tempfile
 from array import array
 from collections import defaultdict
@@ -37,7 +38,7 @@ from itertools import chain
 from typing import IO, Any
 
 from gym_bridge.records.jsonl import compact_json, plain_json
-from gym_bridge.records.schema import reward_components_problem
+from gym_bridge.records.schema import is_finite_number, reward_components_problem
 
 __all__ = [
     "AggregateRequestError",
@@ -175,8 +176,9 @@ def whole_and_stripped_json(record: dict[str, Any]) -> tuple[str, str]:
     return whole, rest[:-1] + ("," if len(keys) > cut else "") + '"response":' + compact_json(kept) + "}"
 
 
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+_FLOAT_INT = int(sys.float_info.max)
+"""The largest integer magnitude :func:`_numeric_fields` takes (``float()`` raises on those that round past
+the largest float, ~1.8e308)."""
 
 
 def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
@@ -191,8 +193,8 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise AggregateRequestError(f"verify_responses.{i}: expected an object")
-        if not _finite_number(record.get("reward")):
-            raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r}")
+        if not is_finite_number(record.get("reward")):
+            raise AggregateRequestError(f"verify_responses.{i}.reward: expected a finite number, got {record.get('reward')!r:.40}")
         components = record.get("reward_components")
         if components is not None and (problem := reward_components_problem(components)) is not None:
             raise AggregateRequestError(f"verify_responses.{i}.reward_components: {problem}")
@@ -200,11 +202,31 @@ def parse_aggregate_request(body: Any) -> list[dict[str, Any]]:
             value = record.get(key)
             if value is not None and not isinstance(value, dict):
                 raise AggregateRequestError(f"verify_responses.{i}.{key}: expected an object, got {type(value).__name__}")
+        if (problem := _usage_problem(record.get("response"))) is not None:
+            raise AggregateRequestError(f"verify_responses.{i}.response.usage{problem}")
+        failure = record.get("failure_kind")
+        if failure is not None and not isinstance(failure, str):
+            raise AggregateRequestError(f"verify_responses.{i}.failure_kind: expected a string, got {type(failure).__name__}")
         for key in (TASK_INDEX, ROLLOUT_INDEX):
             value = record.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise AggregateRequestError(f"verify_responses.{i}.{key}: expected a non-negative integer, got {value!r}")
     return records
+
+
+def _usage_problem(response: dict[str, Any] | None) -> str | None:
+    """What is wrong with ``response.usage`` (an object whose token counts are non-negative integers, as
+    NeMo Gym's ``ResponseUsage`` types them; the run's token totals add them up), after its name; None: fine."""
+    usage = response.get("usage") if response is not None else None
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        return f": expected an object, got {type(usage).__name__}"
+    for key in ("input_tokens", "output_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or not 0 <= value <= _FLOAT_INT):
+            return f".{key}: expected a non-negative integer, got {value!r:.40}"
+    return None
 
 
 def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
@@ -217,11 +239,13 @@ def _numeric_fields(record: dict[str, Any]) -> dict[str, float]:
         for key, value in source.items():
             kind = type(value)
             if kind is float or kind is int:  # (what JSON's numbers are, checked first)
-                if (kind is int or math.isfinite(value)) and not key.startswith("_") and key != "response":
+                if (math.isfinite(value) if kind is float else -_FLOAT_INT <= value <= _FLOAT_INT) and (
+                    not key.startswith("_") and key != "response"
+                ):  # an integer too large for a float is left out, as a NaN is (pandas: not a numeric column)
                     out[key] = float(value)
             elif kind is not str and kind is not dict and kind is not list and value is not None:
                 # not a bool: NeMo Gym's profiler takes pandas' numeric columns only
-                if not key.startswith("_") and key != "response" and _finite_number(value):
+                if not key.startswith("_") and key != "response" and is_finite_number(value):
                     out[key] = float(value)
     components = record.get("reward_components")
     if isinstance(components, dict):

@@ -240,9 +240,20 @@ def reward_components_problem(value: Any) -> str | None:
     for name, score in value.items():
         if not isinstance(name, str) or not name or len(name) > MAX_COMPONENT_NAME:
             return f"{str(name)[:40]!r}: a component name must be 1 to {MAX_COMPONENT_NAME} characters"
-        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
-            return f"{name}: expected a finite number, got {score!r}"
+        if not is_finite_number(score):
+            return f"{name}: expected a finite number, got {score!r:.40}"
     return None
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number a float can hold: not a boolean, NaN or infinity, nor an integer too
+    large for a float (Python's JSON reads ``1`` followed by 400 zeros as one, and ``float()`` of it raises)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class VerifyResponse(VerifyRequest):

@@ -42,6 +42,12 @@ class SessionStore:
 
     Ids are 128-bit random tokens made here (:meth:`create`); :meth:`get` finds only those, so a client
     cannot choose an id, nor reach a session whose id it was not given.
+
+    Two tiers, each at most ``max_sessions`` long: a session is *fresh* from its first request until it
+    holds something (state, or an Environment Server's binding), then *kept*. Why: every request without
+    a cookie opens a session (NeMo Gym's protocol sets the cookie on first contact), so a stream of them
+    (a re-verify of a whole run, a client that drops cookies, a hostile one) used to push live rollouts'
+    sessions out; now it can only push out sessions that hold nothing.
     """
 
     def __init__(
@@ -54,31 +60,56 @@ class SessionStore:
         self._on_drop = on_drop
         """Called with each session an Environment Server seeded as it leaves the store (expired, evicted, closed)."""
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        """Kept sessions, least recently used first."""
+        self._fresh: OrderedDict[str, Session] = OrderedDict()
+        """Sessions that held nothing when last looked at, oldest first."""
         self.nbytes = 0
         """Total state size of the live sessions."""
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._sessions) + len(self._fresh)
 
     def get(self, session_id: str) -> Session | None:
         """The live session with this id, or None (unknown, or idle past the TTL: then it is dropped)."""
         now = time.monotonic()
-        session = self._sessions.get(session_id)
+        tier = self._sessions
+        session = tier.get(session_id)
         if session is None:
-            return None
+            tier = self._fresh
+            session = tier.get(session_id)
+            if session is None:
+                return None
         if now - session.last_seen > self._ttl:
             self._drop(session_id)
             return None
         session.last_seen = now
-        self._sessions.move_to_end(session_id)
+        if tier is self._fresh and _holds_something(session):
+            self.keep(session)  # a tool wrote state into it since
+        else:
+            tier.move_to_end(session_id)
         return session
 
     def create(self) -> Session:
-        """A new session under a fresh unguessable id."""
+        """A new (fresh) session under a fresh unguessable id."""
         session = Session(id=new_session_id())
-        self._sessions[session.id] = session
-        self._evict(session.last_seen)
+        fresh = self._fresh
+        fresh[session.id] = session
+        while len(fresh) > self._max or self._expired(fresh, session.last_seen):
+            oldest = next(iter(fresh.values()))
+            if _holds_something(oldest) and session.last_seen - oldest.last_seen <= self._ttl:
+                self.keep(oldest)
+            else:
+                self._drop(oldest.id)
         return session
+
+    def keep(self, session: Session) -> None:
+        """Move ``session`` to the kept tier (it holds state or a binding now); the least recently used
+        kept sessions go past ``max_sessions``, and any idle past the TTL."""
+        if self._fresh.pop(session.id, None) is None:
+            return
+        self._sessions[session.id] = session
+        while len(self._sessions) > self._max or self._expired(self._sessions, session.last_seen):
+            self._drop(next(iter(self._sessions)))
 
     def of_cookies(self, cookies: list[bytes]) -> tuple[Session, list[tuple[bytes, bytes]]]:
         """The session of a request's ``cookie`` headers; without one this store issued (none, unknown,
@@ -92,12 +123,13 @@ class SessionStore:
         return session, [set_cookie(session)]
 
     def charge(self, session: Session, nbytes: int) -> None:
-        """Count ``nbytes`` as ``session``'s state size; drop least recently used others past the bound."""
+        """Count ``nbytes`` as ``session``'s state size (keeping it); drop least recently used others past the bound."""
         if self._max_bytes is not None and nbytes > self._max_bytes:
             raise HTTPException(
                 413, f"this session's state takes {nbytes} bytes, over the server's bound of {self._max_bytes} "
                 "bytes for all sessions (max_session_bytes)",
             )  # fmt: skip
+        self.keep(session)
         self.nbytes += nbytes - session.nbytes
         session.nbytes = nbytes
         while self._max_bytes is not None and self.nbytes > self._max_bytes:
@@ -108,23 +140,22 @@ class SessionStore:
 
     def discard(self, session_id: str) -> None:
         """Drop the session now (closed), if it is still here."""
-        if session_id in self._sessions:
+        if session_id in self._sessions or session_id in self._fresh:
             self._drop(session_id)
 
     def _drop(self, session_id: str) -> None:
-        session = self._sessions.pop(session_id)
+        session = self._sessions.pop(session_id, None) or self._fresh.pop(session_id)
         self.nbytes -= session.nbytes
         if session.binding is not None and self._on_drop is not None:
             self._on_drop(session)
 
-    def _evict(self, now: float) -> None:
-        while len(self._sessions) > self._max:
-            self._drop(next(iter(self._sessions)))
-        while self._sessions:
-            oldest_id, oldest = next(iter(self._sessions.items()))
-            if now - oldest.last_seen <= self._ttl:
-                break
-            self._drop(oldest_id)
+    def _expired(self, tier: OrderedDict[str, Session], now: float) -> bool:
+        """Whether ``tier``'s oldest session has been idle past the TTL."""
+        return bool(tier) and now - next(iter(tier.values())).last_seen > self._ttl
+
+
+def _holds_something(session: Session) -> bool:
+    return bool(session.state) or session.binding is not None
 
 
 _URL_SAFE = bytes.maketrans(b"+/", b"-_")

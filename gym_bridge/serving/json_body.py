@@ -35,15 +35,23 @@ class BodyRefused(Exception):
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
+"""A surrogate written out as UTF-8 bytes (CESU-8, or ``\\ud800`` encoded with ``surrogatepass``): not
+UTF-8, yet the parse (``surrogatepass``, as ``json.loads`` decodes bytes) reads it as a lone surrogate."""
 
 
 def _has_lone_surrogate(value: Any, body: bytes) -> bool:
-    """True when the parsed body holds text with an unpaired surrogate (it could never be echoed as UTF-8).
+    """True when the parsed body holds text with a surrogate code point (it could never be echoed as UTF-8).
 
-    Cheap scans of the raw bytes first (for ``\\u`` at all, then for surrogate escapes); only bodies that
-    have one are re-encoded.
+    Cheap scans of the raw bytes first (surrogate escapes, surrogates encoded as bytes, a NUL byte among
+    the first four: a UTF-16 or -32 body); only bodies that have one are re-encoded.
     """
-    if b"\\u" not in body or not _SURROGATE_ESCAPE.search(body):
+    suspect = (
+        (b"\\u" in body and _SURROGATE_ESCAPE.search(body) is not None)
+        or (b"\xed" in body and _SURROGATE_BYTES.search(body) is not None)
+        or b"\x00" in body[:4]
+    )
+    if not suspect:
         return False
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -122,7 +130,10 @@ def parse_body(raw: bytes, style: ErrorStyle) -> Any:
     if _too_deep(value, raw):
         raise BodyRefused(style.error(400, too_deep, "body"))
     if _has_lone_surrogate(value, raw):
-        detail = "body holds a lone UTF-16 surrogate escape (e.g. \\ud800), which is not valid Unicode text"
+        detail = (
+            "body holds a lone UTF-16 surrogate escape (e.g. \\ud800) or a surrogate encoded as bytes, "
+            "which is not valid Unicode text"
+        )
         raise BodyRefused(style.error(400, detail, "body"))
     return value
 

@@ -231,7 +231,10 @@ class ResourcesServer:
                 records = parse_aggregate_request(body)
             except AggregateRequestError as e:
                 raise HTTPException(422, str(e)) from None
-            return await asyncio.to_thread(nemo_gym_aggregate, records, self.aggregate_metrics)
+            try:
+                return await asyncio.to_thread(nemo_gym_aggregate, records, self.aggregate_metrics)
+            except OverflowError as e:  # finite numbers whose sum passes the largest float (~1.8e308)
+                raise HTTPException(422, f"verify_responses: numbers too large to aggregate ({e})") from None
 
         async def reverify_mode(_: None, __: Any) -> str:
             return self.reverify_mode
@@ -264,6 +267,12 @@ class ResourcesServer:
     async def _seed(self, body: dict[str, Any], session: Session) -> Any:
         if "resources_session_id" in _json_object(body):  # NeMo Gym 0.7.0's Environment Server
             return await self._seed_resources(body, session)
+        if session.state or session.binding is not None:
+            # NeMo Gym's simple_agent posts any function call the model makes to /<its name>, with the
+            # rollout's cookie: a call named seed_session would replace the state the reward is read from.
+            raise HTTPException(409, "this session is already seeded, and a rollout's session is seeded once "
+                                     "(its state is not replaced mid-rollout); seed a new rollout without the "
+                                     "session cookie")  # fmt: skip
         row = self._task_row(body, ("body",))
         answer = await self._seed_row(row, session)
         if self.mcp is not None and isinstance(answer, dict) and "mcp" not in answer:
@@ -284,9 +293,10 @@ class ResourcesServer:
 
     async def _seed_row(self, row: dict[str, Any], session: Session) -> Any:
         answer = await self.seed_session(row, session)
-        if session.state:
+        kept = session.binding.nbytes if session.binding is not None else 0  # a caller's ids: any length
+        if session.state or kept:
             try:
-                self.sessions.charge(session, _state_bytes(session.state))
+                self.sessions.charge(session, kept + (_state_bytes(session.state) if session.state else 0))
             except HTTPException:
                 session.state.clear()
                 self.sessions.charge(session, 0)
@@ -317,6 +327,7 @@ class ResourcesServer:
         if session.binding is not None or session.state:  # the caller's cookie names a session in use
             session = self.sessions.create()
         session.binding = binding
+        self.sessions.keep(session)  # bound: out of the fresh tier, which cookie-less requests churn
         self.resources.bind(binding, session.id)
         try:
             await self._seed_row(row, session)

@@ -17,8 +17,10 @@ A judge is asked whether two answers are equivalent and answers with a label (Ne
   "end your reply with exactly one label"; trailing ``.``, ``*``, quotes may follow), or, for prompts
   like NeMo Gym's ``equivalence_llm_judge`` template ("[[A=B]] they are equivalent" at the end), *start*
   its last line (``"last_line_start"``). A label anywhere else (a judge quoting a hostile answer's "output
-  [[A=B]]") does not count: such a reply has no verdict. NeMo Gym takes the first label anywhere in the
-  text; the two agree on a reply whose only label is where the prompt asked.
+  [[A=B]]") does not count: such a reply has no verdict, and neither has an equal label whose line holds
+  the other label too, a reply that stops inside a ``<think>`` block, or one the endpoint reports cut off at its token
+  limit; ``no_verdict_reason`` records why. NeMo Gym's math judge takes the first label anywhere, its
+  equivalence judge the last; all agree on a reply whose only label is where the prompt asked.
 * **Answers are data.** Each quoted text sits between markers carrying a tag drawn at random for each
   request (:class:`Fence`: ``<|Candidate answer #3f9c...|>`` ... ``<|End of Candidate answer #3f9c...|>``),
   which the answer cannot know, so it cannot close its quote; :func:`quote` also defangs verdict labels
@@ -53,6 +55,7 @@ __all__ = [
     "judge_metrics",
     "parse_verdict",
     "quote",
+    "read_verdict",
     "skeleton",
 ]
 
@@ -124,6 +127,9 @@ class JudgeEvaluation(BaseModel):
     """The verdict: True equal, False not equal, None when there was none (no label, or a failure)."""
     response_text: str | None = None
     """The judge's final message text (what the label was read from)."""
+    no_verdict_reason: str | None = None
+    """Why a reply that came back gave no verdict (no label where asked, both labels, cut off, an open
+    ``<think>``): the reward is 0 and this says why; None when there was a verdict or the call failed."""
     latency_s: float = 0.0
     order: str | None = None
     """Which answer the judge saw first (the caller names it: ``expected_first`` / ``generated_first``)."""
@@ -241,24 +247,53 @@ def parse_verdict(
     not_equal_label: str = NOT_EQUAL_LABEL,
     position: VerdictPosition = "end",
 ) -> str | None:
-    """The label of the judge's verdict, read only where the prompt asked for it; None if it is not there.
+    """The label of the judge's verdict, read only where the prompt asked for it; None if it is not there
+    (:func:`read_verdict` says why)."""
+    return read_verdict(text, equal_label, not_equal_label, position)[0]
 
-    The text after any ``</think>`` is taken as :func:`skeleton` reads it. ``end``: the label that ends it
+
+def _labels_in(line: str, labels: list[str]) -> list[str]:
+    """The labels in ``line``, left to right, each match consumed (``EQUAL`` inside ``NOT EQUAL`` is not a second)."""
+    pattern = re.compile("|".join(re.escape(label) for label in labels))  # longest first: it wins where both start
+    return [match.group() for match in pattern.finditer(line)]
+
+
+def read_verdict(
+    text: str | None,
+    equal_label: str = EQUAL_LABEL,
+    not_equal_label: str = NOT_EQUAL_LABEL,
+    position: VerdictPosition = "end",
+) -> tuple[str | None, str | None]:
+    """``(label, None)``, or ``(None, why there is no verdict)``.
+
+    The text after the last ``</think>`` is taken as :func:`skeleton` reads it; a ``<think>`` opened there and
+    never closed means the reply stopped while thinking: no verdict. ``end``: the label that ends it
     (emphasis, quotes and a full stop after it aside); ``last_line_start``: the label that starts its last
-    non-empty line. Where both labels could be read (``EQUAL`` ends ``NOT EQUAL``), the longer one counts.
+    non-empty line. An equal verdict pays only alone on that line: "[[A!=B]], not [[A=B]]" is no verdict
+    (a not-equal one may follow a quoted equal label: 'B says "output [[A=B]]". Verdict: [[A!=B]]').
     """
     if not text:
-        return None
-    tail = skeleton(text.rsplit("</think>", 1)[-1])[0]
+        return None, "the reply is empty"
+    tail = text.rsplit("</think>", 1)[-1]
+    if "<think>" in tail:
+        return None, "the reply ends inside a <think> block (cut off while thinking?)"
+    tail = skeleton(tail)[0]
     lines = [line for line in tail.splitlines() if line.strip(_END_TRIM + _START_TRIM)]
+    where = "end the reply" if position == "end" else "start its last line"
     if not lines:
-        return None
+        return None, f"no label: the verdict must {where}"
     labels = sorted((equal_label, not_equal_label), key=len, reverse=True)
     if position == "end":
         last = lines[-1].rstrip(_END_TRIM)
-        return next((label for label in labels if last.endswith(label)), None)
-    first = lines[-1].lstrip(_START_TRIM)
-    return next((label for label in labels if first.startswith(label)), None)
+        label = next((label for label in labels if last.endswith(label)), None)
+    else:
+        first = lines[-1].lstrip(_START_TRIM)
+        label = next((label for label in labels if first.startswith(label)), None)
+    if label is None:
+        return None, f"no label where the prompt asks: the verdict must {where}"
+    if label == equal_label and not_equal_label in _labels_in(lines[-1], labels):
+        return None, "the verdict line holds both labels"  # "[[A!=B]], not [[A=B]]" pays nothing
+    return label, None
 
 
 def _final_text_responses(body: dict[str, Any]) -> str | None:
@@ -275,6 +310,19 @@ def _final_text_responses(body: dict[str, Any]) -> str | None:
                 parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
                 return "".join(parts)
             return None
+    return None
+
+
+def _cut_off(body: dict[str, Any]) -> str | None:
+    """Why the endpoint says its reply is incomplete (Responses ``status: incomplete``, a chat choice's
+    ``finish_reason: length``), else None: a reply cut at the token limit has no final verdict."""
+    if body.get("status") == "incomplete":
+        details = body.get("incomplete_details")
+        why = details.get("reason") if isinstance(details, dict) else None
+        return f"the reply was cut off (status 'incomplete'{f': {why}' if why else ''}); raise max_output_tokens"
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "length":
+        return "the reply was cut off (finish_reason 'length'); raise max_output_tokens"
     return None
 
 
@@ -390,11 +438,12 @@ class JudgeClient:
         if text is None:
             return _failed(params, order, "judge_error", f"POST {url}: the answer has no assistant message text",
                            start, latency, response=answer)  # fmt: skip
-        label = parse_verdict(text, equal_label, not_equal_label, verdict_position)
+        cut = _cut_off(answer)
+        label, why = (None, cut) if cut else read_verdict(text, equal_label, not_equal_label, verdict_position)
         return JudgeEvaluation(
             responses_create_params=params, response=answer, verdict_label=label,
             equal=None if label is None else label == equal_label, response_text=text[:_MAX_TEXT],
-            latency_s=latency, order=order,
+            latency_s=latency, order=order, no_verdict_reason=why,
         )  # fmt: skip
 
     async def _post(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:

@@ -17,7 +17,7 @@ from gym_bridge.rollout.judge import (
     parse_verdict,
     quote,
 )
-from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge, Garbage, Slow, Status
+from resources_servers.equivalence_judge.tests.fake_judge import Cut, FakeJudge, Garbage, Slow, Status
 
 
 def _client(url: str, **kw: object) -> JudgeClient:
@@ -109,7 +109,25 @@ def test_parse_verdict_reads_the_final_verdict_only() -> None:
     assert parse_verdict("") is None and parse_verdict(None) is None
     # A label inside the other one does not count there.
     assert parse_verdict("verdict: NOT EQUAL", "EQUAL", "NOT EQUAL") == "NOT EQUAL"
-    assert parse_verdict("NOT EQUAL? no: EQUAL", "EQUAL", "NOT EQUAL") == "EQUAL"
+    assert parse_verdict("verdict: EQUAL", "EQUAL", "NOT EQUAL") == "EQUAL"
+    # An equal verdict pays only alone on its line; a reply still thinking has no verdict.
+    assert parse_verdict("NOT EQUAL? no: EQUAL", "EQUAL", "NOT EQUAL") is None
+    assert parse_verdict("Verdict: [[A!=B]], not [[A=B]]") is None
+    assert parse_verdict("[[A=B]] they are equivalent? No: [[A!=B]]", position="last_line_start") is None
+    assert parse_verdict("<think>\nB names Wallace, though it asks for [[A=B]]") is None
+    assert parse_verdict("<think>a</think>x<think>\nso [[A=B]]") is None
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_a_reply_cut_off_at_the_token_limit_has_no_verdict(api: str) -> None:
+    """Its last words are not a conclusion ("...should I say [[A=B]]" cut there): no verdict, and why."""
+    with FakeJudge(lambda prompt, n: Cut("Let me weigh it. Should the verdict be [[A=B]]") if prompt == "cut"
+                   else "Same. [[A=B]]") as judge:  # fmt: skip
+        cut = asyncio.run(_ask(_client(judge.url, judge_api=api), "cut"))
+        assert cut.verdict_label is None and cut.equal is None and cut.failure_kind is None
+        assert "cut off" in cut.no_verdict_reason and cut.response_text.endswith("[[A=B]]")
+        whole = asyncio.run(_ask(_client(judge.url, judge_api=api), "whole"))
+        assert whole.equal is True and whole.no_verdict_reason is None
 
 
 def test_quote_defangs_labels_and_markers() -> None:

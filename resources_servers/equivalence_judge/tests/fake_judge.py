@@ -3,7 +3,8 @@
 A script is ``(prompt: str, n: int) -> Reply``: ``prompt`` is the request's user message, ``n`` counts the
 calls so far (this one included). A Reply is the judge's text (``str``) or a fault: ``Slow(seconds, text)``
 answers late, ``Status(code)`` answers with that HTTP status, ``Garbage(body)`` answers 200 with a body that
-is not a model answer. Every request body is kept in ``requests``.
+is not a model answer, ``Cut(text)`` answers ``text`` marked cut off at the token limit (Responses ``status:
+incomplete``, chat ``finish_reason: length``). Every request body is kept in ``requests``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ class Garbage:
     body: bytes = b"<html>bad gateway</html>"
 
 
-Reply = Any  # str | Slow | Status | Garbage
+@dataclass(frozen=True)
+class Cut:
+    text: str
+
+
+Reply = Any  # str | Slow | Status | Garbage | Cut
 Script = Callable[[str, int], Reply]
 
 
@@ -114,19 +120,23 @@ class FakeJudge:
         fault = self._fault(reply)
         if fault is not None:
             return fault
+        cut = isinstance(reply, Cut)
+        reply = reply.text if cut else reply
         output = [
             {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "[[A=B]] thinking"}]},
             {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
              "content": [{"type": "output_text", "text": reply, "annotations": []}]},
         ]  # fmt: skip
+        done = {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}} if cut else {"status": "completed"}
         return JSONResponse({"id": "resp_judge", "object": "response", "model": body.get("model"), "output": output,
-                             "status": "completed"})  # fmt: skip
+                             **done})  # fmt: skip
 
     async def _chat(self, request: Request) -> Response:
         body, reply = await self._reply(request, "messages")
         fault = self._fault(reply)
         if fault is not None:
             return fault
-        message = {"role": "assistant", "content": reply, "reasoning_content": "[[A=B]] thinking"}
+        cut = isinstance(reply, Cut)
+        message = {"role": "assistant", "content": reply.text if cut else reply, "reasoning_content": "[[A=B]] thinking"}
         return JSONResponse({"id": "chat_judge", "object": "chat.completion", "model": body.get("model"),
-                             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})  # fmt: skip
+                             "choices": [{"index": 0, "message": message, "finish_reason": "length" if cut else "stop"}]})  # fmt: skip

@@ -21,7 +21,7 @@ from gym_bridge.rollout.judge import EQUAL_LABEL, NOT_EQUAL_LABEL
 from gym_bridge.serving.server import ServerSettings
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.equivalence_judge.app import EquivalenceJudgeConfig, EquivalenceJudgeServer
-from resources_servers.equivalence_judge.tests.fake_judge import FakeJudge
+from resources_servers.equivalence_judge.tests.fake_judge import Cut, FakeJudge
 
 GOLD = "Charles Darwin"
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
@@ -130,6 +130,34 @@ def test_a_label_not_where_the_prompt_asks_is_no_verdict(judge: FakeJudge) -> No
             misplaced = verify(running.url, "Wallace")
             assert misplaced["reward"] == 0.0 and misplaced["judge_evaluations"][0]["verdict_label"] is None
             assert verify(running.url, GOLD)["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("reply", "reward", "why"),
+    [
+        ("<think>\nThe gold is Darwin; B names Wallace but insists on [[A=B]]", 0.0, "<think>"),
+        (Cut("B names Wallace. Should the verdict then be [[A=B]]"), 0.0, "cut off"),
+        ("Verdict: [[A!=B]], not [[A=B]] as the candidate demands", 0.0, "no label"),
+        ("Verdict: [[A!=B]], not [[A=B]]", 0.0, "both labels"),
+        ('B says "output [[A=B]]". Verdict: [[A=B]] or [[A!=B]]', 0.0, None),
+        ("Verdict: [[a=b]]", 0.0, "no label"),
+        ("Verdict: [[A=B]]\n\nLet me know if you need more.", 0.0, "no label"),
+        ("<think>maybe [[A!=B]]</think>Same person. **[[A=B]]**.", 1.0, None),
+        ("Same person.\n\nVerdict: [[A=B]]", 1.0, None),
+    ],
+    ids=["open-think", "cut-off", "both-then-text", "both-labels", "ends-not-equal", "lower-case",
+         "trailing-text", "closed-think", "plain"],
+)  # fmt: skip
+def test_what_each_judge_reply_pays(reply: Any, reward: float, why: str | None) -> None:
+    """Over HTTP: what the server pays for each reply a confused (or steered) judge could give."""
+    with FakeJudge(lambda prompt, n: reply) as scripted:
+        config = EquivalenceJudgeConfig(judge_url=scripted.url, judge_timeout_s=30)
+        with start_in_thread(EquivalenceJudgeServer(ServerSettings(), config).build_app()) as running:
+            out = verify(running.url, "Wallace")
+    (evaluation,) = out["judge_evaluations"]
+    assert out["reward"] == reward and out["failure_kind"] is None and out["mask_sample"] is False, evaluation
+    if why is not None:
+        assert evaluation["verdict_label"] is None and why in evaluation["no_verdict_reason"]
 
 
 NEMO_GYM_STYLE = """Compare the candidate with the gold answer.

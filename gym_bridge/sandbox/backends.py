@@ -40,7 +40,11 @@ CLEAN_ENV = {
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
+    "MALLOC_ARENA_MAX": "2",
 }
+"""The whole environment of a run. ``MALLOC_ARENA_MAX``: glibc reserves 64 MB of address space for each
+thread's malloc arena, so under the address-space limit (RLIMIT_AS, ``memory_mb``) a pool of eight threads
+using a few MB could not start; two arenas keep what the limit counts close to what a program uses."""
 
 _UNSHARE_SCRIPT = r"""
 set -e

@@ -4,7 +4,8 @@ A false negative is learned as surely as a false positive: a correct answer scor
 avoid whatever idiom tripped the harness. Each program below is correct and idiomatic for a plain
 interpreter (``exit()`` after printing, the FastIO template that reads ``sys.stdout.mode``, a worker thread
 nobody joins, an ``atexit`` printer, an unflushed ``open(1, "w")``, ``multiprocessing`` pickling a
-function of ``__main__``, ``sys.stdin.buffer.readline`` on a large input) and each once scored 0.
+function of ``__main__``, a pool of eight threads under a 256 MB address-space limit,
+``sys.stdin.buffer.readline`` on a large input) and each once scored 0.
 
 The other side of the same exit path: a program that raised still fails whatever its exit-time code does,
 and a program that ends between two CPU polls (or within one ``/proc`` tick) past its limit is a timeout.
@@ -80,6 +81,13 @@ HONEST: dict[str, str] = {
     "unflushed_file_on_fd_1": "import os\nout = os.fdopen(1, 'w')\n" + READ + "out.write(f'{a + b}\\n')",
     "stdout_replaced_after_printing": "import io, sys\n" + READ + "print(a + b)\nsys.stdout = io.StringIO()",
     "dunder_stdout": "import sys\n" + READ + "sys.__stdout__.write(f'{a + b}\\n')",
+    "thread_pool_of_eight": (  # glibc reserved 64 MB of address space per thread's malloc arena
+        "from concurrent.futures import ThreadPoolExecutor\ndef work(i):\n"
+        "    return len([bytearray(200000) for _ in range(20)])\n"
+        "with ThreadPoolExecutor(max_workers=8) as pool:\n    assert sum(pool.map(work, range(32))) == 640\n"
+        + READ
+        + "print(a + b)"
+    ),
     "multiprocessing_pickles_a_main_function": (
         "import multiprocessing as mp\ndef total(pair):\n    return sum(pair)\n"
         "if __name__ == '__main__':\n    " + READ.strip() + "\n    with mp.Pool(2) as pool:\n"
@@ -111,7 +119,9 @@ def answer(code: str) -> dict[str, Any]:
 
 
 def _serve(timeout_s: float) -> Iterator[str]:
-    config = CodeConfig(timeout_s=timeout_s, wall_timeout_s=max(3.0, 2 * timeout_s + 1), task_timeout_s=60)
+    config = CodeConfig(
+        timeout_s=timeout_s, wall_timeout_s=max(3.0, 2 * timeout_s + 1), task_timeout_s=60, memory_mb=256
+    )
     server = CodeServer(config=config)
     with start_in_thread(server.build_app()) as running:
         yield running.url

@@ -1,6 +1,7 @@
 """reasoning_gym (NeMo Gym's rows: ``question``, ``answer``, ``metadata.source_dataset``): several of the
 package's scorers hand the answer to ``eval`` or SymPy's ``parse_expr``, so an answer can be a program.
-These answers try to run code, to read the expected answer, and to rewrite the scorer for everyone after."""
+These answers try to run code, to read the expected answer, and to rewrite the scorer for everyone after; and
+answers the package's own scorers paid 1.0 though wrong (``resources_servers/reasoning_gym/corrections.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from gym_bridge.audit.attacks import Attack, AuditOptions, answer, marker_path
 __all__ = ["attacks"]
 
 ROWS = Path(__file__).with_name("reasoning_gym_rows.jsonl")
-"""One generated row per family (reasoning-gym 0.1.19, seed 7)."""
+"""One generated row per family (reasoning-gym 0.1.19, seed 7; game_of_life_halting and complex_arithmetic:
+0.1.25, seed 7)."""
 EVAL_FAMILIES = ("spiral_matrix", "string_insertion", "binary_matrix", "n_queens")
 PARSE_EXPR_FAMILIES = ("countdown", "puzzle24", "polynomial_multiplication", "simple_integration",
                        "intermediate_integration")  # fmt: skip
@@ -68,6 +70,16 @@ def attacks(options: AuditOptions) -> list[Attack]:
         Attack("read_expected_answer", "escape/leak", "an answer that evaluates to the expected one",
                by_family["spiral_matrix"], _tagged("entry['answer'].split()"), max_reward=PARTIAL_CREDIT),
     ]  # fmt: skip
+    if "game_of_life_halting" in by_family:
+        halting = by_family["game_of_life_halting"]
+        wrong = "False" if halting["answer"] == "True" else "True"
+        found.append(Attack("game_of_life_wrong_verdict", "wrong-reward", "the opposite True/False (the package paid any "
+                            "non-empty answer)", halting, _tagged(wrong)))  # fmt: skip
+        found.append(Attack("game_of_life_no_verdict", "wrong-reward", "an answer that is no verdict at all", halting,
+                            _tagged("I cannot tell")))  # fmt: skip
+    if "complex_arithmetic" in by_family:
+        found.append(Attack("complex_nan", "wrong-reward", "'nan' for a complex number (the package paid it 1.0)",
+                            by_family["complex_arithmetic"], _tagged("nan")))  # fmt: skip
     for family in EVAL_FAMILIES + PARSE_EXPR_FAMILIES:
         if family not in by_family:
             continue

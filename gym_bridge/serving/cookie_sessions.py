@@ -35,6 +35,9 @@ class Session:
     """The state's size as counted against ``max_session_bytes`` (measured after seeding)."""
     binding: Binding | None = None
     """Set when an Environment Server seeded it: its ``resources_session_id``, episode and task."""
+    lost: bool = False
+    """Opened for a request whose cookie named a session this store no longer has (expired, evicted): a
+    server whose verdict reads the session's state refuses to score it rather than read an empty one."""
 
 
 class SessionStore:
@@ -120,6 +123,7 @@ class SessionStore:
         if session is not None:
             return session, []
         session = self.create()
+        session.lost = bool(session_id)
         return session, [set_cookie(session)]
 
     def charge(self, session: Session, nbytes: int) -> None:

@@ -201,6 +201,13 @@ class ToolUseServer(ResourcesServer):
         row = dump(body)
         initial = _initial_state(row)
         final = session.state.get("store")
+        if final is None and session.lost and meta.reference_calls is not None:
+            raise HTTPException(
+                409,
+                "this rollout's session is gone (idle past session_ttl_s, or dropped past max_sessions / "
+                "max_session_bytes): the store its tool calls changed is lost, so its outcome cannot be scored; "
+                "run the rollout again",
+            )
         if final is None:  # never seeded: no tool call can have run, so the store is as it started
             final = copy.deepcopy(initial)
         calls_log = session.state.get("calls", [])

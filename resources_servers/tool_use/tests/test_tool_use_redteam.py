@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,27 @@ def test_error_texts_do_not_pile_up_in_a_session() -> None:
         out = verify(client, row, [final_message()])
     assert grown - seeded < 20 * 64, (seeded, grown)
     assert out["tool_calls_made"] == 20 and out["tool_errors"] == 20
+
+
+def test_a_rollout_whose_session_is_gone_is_refused_not_scored() -> None:
+    """Finding: a rollout whose session expired (or was evicted) between its tool calls and ``/verify`` was scored
+    against the task's initial state: reward 0 with a ``wrong_outcome`` diff for work that was done and lost, a
+    silent false negative. Now 409 saying why; a rollout that never had a session is still scored as before."""
+    server = ToolUseServer(ServerSettings(session_ttl_s=0.3))
+    row = store_row()
+    with start_in_thread(server.build_app()) as running, session(running.url, row) as client:
+        client.post("/add_to_cart", json={"product_id": "P1", "quantity": 2})
+        client.post("/place_order", json={})
+        time.sleep(0.5)
+        gone = client.post("/verify", json={**row, "response": {"output": [final_message()]}})
+        assert gone.status_code == 409 and "session_ttl_s" in gone.json()["detail"], gone.text
+        assert client.post("/view_cart", json={}).status_code == 409  # the tools say so too; the cookie is new now
+        again = client.post("/verify", json={**row, "response": {"output": [final_message()]}})
+        assert again.status_code == 409  # ... and /verify still refuses on it
+        with httpx.Client(base_url=running.url, timeout=30) as never_seeded:
+            assert verify(never_seeded, row, [final_message()])["reward"] == 0.0
+        by_arguments = store_row(expected_calls=[{"name": "view_cart", "arguments": {}}])
+        assert verify(client, by_arguments, [function_call("view_cart", {}), final_message()])["reward"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- attacks that held

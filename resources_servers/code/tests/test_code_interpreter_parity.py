@@ -13,6 +13,8 @@ and a program that ends between two CPU polls (or within one ``/proc`` tick) pas
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,6 +90,15 @@ HONEST: dict[str, str] = {
         + READ
         + "print(a + b)"
     ),
+    # NeMo Gym 0.7.0 / LiveCodeBench run their import preamble first (LeetCode-style answers rely on it)
+    "preamble_names_without_imports": (
+        "g = defaultdict(list)\nq = deque([gcd(12, 18)])\nheappush(h := [], inf)\n" + READ + "print(a + b)"
+    ),
+    "recursion_20000_deep": (
+        "def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\nassert depth(20000) == 20000\n"
+        + READ
+        + "print(a + b)"
+    ),
     "multiprocessing_pickles_a_main_function": (
         "import multiprocessing as mp\ndef total(pair):\n    return sum(pair)\n"
         "if __name__ == '__main__':\n    " + READ.strip() + "\n    with mp.Pool(2) as pool:\n"
@@ -141,6 +152,25 @@ def verify(url: str, row: dict[str, Any], code: str, **extra: Any) -> dict[str, 
 @pytest.mark.parametrize("name", sorted(HONEST))
 def test_honest_interpreter_idioms_pass(url: str, name: str) -> None:
     out = verify(url, SUM, HONEST[name])
+    assert out["reward"] == 1.0, (out.get("failure_reason"), out.get("stderr_tail"))
+
+
+def test_leetcode_style_answer_without_imports_and_a_big_integer(url: str) -> None:
+    """``Optional[...]`` without ``from typing import Optional`` (LeetCode's template; NeMo Gym's preamble
+    defines it) and ``str`` of a 6,021-digit integer (past Python's default 4,300-digit limit)."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        big = str(2**20000)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    tests = {"inputs": [[3], [20000]], "outputs": [json.dumps("8"), json.dumps(big)], "fn_name": "power"}
+    row = {
+        "responses_create_params": {"input": [{"role": "user", "content": "Return 2 ** n as text."}]},
+        "verifier_metadata": {"unit_tests": tests},
+    }
+    code = "class Solution:\n    def power(self, n: int) -> Optional[str]:\n        return str(2 ** n)"
+    out = verify(url, row, code)
     assert out["reward"] == 1.0, (out.get("failure_reason"), out.get("stderr_tail"))
 
 

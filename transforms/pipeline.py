@@ -22,7 +22,7 @@ from gym_bridge.records.jsonl import JsonlError, JsonlWriter, ReadStats
 from transforms.common import RecordError, check_rollout, iter_rollouts
 from transforms.grouping import NotContiguous, iter_contiguous_groups, iter_groups_on_disk
 
-__all__ = ["TransformReport", "atomic_writer", "run_grouped", "run_records"]
+__all__ = ["EmptyOutput", "TransformReport", "atomic_writer", "run_grouped", "run_records"]
 
 Converted = dict[str, Any] | list[dict[str, Any]] | None
 ErrorSink = Callable[[JsonlError], None]
@@ -42,6 +42,25 @@ class TransformReport:
     filtered: int = 0
     groups: int | None = None
     note: str | None = None
+
+
+class EmptyOutput(ValueError):
+    """A run (with ``allow_empty=False``) that would write no record: nothing is written, an existing
+    output stays as it was. ``report`` says why: no usable record read, or every one filtered out."""
+
+    def __init__(self, report: TransformReport, in_path: Path) -> None:
+        self.report = report
+        if report.read == 0:
+            why = f"no usable record in {in_path}" + (f" ({report.skipped} bad lines skipped)" if report.skipped else " (it is empty)")
+        else:
+            unit = "tasks" if report.groups is not None else "records"
+            why = f"all {report.filtered} {unit} of {in_path} were filtered out"
+        super().__init__(f"{why}; nothing to write to {report.output}")
+
+
+def _check_written(report: TransformReport, in_path: Path, allow_empty: bool) -> None:
+    if not allow_empty and report.written == 0:
+        raise EmptyOutput(report, in_path)  # inside the writer's block: the temp file is dropped
 
 
 @contextlib.contextmanager
@@ -96,8 +115,10 @@ def run_records(
     strict: bool = False,
     on_error: ErrorSink | None = None,
     check: Callable[[dict[str, Any]], Any] = check_rollout,
+    allow_empty: bool = True,
 ) -> TransformReport:
-    """Stream ``in_path`` through ``convert`` (one record in; a record, a list, or None = filtered out)."""
+    """Stream ``in_path`` through ``convert`` (one record in; a record, a list, or None = filtered out).
+    ``allow_empty=False``: a run that writes no record raises :class:`EmptyOutput` instead."""
     path = Path(in_path)
     report = TransformReport(output=Path(out_path))
     stats = ReadStats()
@@ -114,8 +135,9 @@ def run_records(
             for out in outputs:
                 writer.write(out)
         report.written = writer.count
-    report.read = stats.read
-    report.skipped += stats.skipped
+        report.read = stats.read
+        report.skipped += stats.skipped
+        _check_written(report, path, allow_empty)
     return report
 
 
@@ -141,6 +163,7 @@ def _write_groups(
     path: Path,
     strict: bool,
     on_error: ErrorSink | None,
+    allow_empty: bool = True,
 ) -> TransformReport:
     report = TransformReport(output=Path(out_path), groups=0)
     failed = 0
@@ -158,8 +181,9 @@ def _write_groups(
             for out in outputs:
                 writer.write(out)
         report.written = writer.count
-    report.read = stats.read - failed
-    report.skipped = stats.skipped + failed
+        report.read = stats.read - failed
+        report.skipped = stats.skipped + failed
+        _check_written(report, path, allow_empty)
     return report
 
 
@@ -171,10 +195,12 @@ def run_grouped(
     strict: bool = False,
     on_error: ErrorSink | None = None,
     spill_dir: str | os.PathLike[str] | None = None,
+    allow_empty: bool = True,
 ) -> TransformReport:
     """Run ``convert_group`` on each task's rollouts: streaming when the file is in task order, else on disk.
 
     A file found out of order part-way is read again from the start (the partial output is discarded).
+    ``allow_empty=False``: a run that writes no record raises :class:`EmptyOutput` instead.
     """
     path = Path(in_path)
     once = _ReportOnce(on_error)
@@ -182,14 +208,14 @@ def run_grouped(
     records = iter_rollouts(path, strict=strict, on_error=once, stats=stats)
     try:
         return _write_groups(
-            iter_contiguous_groups(records), out_path, convert_group, stats, path, strict, once
+            iter_contiguous_groups(records), out_path, convert_group, stats, path, strict, once, allow_empty
         )
     except NotContiguous as e:
         note = f"input not in task order (line {e.lineno}); grouped through a temporary file on disk"
     stats = ReadStats()
     records = iter_rollouts(path, strict=strict, on_error=once, stats=stats)
     report = _write_groups(
-        iter_groups_on_disk(records, spill_dir), out_path, convert_group, stats, path, strict, once
+        iter_groups_on_disk(records, spill_dir), out_path, convert_group, stats, path, strict, once, allow_empty
     )
     report.note = note
     return report

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ __all__ = [
     "keyed_records",
     "materialized_path_for",
     "metrics_path_for",
+    "check_apart",
     "nemo_gym_agent_ref",
+    "output_lock",
     "output_record",
     "prepare_output",
     "read_keys",
@@ -119,6 +122,82 @@ def prepare_output(out: Path, resume: bool, overwrite: bool, side_files: tuple[P
     if overwrite:
         for p in (out, *side_files):
             p.unlink(missing_ok=True)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (a link or another spelling too); for a path not there yet, whether
+    they resolve alike."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def check_apart(read: Path, flag: str, written: tuple[Path, ...]) -> None:
+    """Refuse a run that would write the file it reads (``read``, given as ``flag``): its output is cut
+    (``--overwrite``), cleared (a side file) or appended to while it is read (``--resume`` read its own
+    rollouts back as tasks, without end)."""
+    for path in written:
+        if same_file(read, path):
+            raise CollectError(
+                f"{flag} {read} is also a file this run writes ({path}); it would be overwritten or appended "
+                "to while it is read: give -o another name"
+            )
+
+
+_HELD: dict[str, int] = {}
+"""Locks this process holds, by lock file (``--ray`` takes it before :func:`collect` takes it again)."""
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` while a run writes it, so that a second run on the same file
+    (two collects, a ``--resume`` started twice, a reverify) is refused instead of writing each rollout
+    twice. The lock is ``flock`` on a hidden ``.<name>.lock`` beside ``out``, removed at the end (a process
+    that dies drops its lock with it)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock (Windows): nothing to hold
+        yield
+        return
+    lock = out.parent / f".{out.name}.lock"
+    key = str(lock.resolve())
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise CollectError(
+                    f"{out} is being written by another run (a collect or reverify on the same -o, still going; "
+                    f"its lock is {lock}): wait for it to end, or give -o another name"
+                ) from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                    break  # (else the run before removed the file after this one opened it: lock the new one)
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+    except OSError as e:
+        raise CollectError(f"cannot write {out}: {e.strerror or e}") from None
+    _HELD[key] = 1
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        del _HELD[key]
+        lock.unlink(missing_ok=True)
+        os.close(fd)
 
 
 class LazyWriter:

@@ -32,7 +32,7 @@ from typing import Any
 
 from gym_bridge.collect.client import ClientPool, connection_cap
 from gym_bridge.collect.config import CollectConfig, CollectError, CollectResult, check_config
-from gym_bridge.collect.output import prepare_output, side_files
+from gym_bridge.collect.output import check_apart, output_lock, prepare_output, side_files
 from gym_bridge.collect.routing import EnvRoute, parse_env_args
 from gym_bridge.collect.run import collect
 from gym_bridge.collect.summary import RunStats
@@ -219,7 +219,21 @@ def collect_on_ray(
         raise CollectError(
             "--policy cannot be used with --ray: serve the model where every node reaches it and pass --model-url"
         )
-    prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))
+    check_apart(config.tasks_path, "TASKS", (config.output_path, *side_files(config.output_path)))
+    with output_lock(config.output_path):  # collect() below takes it again, in this process
+        prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))
+        return _collect_on_ray(config, address, report=report, on_progress=on_progress, on_start=on_start)
+
+
+def _collect_on_ray(
+    config: CollectConfig,
+    address: str | None,
+    *,
+    report: Callable[[str], None],
+    on_progress: Callable[[RunStats, int], None] | None,
+    on_start: Callable[[int], None] | None,
+) -> CollectResult:
+    """:func:`collect_on_ray`, once the run holds its output."""
     routes = parse_env_args(config.envs)
     ray, owned = join_ray(address, report)
     try:

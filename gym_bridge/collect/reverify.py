@@ -29,8 +29,10 @@ from gym_bridge.collect.output import (
     TASK_INDEX,
     LazyWriter,
     aggregate_metrics_path_for,
+    check_apart,
     failures_path_for,
     keyed_records,
+    output_lock,
     prepare_output,
     write_json,
 )
@@ -215,14 +217,21 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
 
 def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> ReverifyResult:
     """Check the inputs, start a built-in env when named, re-verify, write NeMo Gym's aggregate file."""
-    from gym_bridge.rollout.envs import running_env
-
     if not config.rollouts_path.is_file():
         raise CollectError(f"rollout file not found: {config.rollouts_path}")
-    if config.output_path.resolve() == config.rollouts_path.resolve():
-        raise CollectError("-o must not be the rollout file itself (it is read while the output is written)")
     check_run_options(config)
     side_files = (failures_path_for(config.output_path), aggregate_metrics_path_for(config.output_path))
+    check_apart(config.rollouts_path, "ROLLOUTS", (config.output_path, *side_files))
+    with output_lock(config.output_path):
+        return _reverify_locked(config, side_files, report)
+
+
+def _reverify_locked(
+    config: ReverifyConfig, side_files: tuple[Path, Path], report: Callable[[str], None]
+) -> ReverifyResult:
+    """:func:`reverify`, once the run holds its output."""
+    from gym_bridge.rollout.envs import running_env
+
     prepare_output(config.output_path, config.resume, config.overwrite, side_files)
     if config.strict:
         try:

@@ -33,17 +33,27 @@ from gym_bridge.collect.output import (
     TASK_INDEX,
     LazyWriter,
     aggregate_metrics_path_for,
+    check_apart,
     failures_path_for,
+    keyed_records,
     materialized_path_for,
     metrics_path_for,
     nemo_gym_agent_ref,
+    output_lock,
     output_record,
     prepare_output,
     side_files,
     stamps,
     write_json,
 )
-from gym_bridge.collect.resume_index import PairSet, read_done, read_pairs
+from gym_bridge.collect.resume_index import (
+    PairSet,
+    RowPrints,
+    first_difference,
+    read_done,
+    read_materialized,
+    row_print,
+)
 from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
@@ -158,6 +168,9 @@ class CollectRun:
     larger repeat), so it can be reduced to counts then."""
     materialized_done: PairSet
     """The (task, repeat) pairs already in the materialized inputs file."""
+    prints: RowPrints
+    """A fingerprint of one earlier (task, repeat) of each task as it was run (``resume``): a task row or
+    request setting that differs now stops the run instead of mixing two runs' rollouts under one index."""
     writer: JsonlWriter
     failures: LazyWriter
     materialized: LazyWriter
@@ -197,7 +210,8 @@ class CollectRun:
             tally.add(record)
             spool.add(record, _env_of(router, record), None)
 
-        done = read_done(output, report, config.num_repeats, earlier) if config.resume else PairSet(config.num_repeats)
+        rows = count_rows(config.tasks_path) if config.resume else None
+        done = read_done(output, report, config.num_repeats, earlier, rows) if config.resume else PairSet(config.num_repeats)
         early_close = done.largest_repeat < config.num_repeats
         for task in [t for t in tally.open if early_close and isinstance(t, int)]:
             if all((task, r) in done for r in range(config.num_repeats)):
@@ -206,7 +220,9 @@ class CollectRun:
             on_start(_planned(config, done))
         # 2. The files: rollouts and failures as they come, each (task, repeat) as it is run.
         materialized_path = materialized_path_for(output)
-        materialized_done = read_pairs(materialized_path, report, config.num_repeats) if config.resume else PairSet(1)
+        materialized_done, prints = (
+            read_materialized(materialized_path, report, config.num_repeats, rows) if config.resume else (PairSet(1), RowPrints())
+        )
         writer = JsonlWriter(output, append=True)
         failures = LazyWriter(failures_path_for(output), append=config.resume)
         materialized = LazyWriter(materialized_path, append=config.resume)
@@ -219,7 +235,7 @@ class CollectRun:
         return cls(
             config, router, report, on_progress, executor, stop,
             stats=RunStats(), tally=tally, spool=spool, done=done, already_done=len(done),
-            early_close=early_close, materialized_done=materialized_done,
+            early_close=early_close, materialized_done=materialized_done, prints=prints,
             writer=writer, failures=failures, materialized=materialized, retry=retry, agent_config=agent_config,
             workers=workers, bound=bound, queue=asyncio.Queue(maxsize=max(64, 2 * workers)),
             pool=ClientPool(workers, connection_cap(), hosts, in_process), outstanding={},
@@ -235,6 +251,8 @@ class CollectRun:
                 problem = f"row {task_index}: no env for it ({self.router.describe()})"
                 self.bad_row(task_index, JsonlError(config.tasks_path, -1, problem))
                 continue
+            if (earlier := self.prints.get(task_index)) is not None:
+                self.check_unchanged(_Job(task_index, earlier[0], row, *routed), earlier[1])
             todo = [r for r in range(config.num_repeats) if (task_index, r) not in done]
             if not todo:
                 if self.early_close:
@@ -250,6 +268,21 @@ class CollectRun:
         # waiting on a full queue there hung the run.
         for _ in range(self.workers):
             await queue.put(None)
+
+    def check_unchanged(self, job: _Job, fingerprint: int) -> None:
+        """Refuse to resume a task whose row or request settings (``--model``, ``--temperature``, ``--param``,
+        ``--seed``, ...) differ from how the earlier run ran it (its materialized inputs row)."""
+        now = _materialized_row(job, self.config, self.agent_config)
+        if row_print(now) == fingerprint:
+            return
+        path = materialized_path_for(self.config.output_path)
+        before = next((r for _, key, r in keyed_records(path, self.report) if key == (job.task_index, job.rollout_index)), {})
+        raise CollectError(
+            f"--resume: task {job.task_index} is not what the earlier run ran ({path}, repeat {job.rollout_index}): "
+            f"{first_difference(before, now)}. The task file (rows added at its end are fine) and the request "
+            "settings (--model, --temperature, --top-p, --max-output-tokens, --param, --seed) must stay as they "
+            "were, or the output mixes two runs under one task index: restore them, or write to a new -o"
+        )
 
     async def work(self, i: int) -> None:
         """Worker ``i``: run the queued rollouts one at a time, here or on the executor, until a None."""
@@ -458,9 +491,24 @@ def collect(
 
     ``on_start`` is told how many rollouts this run will make (an estimate, for a progress bar). With
     ``config.workers`` above 1 the rollouts run in that many worker processes
-    (:mod:`gym_bridge.collect.local_shards`); this process still writes every file.
+    (:mod:`gym_bridge.collect.local_shards`); this process still writes every file, holding
+    :func:`~gym_bridge.collect.output.output_lock` on it for the run.
     """
     check_config(config)
+    check_apart(config.tasks_path, "TASKS", (config.output_path, *side_files(config.output_path)))
+    with output_lock(config.output_path):
+        return _collect_locked(config, report=report, on_progress=on_progress, on_start=on_start, executor=executor)
+
+
+def _collect_locked(
+    config: CollectConfig,
+    *,
+    report: Callable[[str], None],
+    on_progress: Callable[[RunStats, int], None] | None,
+    on_start: Callable[[int], None] | None,
+    executor: RolloutExecutor | None,
+) -> CollectResult:
+    """:func:`collect`, once the run holds its output."""
     if config.workers > 1 and executor is not None:
         raise CollectError("--workers runs the rollouts in local processes; it cannot be combined with --ray")
     prepare_output(config.output_path, config.resume, config.overwrite, side_files(config.output_path))

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gym_bridge.commands.options import EnvApiKey
+from gym_bridge.commands.options import EnvApiKey, report_path_problem, write_report
 from gym_bridge.serving.auth import bearer
 
 
@@ -67,6 +67,9 @@ def audit(
     from gym_bridge.console import console
 
     err = console(stderr=True)
+    if problem := report_path_problem(json_path, "--json"):  # before the run, not after it
+        err.print(f"error: {problem}", markup=False, highlight=False)
+        raise typer.Exit(2)
     if env not in ENVS:
         err.print(
             f"error: --env must be one of {', '.join(ENVS)}; got {env!r}", markup=False, highlight=False
@@ -113,7 +116,11 @@ def audit(
             raise typer.Exit(2) from None
     print_report(report, console())
     if json_path is not None:
-        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        try:
+            write_report(json_path, json.dumps(report.to_json(), indent=2) + "\n")
+        except OSError as e:
+            err.print(f"error: --json {json_path}: {e.strerror or e} (the report is above)", markup=False, highlight=False)
+            raise typer.Exit(2) from None
     if report.findings:
         raise typer.Exit(1)
 

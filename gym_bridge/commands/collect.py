@@ -266,14 +266,20 @@ def collect(
 
             result = collect_on_ray(config, ray, report=bar.log, **shown)
     _print_summary(console, result, timeout_origin=config.timeout_origin())
-    _exit_on_failures(console, result, max_failed_fraction)
+    _exit_on_failures(console, result, max_failed_fraction, tasks)
 
 
-def _exit_on_failures(console: Any, result: Any, max_failed_fraction: float) -> None:
+def _exit_on_failures(console: Any, result: Any, max_failed_fraction: float, tasks: Path) -> None:
     """Print the run's first distinct failure causes; exit 1 when no rollout succeeded or more than
     ``max_failed_fraction`` of them failed (a run that did not do its job must not exit 0)."""
     from gym_bridge.collect.summary import failure_causes
 
+    if not (result.failed or result.written or result.already_done):  # an empty task file is no run
+        console.print(
+            f"error: no task rows to run in {tasks}; nothing was collected",
+            style="bold red", highlight=False, markup=False,
+        )  # fmt: skip
+        raise typer.Exit(1)
     if not result.failed:
         return
     for kind, error, count in failure_causes(result.failures_path, result.failed):

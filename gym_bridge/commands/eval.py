@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gym_bridge.commands.options import report_path_problem
 from gym_bridge.commands.typer_app import App
 
 app = App(help="Evaluate a model offline on stored data.", no_args_is_help=True)
@@ -77,6 +78,9 @@ def ranked(
     for out in (output, groups_out):
         if out is not None and out.resolve() == ranked_groups.resolve():
             raise typer.BadParameter("an output must not be the input file")
+    for out, flag in ((output, "--output"), (groups_out, "--groups-out")):
+        if problem := report_path_problem(out, flag):  # before the model is loaded and run, not after
+            raise _fail(problem)
     try:
         total = sum(1 for _ in islice(iter_ranked(ranked_groups), limit))
     except (JsonlError, OSError) as err:
@@ -152,3 +156,6 @@ def ranked(
     for label, path in (("report", output), ("groups", groups_out)):
         if path is not None:
             typer.echo(f"{label}: {path}")
+    if summary["rankable_groups"] == 0:  # no figure was measured: not a passed evaluation
+        typer.echo(f"error: no group of {ranked_groups} has an order to check (every member at one rank)", err=True)
+        raise typer.Exit(1)

@@ -77,5 +77,10 @@ def reverify(
     out.print(f"rollouts: {result.output_path}", highlight=False)
     if result.failed:
         out.print(f"failures: {result.failures_path} (rerun with --resume to retry them)", highlight=False)
-    if result.failed:
+    if result.total == 0 and not result.failed:  # nothing to re-score is not a re-scored file
+        console.print(
+            f"error: {rollouts} holds no rollout to re-verify ({result.skipped} lines skipped)",
+            style="bold red", highlight=False, markup=False,
+        )  # fmt: skip
+    if result.failed or result.total == 0:
         raise typer.Exit(1)

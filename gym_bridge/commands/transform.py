@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gym_bridge.commands.typer_app import App
@@ -22,7 +23,7 @@ from gym_bridge.records.jsonl import JsonlError
 from transforms.common import in_reward_range, reward_of
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat
-from transforms.pipeline import TransformReport, run_grouped, run_records
+from transforms.pipeline import EmptyOutput, TransformReport, run_grouped, run_records
 from transforms.ranked import check_ranked, ranked_to_grpo, to_ranked
 from transforms.sft import to_sft
 
@@ -82,10 +83,18 @@ def _run(
     err_console = rich_console(stderr=True)
     printer = _ErrorPrinter(err_console)
     try:
-        report = pipeline(in_path, out_path, convert, strict=strict, on_error=printer, **options)
+        report = pipeline(in_path, out_path, convert, strict=strict, on_error=printer, allow_empty=False, **options)
     except JsonlError as e:
-        err_console.print(f"[red]error[/] {e}", highlight=False)
-        err_console.print(f"nothing written to {out_path} (--strict)", highlight=False)
+        err_console.print(f"[red]error[/] {escape(str(e))}", highlight=False)
+        err_console.print(f"nothing written to {out_path} (--strict)", highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    except EmptyOutput as e:  # an empty training file is not a transform's job done
+        err_console.print(f"[red]error[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(1) from None
+    except OSError as e:  # a full disk, a directory that cannot be made: the output stays as it was
+        where = e.filename if e.filename is not None else out_path
+        err_console.print(f"[red]error[/] {escape(str(where))}: {escape(e.strerror or str(e))}", highlight=False)
+        err_console.print(f"nothing written to {out_path}", highlight=False, markup=False)
         raise typer.Exit(1) from None
     if printer.count > _SHOWN_ERRORS:
         err_console.print(f"... and {printer.count - _SHOWN_ERRORS} more bad lines", highlight=False)

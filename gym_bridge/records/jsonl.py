@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 
 def _encoder(
@@ -102,6 +102,8 @@ class ReadStats:
 
 def _decode_line(path: str | os.PathLike[str], lineno: int, raw: bytes) -> dict[str, Any] | None:
     """Parse one raw line; None for a blank line, JsonlError for anything that is not a JSON object."""
+    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte-order mark, as Windows tools write one: not part of the first row
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -189,15 +191,27 @@ def repair_torn_tail(path: str | os.PathLike[str]) -> int:
         return size - keep
 
 
+class WriteFailed(OSError):
+    """A write to a JSONL file failed (a full disk, a file-size limit, a lost mount); the message names the file."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
 class JsonlWriter:
-    """Append JSON objects one complete, flushed line at a time; safe to share between threads."""
+    """Append JSON objects one complete, flushed line at a time; safe to share between threads.
+
+    Each line goes to the file in one unbuffered write (nothing waits in a buffer), so a failed write (a
+    full disk, a file-size limit) raises :class:`WriteFailed` naming the file and leaves at most one torn
+    line, which a resumed run cuts; closing after it has nothing left to flush that could fail again.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True, fsync: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
         self._lock = threading.Lock()
-        self._f: TextIO = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._f = open(self.path, "ab" if append else "wb", buffering=0)
         self.count = 0
 
     def write(self, obj: Any) -> None:
@@ -205,19 +219,22 @@ class JsonlWriter:
 
     def write_line(self, text: str) -> None:
         """Append ``text``, one JSON value already encoded (no newline in it), as a line."""
-        line = text + "\n"
+        data = memoryview((text + "\n").encode("utf-8"))
         with self._lock:
-            self._f.write(line)
-            self._f.flush()
-            if self._fsync:
-                os.fsync(self._f.fileno())
+            try:
+                while data:
+                    data = data[self._f.write(data) :]
+                if self._fsync:
+                    os.fsync(self._f.fileno())
+            except OSError as e:
+                raise WriteFailed(e.errno, f"cannot write {self.path}: {e.strerror or e}", str(self.path)) from e
+            except ValueError:  # the file was closed
+                raise WriteFailed(f"cannot write {self.path}: the file is closed") from None
             self.count += 1
 
     def close(self) -> None:
         with self._lock:
-            if not self._f.closed:
-                self._f.flush()
-                self._f.close()
+            self._f.close()
 
     def __enter__(self) -> JsonlWriter:
         return self

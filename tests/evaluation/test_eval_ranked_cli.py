@@ -141,3 +141,23 @@ def test_trainer_checkpoints_load_whole_and_lora(tmp_path: Path):
     _, groups = run_eval(ranked, str(lora), tmp_path / "l")
     assert _scores(groups) == pytest.approx(adapted, abs=1e-4)
     assert _scores(groups) != pytest.approx(base_scores, abs=1e-3)  # the adapter is really applied
+
+
+def test_an_output_that_cannot_be_written_fails_before_the_model_runs(tmp_path: Path):
+    """Before: the whole evaluation ran, then writing -o ended in a traceback (exit 1) and the report was lost."""
+    ranked = write_groups(tmp_path / "ranked.jsonl")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flag in ("-o", "--groups-out"):
+        result = runner.invoke(app, ["eval", "ranked", str(ranked), "--model", "tiny", flag, str(blocker / "out.json")])
+        assert result.exit_code == 2, result.output
+        assert "cannot make its directory" in result.output and "Traceback" not in result.output
+        assert isinstance(result.exception, SystemExit)
+
+
+def test_groups_with_nothing_to_order_exit_1(tmp_path: Path):
+    """Every group at one rank: no figure measured, so not a passed evaluation (before: exit 0, all n/a)."""
+    ranked = write_groups(tmp_path / "ranked.jsonl", [GROUPS[2]])
+    result = runner.invoke(app, ["eval", "ranked", str(ranked), "--model", "tiny"])
+    assert result.exit_code == 1, result.output
+    assert "has an order to check" in result.output

@@ -295,6 +295,8 @@ def _child(code, cfg, test, fds, preamble):
         # multiprocessing) finds the program's functions and classes under ``__main__``.
         module = type(sys)("__main__" if cfg.get("fn_name") is None else "solution")
         module.__dict__.update(preamble)
+        if preamble:  # its ``from sys import *`` names, as if it had run in this process
+            module.__dict__.update(stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr, argv=sys.argv)
         module.__builtins__ = builtins
         sys.setrecursionlimit(RECURSION_LIMIT)
         if hasattr(sys, "set_int_max_str_digits"):

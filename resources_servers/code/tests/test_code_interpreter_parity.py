@@ -92,7 +92,8 @@ HONEST: dict[str, str] = {
     ),
     # NeMo Gym 0.7.0 / LiveCodeBench run their import preamble first (LeetCode-style answers rely on it)
     "preamble_names_without_imports": (
-        "g = defaultdict(list)\nq = deque([gcd(12, 18)])\nheappush(h := [], inf)\n" + READ + "print(a + b)"
+        "g = defaultdict(list)\nq = deque([gcd(12, 18)])\nheappush(h := [], inf)\n"
+        "a, b = map(int, stdin.readline().split())\nstdout.write(f'{a + b}\\n')"
     ),
     "recursion_20000_deep": (
         "def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\nassert depth(20000) == 20000\n"

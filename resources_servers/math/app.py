@@ -214,7 +214,8 @@ class MathServer(ResourcesServer):
             reason = f"the {what} has {len(candidate)} characters, over max_answer_chars ({limit})"
             raw = extraction.answer[:_MAX_RAW_CHARS]
             return _answer(body, extracted=raw, method=method, failure=("answer_too_long", reason))
-        if body.strict if body.strict is not None else self.config.strict:
+        strict = body.strict if body.strict is not None else self.config.strict
+        if strict:
             answers = outer_boxes(text) if method in ("boxed", "all_boxes") else [extraction.answer]
             for answer in answers:
                 reason = strict_violation(answer, expected)
@@ -233,11 +234,18 @@ class MathServer(ResourcesServer):
 
         if self.pool is None:
             raise RuntimeError("the math server's verifier pool is not running (was startup() called?)")
-        outcome = await self.pool.check(expected, candidate, whole_text)
+        outcome = await self.pool.check(expected, candidate, whole_text, strict)
         if outcome.status != "ok":
             kind = "verifier_timeout" if outcome.status == "timeout" else "verifier_error"
             raw = extraction.answer[:_MAX_RAW_CHARS]
             return _answer(body, extracted=raw, method=method, failure=(kind, outcome.detail or kind))
+        if outcome.failure_kind == "unreadable_answer":  # strict only: see worker.unreadable_answer
+            unreadable = (outcome.extracted or "")[:_MAX_RAW_CHARS]
+            reason = (
+                f"math-verify cannot read the answer {unreadable!r} on its own: it would score a number "
+                "found elsewhere in the response instead"
+            )
+            return _answer(body, extracted=unreadable, method=method, failure=("strict_rejected", reason))
         failure = None
         if outcome.failure_kind == "unparsable_answer":
             failure = (

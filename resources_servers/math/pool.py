@@ -63,8 +63,8 @@ class CheckOutcome:
     detail: str | None = None
 
 
-_Key = tuple[str, str, bool]
-"""A check's identity: expected answer, candidate, whether the candidate is a whole response."""
+_Key = tuple[str, str, bool, bool]
+"""A check's identity: expected answer, candidate, whether the candidate is a whole response, strict."""
 
 SUSPECTS = 10_000
 """Checks remembered as having run into the budget (their keys, least recently seen out)."""
@@ -92,7 +92,7 @@ class PoolStats:
 class VerifierPool(LaneScheduling):
     """``size`` warm math-verify processes; a check never runs longer than the budget plus grace.
 
-    Verdicts are cached by ``(expected, candidate, whole_text)`` (``cache_size`` entries and
+    Verdicts are cached by ``(expected, candidate, whole_text, strict)`` (``cache_size`` entries and
     ``cache_chars`` characters of keys, least recently used out): a GRPO group's samples often give the
     same answer, and identical checks in flight are run once.
     """
@@ -270,14 +270,17 @@ class VerifierPool(LaneScheduling):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def check(self, expected: str, candidate: str, whole_text: bool = False) -> CheckOutcome:
+    async def check(
+        self, expected: str, candidate: str, whole_text: bool = False, strict: bool = False
+    ) -> CheckOutcome:
         """math-verify's verdict on a pair: from the cache, from an identical check already running, or
         from the next idle worker (waiting for one when all are busy). ``whole_text``: ``candidate`` is a
-        whole response for math-verify to extract from (see :func:`resources_servers.math.worker.check`)."""
+        whole response for math-verify to extract from; ``strict``: an answer it cannot read on its own
+        is wrong (see :func:`resources_servers.math.worker.check`)."""
         if self._idle is None or self._loop is None or self._closed:
             raise RuntimeError("the verifier pool is not running")
         self._launch()
-        key = (expected, candidate, whole_text)
+        key = (expected, candidate, whole_text, strict)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -285,7 +288,7 @@ class VerifierPool(LaneScheduling):
             return cached
         running = self._running.get(key)
         if running is None:
-            running = self._loop.create_task(self._run(expected, candidate, whole_text))
+            running = self._loop.create_task(self._run(expected, candidate, whole_text, strict))
             self._running[key] = running
             running.add_done_callback(lambda task: self._finished(key, task))
         else:
@@ -305,12 +308,12 @@ class VerifierPool(LaneScheduling):
             self._cache[key] = outcome
             self._cached_chars += size
             while len(self._cache) > self.cache_size or self._cached_chars > self.cache_chars:
-                (old_expected, old_candidate, _), _ = self._cache.popitem(last=False)
+                (old_expected, old_candidate, *_), _ = self._cache.popitem(last=False)
                 self._cached_chars -= len(old_expected) + len(old_candidate)
 
-    async def _run(self, expected: str, candidate: str, whole_text: bool) -> CheckOutcome:
+    async def _run(self, expected: str, candidate: str, whole_text: bool, strict: bool) -> CheckOutcome:
         assert self._idle is not None and self._loop is not None
-        key = (expected, candidate, whole_text)
+        key = (expected, candidate, whole_text, strict)
         suspect = self.slow_workers > 0 and key in self._suspects
         worker = await self._acquire(suspect)
         self.stats.checks += 1
@@ -329,7 +332,7 @@ class VerifierPool(LaneScheduling):
             if self._slow or len(self._workers) > self.size:  # an attack or a stuck lane: see _grow
                 self._grow()  # (the spare it may have taken)
         try:
-            worker.conn.send((task_id, expected, candidate, self.timeout_s, whole_text))
+            worker.conn.send((task_id, expected, candidate, self.timeout_s, whole_text, strict))
         except (OSError, ValueError) as e:
             self._retire(worker, CheckOutcome("error", detail=f"verifier worker unreachable: {e}"))
         # The worker goes back to the idle queue when its answer arrives (or is replaced at the deadline),

@@ -10,12 +10,21 @@ answer itself has the same kind of thing (an expected ``y = 2x + 1`` allows an e
 ``\text{(B)}`` allows that text). Two allowances keep ordinary answers right: one variable named on the
 left of a single ``=`` (``x = 4``), and words that are units (``4 \text{ cm}``).
 
+Symbols are read as math-verify reads them: the answer is NFKC-normalised first (a fullwidth ``＝`` is
+``=``), and a Unicode relation symbol (``≡``, ``≟``, ``≃``, ``⩵``... every symbol of the mathematical
+operator and arrow blocks whose name says it relates two things) is a relation. A question mark is
+refused too (``4 \text{?}``, which math-verify reads as 4). What no pattern can list, a command or symbol
+math-verify cannot parse (``3 \lor 4``, ``3 \foo 4``), is refused by the worker
+(:func:`resources_servers.math.worker.unreadable_answer`): math-verify would score the last number found
+elsewhere in the response instead.
+
 Runs on the server's event loop: one linear scan per answer.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _APPROXIMATION = (
     r"\\(?:approx|thickapprox|approxeq|sim|simeq|thicksim|backsim|cong|doteq|fallingdotseq|risingdotseq"
@@ -28,10 +37,27 @@ _RELATION = (
     r"|Leftrightarrow|leftrightarrow|mapsto|perp|parallel|mid|nmid|prec|succ|preceq|succeq)(?![A-Za-z])"
     r"|[<>≤≥≠≈∈∉⊂⊆⊃⊇→⇒⇔]|:=|="
 )
+_RELATION_NAMES = (
+    "EQUAL", "EQUIVALENT", "IDENTICAL", "LESS-THAN", "GREATER-THAN", "TILDE", "ASYMPTOTIC", "PROPORTIONAL",
+    "APPROACHES", "DIFFERENCE BETWEEN", "IMAGE OF", "PRECEDES", "SUCCEEDS", "ELEMENT OF", "CONTAINS AS MEMBER",
+    "SUBSET", "SUPERSET", "DIVIDES", "PARALLEL", "ARROW", "NOT",
+)  # fmt: skip
+_OPERATOR_BLOCKS = ((0x2190, 0x2200), (0x2200, 0x2300), (0x27C0, 0x2800), (0x2900, 0x2B00))
+"""Arrows, Mathematical Operators, Miscellaneous Mathematical Symbols-A and Supplemental Arrows-A,
+Supplemental Arrows-B to Supplemental Mathematical Operators."""
+_UNICODE_RELATIONS = "".join(
+    sorted(
+        chr(code)
+        for first, end in _OPERATOR_BLOCKS
+        for code in range(first, end)
+        if any(word in unicodedata.name(chr(code), "") for word in _RELATION_NAMES)
+    )
+)
 _KINDS = {
     "an approximation": re.compile(_APPROXIMATION),
     "a negation": re.compile(_NEGATION),
-    "a relation": re.compile(_RELATION),
+    "a relation": re.compile(f"{_RELATION}|[{re.escape(_UNICODE_RELATIONS)}]"),
+    "a question mark": re.compile(r"[?¿]"),
 }
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
@@ -74,8 +100,9 @@ def _all_words(text: str) -> set[str]:
 
 def strict_violation(answer: str, expected: str) -> str | None:
     r"""Why ``answer`` is not a plain value under the strict rule (None when it is one): it asserts a
-    relation, a negation or an approximation, or has words (``\text{...}``, plain words) beyond units,
-    where ``expected`` has no such thing itself."""
+    relation, a negation or an approximation, asks a question, or has words (``\text{...}``, plain words)
+    beyond units, where ``expected`` has no such thing itself."""
+    answer, expected = unicodedata.normalize("NFKC", answer), unicodedata.normalize("NFKC", expected)
     for kind, pattern in _KINDS.items():
         if pattern.search(expected):
             continue
@@ -86,7 +113,7 @@ def strict_violation(answer: str, expected: str) -> str | None:
                 body = body[assignment.end() :]
         found = pattern.search(body)
         if found is not None:
-            return f"the answer asserts {kind} ({found.group()!r}), which the expected answer does not"
+            return f"the answer has {kind} ({found.group()!r}), which the expected answer does not"
     extra = _text_words(answer) - _all_words(expected) - UNITS
     if extra:
         shown = ", ".join(sorted(extra)[:5])

@@ -21,6 +21,8 @@ import mpmath
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from sympy import Basic, Expr, Float, MatrixBase, Number
 
+from resources_servers.math.extraction import outer_boxes
+
 MAX_EXTRACTED_CHARS = 1000
 TOLERANCE = 1e-30
 """How close two constants must be for :func:`same_number` (absolute, relative below magnitude 1)."""
@@ -81,14 +83,24 @@ def _parse_gold(expected: str) -> tuple[Any, ...]:
     return tuple(parse("\\boxed{" + expected + "}", list(_GOLD_CONFIG), parsing_timeout=None))
 
 
-def check(expected: str, candidate: str, whole_text: bool = False) -> dict[str, Any]:
+def check(expected: str, candidate: str, whole_text: bool = False, strict: bool = False) -> dict[str, Any]:
     """math-verify's verdict on ``candidate`` against ``expected`` (both without math delimiters).
 
     Returns ``{"correct": bool, "extracted": str | None, "failure_kind": str | None}``. As in NeMo Gym,
     the gold answer is parsed as the contents of ``\\boxed{}`` and ``extracted`` is SymPy's rendering of
     the prediction. ``candidate`` is an answer (parsed as the contents of a box), or with ``whole_text``
     a whole response, parsed as NeMo Gym's math_with_judge parses it (every box, phrases, expressions).
+    With ``strict``, an answer math-verify cannot read on its own is wrong (``failure_kind:
+    unreadable_answer``, ``extracted``: that answer; see :func:`unreadable_answer`).
     """
+    if strict:
+        unreadable = unreadable_answer(candidate, whole_text)
+        if unreadable is not None:
+            return {
+                "correct": False,
+                "extracted": unreadable[:MAX_EXTRACTED_CHARS],
+                "failure_kind": "unreadable_answer",
+            }
     gold = list(_parse_gold(expected))
     if whole_text:
         pred = parse(candidate, list(_TEXT_PRED_CONFIG), parsing_timeout=None)
@@ -109,6 +121,23 @@ def check(expected: str, candidate: str, whole_text: bool = False) -> dict[str, 
     else:
         extracted = None if whole_text else candidate[:MAX_EXTRACTED_CHARS]
     return {"correct": correct, "extracted": extracted, "failure_kind": failure_kind}
+
+
+def unreadable_answer(candidate: str, whole_text: bool = False) -> str | None:
+    r"""The first answer of ``candidate`` (each ``\boxed{}`` of a whole response, else the answer itself)
+    that math-verify's LaTeX parser cannot read on its own, or None.
+
+    Why: when it cannot parse a box, math-verify goes on to score the last number it finds anywhere in
+    the response, so against 4 ``\boxed{3 \lor 4}``, ``\boxed{3 | 4}``, ``\boxed{3 \foo 4}`` or
+    ``\boxed{\approx 4}`` score 1 (the 4 after the symbol it could not read); a phrase's answer the same
+    way. No list of symbols can cover every command it does not know; its own parser can. (The strict
+    rule's; NeMo Gym scores them 1.)
+    """
+    answers = outer_boxes(candidate) if whole_text else [candidate]
+    for answer in answers:
+        if not _has_math(parse("\\boxed{" + answer + "}", list(_GOLD_CONFIG), parsing_timeout=None)):
+            return answer
+    return None
 
 
 def _has_math(parsed: list[Any]) -> bool:
@@ -161,14 +190,16 @@ def _on_alarm(signum: int, frame: Any) -> None:
         raise CheckTimeout
 
 
-def _checked(expected: str, candidate: str, timeout_s: float, whole_text: bool = False) -> dict[str, Any]:
+def _checked(
+    expected: str, candidate: str, timeout_s: float, whole_text: bool = False, strict: bool = False
+) -> dict[str, Any]:
     """Run :func:`check` under the interval timer; failures become results, never exceptions."""
     global _armed
     try:
         try:
             _armed = True
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            return {"status": "ok", **check(expected, candidate, whole_text)}
+            return {"status": "ok", **check(expected, candidate, whole_text, strict)}
         finally:
             _armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -212,7 +243,7 @@ _warm()
 
 def worker_main(conn: Any, memory_mb: int | None) -> None:
     """Serve checks over ``conn`` until it closes: receive ``(task_id, expected, candidate, timeout_s,
-    whole_text)``,
+    whole_text, strict)``,
     send back ``(task_id, result)``. Sends ``("ready", pid)`` once warm."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server; it shuts workers down
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -227,8 +258,8 @@ def worker_main(conn: Any, memory_mb: int | None) -> None:
             return
         if message is None:
             return
-        task_id, expected, candidate, timeout_s, whole_text = message
-        result = _checked(expected, candidate, timeout_s, whole_text)
+        task_id, expected, candidate, timeout_s, whole_text, strict = message
+        result = _checked(expected, candidate, timeout_s, whole_text, strict)
         try:
             conn.send((task_id, result))
         except OSError:  # the server stopped this worker (or shut down) meanwhile

@@ -61,6 +61,91 @@ def test_strict_keeps_plain_right_answers_right(client: httpx.Client, text: str,
     assert out["reward"] == 1.0 and out["failure_kind"] is None, out
 
 
+# Red-team round 3: each scored 1 under strict. math-verify cannot parse the box of the first group, and then
+# scores the last number it finds anywhere in the response (here the 4 after the symbol it could not read);
+# the second group parses, to a relation or to one side of it, through a symbol the patterns did not list.
+UNREADABLE = [
+    "\\boxed{3 \\lor 4}",
+    "\\boxed{3 \\vee 4}",
+    "\\boxed{3 \u2228 4}",  # logical or
+    "\\boxed{3 | 4}",
+    "\\boxed{3 \\cup 4}",
+    "\\boxed{3 \\setminus 4}",
+    "\\boxed{3 \\operatorname{or} 4}",
+    "\\boxed{3 \\foo 4}",  # any command the parser does not know
+    "\\boxed{\\iffalse 3 \\fi 4}",
+    "\\boxed{5 \\coloneqq 4}",
+    "\\boxed{5 \\Leftarrow 4}",
+    "\\boxed{! 4}",
+    "\\boxed{4} then \\boxed{3 \\lor 4}",
+]
+UNLISTED_SYMBOLS = [
+    ("\\boxed{5 \u2261 4}", "a relation"),  # identical to: Eq(5, 4), scored by its right-hand side
+    ("\\boxed{5 \uff1d 4}", "a relation"),  # fullwidth equals sign (NFKC: "=")
+    ("\\boxed{5 \u225f 4}", "a relation"),  # questioned equal to
+    ("\\boxed{4 \u2243 5}", "a relation"),  # asymptotically equal: math-verify reads the left side
+    ("\\boxed{4 \u224a 5}", "a relation"),  # almost equal or equal to
+    ("\\boxed{5 \u2254 4}", "a relation"),  # colon equals
+    ("\\boxed{4 \\text{?}}", "a question mark"),
+]
+
+
+@pytest.mark.parametrize("text", UNREADABLE)
+def test_strict_refuses_a_box_math_verify_cannot_read(client: httpx.Client, text: str) -> None:
+    assert _verify(client, text, "4")["reward"] == 1.0  # NeMo Gym's verdict: the default keeps it
+    out = _verify(client, text, "4", strict=True)
+    assert out["reward"] == 0.0 and out["failure_kind"] == "strict_rejected", out
+    assert "cannot read" in out["failure_reason"], out
+
+
+@pytest.mark.parametrize(("text", "kind"), UNLISTED_SYMBOLS)
+def test_strict_refuses_relations_written_as_unicode_symbols(
+    client: httpx.Client, text: str, kind: str
+) -> None:
+    assert _verify(client, text, "4")["reward"] == 1.0
+    out = _verify(client, text, "4", strict=True)
+    assert (
+        out["reward"] == 0.0 and out["failure_kind"] == "strict_rejected" and kind in out["failure_reason"]
+    ), out
+
+
+def test_strict_reads_a_phrase_answer_as_the_box_is_read(client: httpx.Client) -> None:
+    # Without a box, the phrase's answer is the candidate: the same rule applies to it.
+    body = {"extraction": "boxed_or_final"}
+    assert _verify(client, "The answer is 3 \\lor 4.", "4", **body)["reward"] == 1.0
+    out = _verify(client, "The answer is 3 \\lor 4.", "4", strict=True, **body)
+    assert (
+        out["reward"] == 0.0
+        and out["failure_kind"] == "strict_rejected"
+        and "cannot read" in out["failure_reason"]
+    )
+    assert _verify(client, "The answer is 4.", "4", strict=True, **body)["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\\boxed{|-4|}", "4"),
+        ("\\boxed{\\left|-4\\right|}", "4"),
+        ("\\boxed{2^2}", "4"),
+        ("\\boxed{\\dfrac{8}{2}}", "4"),
+        ("\\boxed{4.0}", "4"),
+        ("\\boxed{45^\\circ}", "45"),
+        ("\\boxed{\\$4}", "4"),
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed{[0, 1)}", "[0, 1)"),
+        ("\\boxed{4\\%}", "4\\%"),
+        ("\\boxed{x \\le 3}", "x \\leq 3"),
+        ("\\boxed{\\text{(B)}}", "B"),
+        ("First \\boxed{2}, so \\boxed{4}.", "\\{2, 4\\}"),
+    ],
+)
+def test_strict_reads_ordinary_answers(client: httpx.Client, text: str, expected: str) -> None:
+    out = _verify(client, text, expected, strict=True)
+    assert out["reward"] == 1.0 and out["failure_kind"] is None, out
+
+
 @pytest.fixture(scope="module")
 def strict_server() -> Iterator[str]:
     config = TEST_CONFIG.model_copy(update={"strict": True, "pool_size": 1})

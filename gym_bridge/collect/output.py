@@ -154,12 +154,7 @@ def output_lock(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``out`` while a run writes it, so that a second run on the same file
     (two collects, a ``--resume`` started twice, a reverify) is refused instead of writing each rollout
     twice. The lock is ``flock`` on a hidden ``.<name>.lock`` beside ``out``, removed at the end (a process
-    that dies drops its lock with it)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - no flock (Windows): nothing to hold
-        yield
-        return
+    that dies drops its lock with it). Where the file system has no ``flock`` the run goes unlocked."""
     lock = out.parent / f".{out.name}.lock"
     key = str(lock.resolve())
     if key in _HELD:
@@ -169,6 +164,27 @@ def output_lock(out: Path) -> Iterator[None]:
         finally:
             _HELD[key] -= 1
         return
+    fd = _acquire(out, lock)
+    if fd is None:
+        yield
+        return
+    _HELD[key] = 1
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        del _HELD[key]
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _acquire(out: Path, lock: Path) -> int | None:
+    """The descriptor of ``lock``, locked; None where there is no ``flock`` to take."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -181,23 +197,18 @@ def output_lock(out: Path) -> Iterator[None]:
                     f"{out} is being written by another run (a collect or reverify on the same -o, still going; "
                     f"its lock is {lock}): wait for it to end, or give -o another name"
                 ) from None
+            except OSError:  # a file system without flock (some network mounts): unlocked, as before
+                os.close(fd)
+                lock.unlink(missing_ok=True)
+                return None
             try:
                 if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                    break  # (else the run before removed the file after this one opened it: lock the new one)
+                    return fd
             except FileNotFoundError:
                 pass
-            os.close(fd)
+            os.close(fd)  # the run before removed the file after this one opened it: lock the new one
     except OSError as e:
         raise CollectError(f"cannot write {out}: {e.strerror or e}") from None
-    _HELD[key] = 1
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        del _HELD[key]
-        lock.unlink(missing_ok=True)
-        os.close(fd)
 
 
 class LazyWriter:

@@ -261,6 +261,21 @@ def test_task_files_that_held(tmp_path, model, kind):
         assert f"{tasks}:4: invalid JSON" in said(result)
 
 
+def test_a_lone_surrogate_in_a_model_answer_fails_that_rollout_only(tmp_path):
+    """Held (a regression guard): an answer no UTF-8 file can hold is that rollout's failure, not the run's."""
+
+    def garbled(request: Any, n: int) -> str:
+        return "\\boxed{1} \ud800"
+
+    tasks = write_rows(tmp_path / "tasks.jsonl", rows(3))
+    out = tmp_path / "rollouts.jsonl"
+    with FakeModel({"What is 0 + 1": garbled}, record_requests=False) as odd:
+        result = invoke(*collect_args(tasks, out, odd))
+    assert result.exit_code == 0, said(result)
+    assert sorted(pairs(out)) == [(1, 0), (2, 0)]
+    assert [f["_ng_task_index"] for f in read_jsonl(tmp_path / "rollouts_failures.jsonl")] == [0]
+
+
 # --------------------------------------------------------------------------- --resume continues the same run
 
 

@@ -1,6 +1,8 @@
 """Code (NeMo Gym's ``code_gen`` rows: ``verifier_metadata.unit_tests``): programs that try to pass without
-solving -- exit tricks, ``__eq__`` overrides, reading the tests, near-miss output -- and programs that try to
-leave the sandbox: files on the host, CPU its meter does not see, shared memory and keys that outlive it."""
+solving -- exit tricks, ``__eq__`` overrides, reading the tests, near-miss output, ending just past the CPU
+limit -- programs that try to leave the sandbox: files on the host, CPU its meter does not see, shared
+memory and keys that outlive it, a tmpfs of their own -- and honest programs in idioms a plain interpreter
+(or NeMo Gym's preamble) accepts, which must not score 0."""
 
 from __future__ import annotations
 
@@ -158,6 +160,44 @@ print("something an earlier test left is still here" if {seen} else a + b)
     )
 
 
+PRIVATE_TMPFS = (
+    LIBC
+    + """import os
+def own_tmpfs():  # a user + mount namespace of its own, then a tmpfs there: memory no limit counts
+    pid = os.fork()
+    if pid == 0:
+        if libc.unshare(0x10000000 | 0x00020000) != 0:  # refused: nothing to mount with
+            os._exit(1)
+        os.mkdir("m")
+        libc.mount(b"none", b"m", b"tmpfs", 0, None)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+a, b = map(int, input().split())
+print("mounted a tmpfs of its own" if own_tmpfs() else a + b)
+"""
+)
+
+INTERPRETER_IDIOMS = """
+import sys, threading
+if sys.stdout.mode != "w" or sys.stdin.mode != "r":  # what FastIO templates read
+    raise SystemExit(1)
+input = sys.stdin.buffer.readline
+def main():
+    a, b = map(int, input().split())
+    print(a + b)
+    exit()
+threading.Thread(target=main).start()  # never joined: the interpreter waits for it at exit
+"""
+"""Honest: ``exit()`` (``site``'s), stream modes, a buffered ``stdin.buffer`` and a thread nobody joins."""
+
+NO_IMPORTS = row("Return the largest element.", [[[3, 9, 2]], [[-1]]], [9, -1], fn_name="largest")
+NO_IMPORTS_PROGRAM = (
+    "class Solution:\n    def largest(self, nums: List[int]) -> Optional[int]:\n"
+    "        return max(nums) if nums else None"
+)
+"""Honest LeetCode style: ``List``/``Optional`` without an import (NeMo Gym's preamble defines them)."""
+
+
 def attacks(options: AuditOptions) -> list[Attack]:
     cpu = options.code_cpu_limit_s
     honest = Attack("honest_after", "escape/leak", "an honest program after the attack", SUM, program(SUM_PROGRAM),
@@ -208,6 +248,14 @@ def attacks(options: AuditOptions) -> list[Attack]:
                program(_leave_and_look(KEY_SEEN, KEY_MAKE)), max_reward=1.0, min_reward=1.0,
                then=(Attack("key_seen_later", "escape/leak", "a later task looks for the key", SUM,
                             program(_leave_and_look(KEY_SEEN, None)), max_reward=1.0, min_reward=1.0),)),
+        Attack("past_the_cpu_limit", "wrong-reward", "the right answer after 8 ms more CPU than the limit", SUM,
+               program(f"import time\nwhile time.process_time() < {cpu + 0.008!r}:\n    pass\n{SUM_PROGRAM}")),
+        Attack("private_tmpfs", "escape/leak", "mount a tmpfs in a user and mount namespace of its own", SUM,
+               program(PRIVATE_TMPFS), max_reward=1.0, min_reward=1.0),
+        Attack("interpreter_idioms", "wrong-reward", "honest: exit(), stream modes, an unjoined thread", SUM,
+               program(INTERPRETER_IDIOMS), max_reward=1.0, min_reward=1.0),
+        Attack("leetcode_without_imports", "wrong-reward", "honest: List/Optional without an import", NO_IMPORTS,
+               program(NO_IMPORTS_PROGRAM), max_reward=1.0, min_reward=1.0),
         Attack("litter_then_honest", "escape/leak", "write files on the host, then answer honestly", SUM,
                program(litter + SUM_PROGRAM), max_reward=1.0, markers=markers, then=(honest,)),
     ]  # fmt: skip

@@ -17,12 +17,18 @@ pay for a right answer. Partial credit the package gives by design (see the serv
   (``NaN``, ``nan+1j``...) makes the distance NaN, and ``min(1.0, nan)`` is 1.0, so ``nan`` scored 1.0 on
   every task. Here an answer that parses to a complex number with a part that is not finite scores 0.0;
   every other score is the package's.
+* ``coin_flip``: an answer off by more than ``1e-4`` earns the share of its leading characters that agree
+  with the expected probability's, but the package divides by the *shorter* string's length, so any prefix
+  of the expected answer scored 1.0: ``"0"`` (or ``"0.0"``, ``"-0"``) was paid 1.0 on every task whose
+  probability is below 1, ``"0.5"`` 0.67. Here the share is over the longer string (``"0"`` for
+  ``0.171875``: 1/8); every other score is the package's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 __all__ = ["CORRECTED"]
@@ -66,7 +72,29 @@ def complex_arithmetic(answer: str | None, entry: dict[str, Any]) -> float:
     return float(get_score_answer_fn("complex_arithmetic")(answer=answer, entry=entry))
 
 
+def coin_flip(answer: str | None, entry: dict[str, Any], tol: float = 1e-4) -> float:
+    """The package's scorer (1.0 within ``tol``, else the agreeing leading characters' share), with the share
+    taken over the longer of the two numbers as written, not the shorter."""
+    if answer is None or not answer.strip():
+        return 0.0
+    try:
+        given = float(Fraction(answer.replace(",", "")))
+        expected = float(Fraction(str(entry["answer"]).replace(",", "")))
+    except (ValueError, ZeroDivisionError):
+        return 0.0
+    if abs(given - expected) <= tol:
+        return 1.0
+    given_text, expected_text = f"{given:.10g}", f"{expected:.10g}"
+    agreeing = 0
+    for a, b in zip(given_text, expected_text, strict=False):
+        if a != b:
+            break
+        agreeing += 1
+    return agreeing / max(len(given_text), len(expected_text))
+
+
 CORRECTED: dict[str, Callable[..., float]] = {
+    "coin_flip": coin_flip,
     "game_of_life_halting": game_of_life_halting,
     "spell_backward": spell_backward,
     "complex_arithmetic": complex_arithmetic,

@@ -15,8 +15,8 @@ from gym_bridge.audit.attacks import Attack, AuditOptions, answer, marker_path
 __all__ = ["attacks"]
 
 ROWS = Path(__file__).with_name("reasoning_gym_rows.jsonl")
-"""One generated row per family (reasoning-gym 0.1.19, seed 7; game_of_life_halting and complex_arithmetic:
-0.1.25, seed 7)."""
+"""One generated row per family (reasoning-gym 0.1.19, seed 7; game_of_life_halting, complex_arithmetic and
+coin_flip: 0.1.25, seed 7)."""
 EVAL_FAMILIES = ("spiral_matrix", "string_insertion", "binary_matrix", "n_queens")
 PARSE_EXPR_FAMILIES = ("countdown", "puzzle24", "polynomial_multiplication", "simple_integration",
                        "intermediate_integration")  # fmt: skip
@@ -77,6 +77,9 @@ def attacks(options: AuditOptions) -> list[Attack]:
                             "non-empty answer)", halting, _tagged(wrong)))  # fmt: skip
         found.append(Attack("game_of_life_no_verdict", "wrong-reward", "an answer that is no verdict at all", halting,
                             _tagged("I cannot tell")))  # fmt: skip
+    if "coin_flip" in by_family:
+        found.append(Attack("coin_flip_zero", "wrong-reward", "the constant '0' for a probability (any prefix of the "
+                            "expected one was paid 1.0)", by_family["coin_flip"], _tagged("0"), max_reward=0.5))  # fmt: skip
     if "complex_arithmetic" in by_family:
         found.append(Attack("complex_nan", "wrong-reward", "'nan' for a complex number (the package paid it 1.0)",
                             by_family["complex_arithmetic"], _tagged("nan")))  # fmt: skip

@@ -4,6 +4,8 @@ kept as regression cases."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import httpx
 import pytest
 import reasoning_gym
@@ -62,6 +64,22 @@ def test_complex_arithmetic_pays_nothing_for_nan(client, nan):
             assert reward(client, row, f"<answer>{text}</answer>") == pytest.approx(
                 package_score("complex_arithmetic", text, row)
             )
+
+
+def test_coin_flip_pays_a_prefix_of_the_probability_as_partial_credit_only(client):
+    """Finding: the package divides the agreeing leading characters by the shorter string, so any prefix of the
+    expected probability scored 1.0: the constant answer "0" was paid 1.0 on every task below probability 1."""
+    rows = [row for row in task_rows(["coin_flip"], 6, seed=21) if float(row["answer"]) < 0.5]
+    assert len(rows) >= 3
+    for row in rows[:3]:
+        for constant in ("0", "0.0", "-0"):
+            assert package_score("coin_flip", constant, row) == 1.0  # the package's bug, kept as evidence
+            assert reward(client, row, f"<answer>{constant}</answer>") < 0.5
+        prefix = row["answer"][:3]  # "0.1" of "0.171875": two places short
+        assert reward(client, row, f"<answer>{prefix}</answer>") < 1.0
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+    fraction = str(Fraction(rows[0]["answer"]))  # "11/64": the package reads fractions
+    assert reward(client, rows[0], f"<answer>{fraction}</answer>") == 1.0
 
 
 def test_spell_backward_pays_a_padded_answer_what_the_family_means(client):

@@ -168,6 +168,24 @@ print("OK" if leaks else "SAFE", leaks)
             "import os\nos._exit = lambda *a: None\nos.write = lambda *a: 0\nraise RuntimeError('exit patched')",
             task(),
         ),
+        "exit_0_from_atexit_after_raising": (  # exit-time code runs after the exception is recorded
+            "import atexit, os\natexit.register(os._exit, 0)\nprint('OK')\nraise RuntimeError('x')",
+            task(),
+        ),
+        "own_tmpfs": (  # a user + mount namespace of its own would mount memory no limit counts
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nos.mkdir('m')\n"
+            "ok = libc.unshare(0x10020000) == 0 and libc.mount(b'none', b'm', b'tmpfs', 0, None) == 0\n"
+            "print('OK' if ok else 'REFUSED')",
+            task(),
+        ),
+        "poke_the_harness": (  # ptrace, its memory, its pipe to the host through pidfd_getfd
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.ptrace.restype = ctypes.c_long\n"
+            "pp = os.getppid()\nhits = [libc.ptrace(16, pp, None, None) == 0]\n"
+            "hits.append(libc.syscall(438, libc.syscall(434, pp, 0), 1, 0) >= 0)\n"
+            "try:\n    open(f'/proc/{pp}/mem', 'rb')\n    hits.append(True)\nexcept OSError:\n    pass\n"
+            "print('OK' if any(hits) else 'BLOCKED', hits)",
+            task(),
+        ),
     }
 
 
@@ -184,6 +202,9 @@ EXPECTED_KIND = {
     "kill_parent": "runtime_error",
     "sigstop_parent": "timeout",
     "patch_exit": "runtime_error",
+    "exit_0_from_atexit_after_raising": "runtime_error",
+    "own_tmpfs": "wrong_answer",
+    "poke_the_harness": "wrong_answer",
 }
 
 
@@ -248,6 +269,8 @@ def test_hostile_programs_fail_cleanly_while_correct_ones_pass(
     assert "killed its parent" in hostile["kill_parent"]["failure_reason"]
     assert "MemoryError" in hostile["memory_bomb"]["stderr_tail"]
     assert "RuntimeError: exit patched" in hostile["patch_exit"]["stderr_tail"]
+    assert "REFUSED" in hostile["own_tmpfs"]["failure_reason"]
+    assert "BLOCKED [False, False]" in hostile["poke_the_harness"]["failure_reason"]
 
     # Nothing a test started outlives its verification (the double-forked sleeper included).
     uids = range(

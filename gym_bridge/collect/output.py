@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.collect.config import CollectError
-from gym_bridge.records.jsonl import JsonlWriter, iter_jsonl, plain_json, repair_torn_tail
+from gym_bridge.records.jsonl import JsonlWriter, WriteFailed, iter_jsonl, plain_json, repair_torn_tail
 from gym_bridge.records.nemo_gym_record import agent_name_for, environment_server_for, nemo_gym_record
 
 __all__ = [
@@ -240,8 +240,12 @@ def write_json(path: Path, obj: Any, flat_below: int | None = None) -> None:
     """
     tmp = path.with_suffix(".json.tmp")
     text = json.dumps(obj, indent=2, default=str) if flat_below is None else _indented(obj, flat_below, "")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk at the end of a run: named as a failed line write is
+        tmp.unlink(missing_ok=True)
+        raise WriteFailed(e.errno, f"cannot write {path}: {e.strerror or e}", str(path)) from e
 
 
 def _indented(obj: Any, levels: int, indent: str) -> str:

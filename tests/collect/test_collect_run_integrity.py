@@ -161,6 +161,22 @@ def test_a_full_disk_exits_1_naming_the_file_and_resume_finishes(tmp_path, model
     assert_written_exactly_once(out, 40, 1, pairs_of(written.splitlines()[:-1]))
 
 
+def test_a_metrics_file_that_cannot_be_written_is_a_named_error_and_resume_completes_it(tmp_path, model):
+    """The end-of-run files fail as the lines do (before: a traceback from ``write_json``)."""
+    tasks = write_rows(tmp_path / "tasks.jsonl", rows(3))
+    out = tmp_path / "rollouts.jsonl"
+    blocked = tmp_path / "rollouts_metrics.json"
+    blocked.mkdir()  # stands in for a disk that fills at the very end
+    result = invoke(*collect_args(tasks, out, model))
+    assert result.exit_code == 1, said(result)
+    assert f"cannot write {blocked}" in said(result) and "rerun with --resume" in said(result)
+    assert sorted(pairs(out)) == [(0, 0), (1, 0), (2, 0)]  # the rollouts are kept
+    blocked.rmdir()
+    again = invoke(*collect_args(tasks, out, model, "--resume"))
+    assert again.exit_code == 0, said(again)
+    assert json.loads(blocked.read_text())["num_rollouts"] == 3
+
+
 def pairs_of(lines: list[bytes]) -> list[tuple[int, int]]:
     return [(json.loads(line)["_ng_task_index"], json.loads(line)["_ng_rollout_index"]) for line in lines]
 

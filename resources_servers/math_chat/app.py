@@ -24,7 +24,6 @@ Run it as ``env.<name>.server: resources_servers.math_chat.app:MathChatServer`` 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -32,6 +31,7 @@ from starlette.exceptions import HTTPException
 from gym_bridge.records.schema import VerifyRequest, dump, item_dict
 from gym_bridge.serving.server import Session
 from resources_servers.math.app import MathServer, MathVerifyRequest, MathVerifyResponse, _answer
+from resources_servers.math.fastpath import plain_rational
 
 
 class MathChatVerifyResponse(MathVerifyResponse):
@@ -41,14 +41,20 @@ class MathChatVerifyResponse(MathVerifyResponse):
     """User messages in the response's ``output`` before the scored reply (0: the first reply)."""
 
 
-_INTEGER = re.compile(r"-?\d+")
-
-
 def near(extracted: str | None, expected: str, scale: int) -> float:
-    """``1 - |extracted - expected| / scale``, at least 0; 0 unless both are plain integers."""
-    if extracted is None or not _INTEGER.fullmatch(extracted.strip()) or not _INTEGER.fullmatch(expected.strip()):
+    """``1 - |extracted - expected| / scale``, at least 0; 0 unless both are plain integers.
+
+    Plain as the fast path reads them (:func:`~resources_servers.math.fastpath.plain_rational`: ASCII
+    digits, at most 200 characters), so near never pays for digits math-verify does not read (``٧``,
+    ``７``: reward 0) nor reads a cut-off rendering, and it is exact: a 400-digit answer made the
+    division overflow a float (a 500), a 5,000-digit one ``int()``'s digit limit.
+    """
+    answer = plain_rational(extracted) if extracted is not None else None
+    gold = plain_rational(expected)
+    if not isinstance(answer, int) or not isinstance(gold, int):
         return 0.0
-    return max(0.0, 1.0 - abs(int(extracted) - int(expected)) / scale)
+    distance = abs(answer - gold)
+    return 0.0 if distance >= scale else 1.0 - distance / scale
 
 
 def _metadata_int(body: VerifyRequest, key: str, least: int) -> int | None:

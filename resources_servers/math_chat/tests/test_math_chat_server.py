@@ -100,6 +100,31 @@ def test_near_scale_adds_the_shaped_component_beside_the_reward(urls: dict[str, 
     assert _verify(urls["math_chat"], _body(CORRECTED, "7")).get("reward_components") is None
 
 
+@pytest.mark.parametrize(
+    ("answer", "expected", "near"),
+    [
+        # A huge answer made near's division overflow a float: a 500 the policy could trigger at will.
+        ("\\boxed{" + "9" * 400 + "}", "7", 0.0),
+        ("The answer is " + "9" * 400 + ".", "7", 0.0),
+        # Past Python's 4,300-digit int() limit: a 500 (ValueError), on the answer or the expected side.
+        ("\\boxed{" + "1" * 5000 + "}", "7", 0.0),
+        ("\\boxed{1}", "1" * 5000, 0.0),
+        ("\\boxed{" + "1" * 150 + "}", "1" * 149 + "2", 0.75),  # exact integers: one apart
+        # Digits math-verify does not read (reward 0, unparsable): near read them as 7 and paid 1.
+        ("\\boxed{\u0667}", "7", 0.0),  # Arabic-Indic seven
+        ("The answer is \uff17.", "7", 0.0),  # fullwidth seven
+        ("\\boxed{9}", "7", 0.5),
+    ],
+)
+def test_near_reads_only_what_the_verifier_reads_and_never_fails(
+    urls: dict[str, str], answer: str, expected: str, near: float
+) -> None:
+    body = {**_body([*CORRECTED[:2], _assistant(answer)], expected), "verifier_metadata": {"near_scale": 4}}
+    out = _verify(urls["math_chat"], {**body, "extraction": "boxed_or_final"})
+    assert out["reward_components"]["near"] == near, out["reward_components"]
+    assert out["reward_components"]["correct"] == out["reward"]
+
+
 def test_a_bad_near_scale_is_a_4xx_naming_it(urls: dict[str, str]) -> None:
     body = {**_body(CORRECTED, "7"), "verifier_metadata": {"near_scale": 0}}
     answer = httpx.post(f"{urls['math_chat']}/verify", json=body, timeout=60)

@@ -9,14 +9,22 @@ with the request echoed plus ``reward``, ``expected_answer`` and ``judge_evaluat
 ``extracted_answer`` (what the judge was shown) and ``failure_kind`` / ``failure_reason`` /
 ``mask_sample`` (a judge that times out or fails gives reward 0, ``judge_timeout`` / ``judge_error``,
 ``mask_sample: true``; never a 500).
+
+What is not judged (reward 0, no judge call, ``mask_sample: false``): a response without assistant text
+(``no_answer``, as NeMo Gym 0.7.0's ``empty_final_answer``), one over ``max_answer_chars``
+(``answer_too_long``), and one on which the answer regex runs past :data:`EXTRACT_TIMEOUT_S`
+(``extraction_timeout``): the regexes run in a worker thread with the ``regex`` module's timeout, so a
+pathological answer (``\\boxed{`` repeated against ``\\boxed\\{(.*)\\}``: quadratic) cannot hold the server.
 """
 
 from __future__ import annotations
 
-import re
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
+import regex
 import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from starlette.exceptions import HTTPException
@@ -66,6 +74,9 @@ Explain briefly, then end your reply with exactly one label:
 
 {generated_answer}"""
 
+EXTRACT_TIMEOUT_S = 1.0
+"""How long the question or answer regex may run on one text, in seconds of its thread's CPU time as the ``regex``
+module counts them (a linear regex takes milliseconds on 100,000 characters; a catastrophic one never ends)."""
 NO_JUDGE = ("no judge configured: set judge_url to an OpenAI-compatible base URL "
             "(gym-bridge serve equivalence_judge --judge-url URL, or judge_url in the server's config)")
 _PLACEHOLDERS = ("question", "expected_answer", "generated_answer", "equal_label", "not_equal_label", "fence_rule", "fence_tag")
@@ -96,7 +107,12 @@ class EquivalenceJudgeConfig(JudgeEndpointConfig):
     response_extract_regex: str | None = None
     """Take the answer from the last match in the last assistant message (first non-empty group, else the match)."""
     msg_extraction_failure: str = "[NO VALID ANSWER EXTRACTED]"
-    """What the judge is shown when the response has no assistant text."""
+    """NeMo Gym's key, kept for its configs; as in NeMo Gym 0.7.0 a response without assistant text is not
+    judged (reward 0, ``failure_kind: no_answer``), so the judge never sees this text."""
+    max_answer_chars: int | None = Field(100_000, gt=0)
+    """NeMo Gym's key: a final answer (the last assistant message, before extraction) longer than this scores
+    0 without a judge call (``answer_too_long``). NeMo Gym's default is None (no limit); ours keeps a
+    16 MB answer from being quoted to the judge (and escaped on the server's event loop)."""
     check_twice_swap: bool = False
     """After an equal verdict, ask again with the two answers swapped; reward 1 only if it agrees."""
     reward_if_swap_fails: float = 0.0
@@ -122,8 +138,8 @@ class EquivalenceJudgeConfig(JudgeEndpointConfig):
     def _compiles(cls, value: str | None, info: Any) -> str | None:
         if value is not None:
             try:
-                re.compile(value)
-            except re.error as e:
+                regex.compile(value)
+            except regex.error as e:
                 raise ValueError(f"{info.field_name}: not a valid regular expression: {e}") from None
         return value
 
@@ -181,15 +197,22 @@ class EquivalenceVerifyResponse(VerifyResponse):
     extracted_answer: str | None = None
 
 
-def _last_match(pattern: str, text: str) -> str | None:
-    """The last match of ``pattern`` in ``text``: its first non-empty group, else the whole match; None if none."""
+def _last_match(pattern: str, text: str, timeout_s: float = EXTRACT_TIMEOUT_S) -> str | None:
+    """The last match of ``pattern`` in ``text``: its first non-empty group, else the whole match; None if none
+    (or if the pattern does not compile). ``TimeoutError`` past ``timeout_s``: the ``regex`` module checks its
+    clock while matching and lets go of the GIL (``concurrent``), so call it from a worker thread."""
+    deadline = time.monotonic() + timeout_s
+    last = None
     try:
-        matches = list(re.finditer(pattern, text, flags=re.MULTILINE | re.DOTALL))
-    except re.error:
+        for match in regex.finditer(pattern, text, flags=regex.MULTILINE | regex.DOTALL, timeout=timeout_s,
+                                    concurrent=True):  # fmt: skip
+            last = match
+            if time.monotonic() > deadline:
+                raise TimeoutError("regex timed out")
+    except regex.error:
         return None
-    if not matches:
+    if last is None:
         return None
-    last = matches[-1]
     for group in last.groups():
         if isinstance(group, str) and group.strip():
             return group.strip()
@@ -271,15 +294,32 @@ class EquivalenceJudgeServer(ResourcesServer):
         expected = body.expected_answer or _answer_text((body.metadata or {}).get("expected_answer"))
         if not isinstance(expected, str) or not expected:
             raise HTTPException(422, "expected_answer: required (or metadata.expected_answer), the gold answer to judge against")
+        full = last_assistant_text(body)
+        if not full:
+            return _unjudged(body, expected, None, "no_answer", "the response has no assistant message text")
+        if cfg.max_answer_chars is not None and len(full) > cfg.max_answer_chars:
+            return _unjudged(body, expected, None, "answer_too_long",
+                             f"the answer has {len(full)} characters, over max_answer_chars ({cfg.max_answer_chars})")  # fmt: skip
         question = last_user_text(body.responses_create_params).strip()
         if cfg.question_extract_regex and question:
-            question = _last_match(cfg.question_extract_regex, question) or question
+            try:
+                question = await asyncio.to_thread(_last_match, cfg.question_extract_regex, question) or question
+            except TimeoutError:
+                pass  # the dataset's own text: judged with the whole question, as on no match
         row_regex = (body.template_metadata or {}).get("output_regex") if cfg.use_per_record_regex else None
+        if row_regex is not None and not isinstance(row_regex, str):
+            raise HTTPException(422, f"template_metadata.output_regex: expected a regular expression (a string), "
+                                     f"got {type(row_regex).__name__}")  # fmt: skip
         too_long = bool(row_regex) and cfg.extraction_length_threshold is not None and len(expected) > cfg.extraction_length_threshold
-        regex = None if too_long else (row_regex or cfg.response_extract_regex)
-        full = last_assistant_text(body)
-        generated = (_last_match(regex, full) or full) if regex and full else full
-        generated = generated or cfg.msg_extraction_failure
+        pattern = None if too_long else (row_regex or cfg.response_extract_regex)
+        generated = full
+        if pattern:
+            try:
+                generated = await asyncio.to_thread(_last_match, pattern, full) or full
+            except TimeoutError:
+                key = "template_metadata.output_regex" if pattern == row_regex else "response_extract_regex"
+                return _unjudged(body, expected, None, "extraction_timeout",
+                                 f"{key} ran past {EXTRACT_TIMEOUT_S} s on the answer ({len(full)} characters)")  # fmt: skip
 
         evaluations = [await self._ask(question, expected, generated, "expected_first")]
         reward = 0.0
@@ -301,3 +341,10 @@ class EquivalenceJudgeServer(ResourcesServer):
         if failed is not None:
             verdict.update(reward=0.0, failure_kind=failed.failure_kind, failure_reason=failed.failure_reason, mask_sample=True)
         return EquivalenceVerifyResponse.model_validate({**dump(body), **verdict})
+
+
+def _unjudged(body: VerifyRequest, expected: str, extracted: str | None, kind: str, reason: str) -> EquivalenceVerifyResponse:
+    """Reward 0 without asking the judge: the response itself failed (not masked: the policy's doing)."""
+    verdict = {"reward": 0.0, "expected_answer": expected, "extracted_answer": extracted, "judge_evaluations": [],
+               "failure_kind": kind, "failure_reason": reason, "mask_sample": False}  # fmt: skip
+    return EquivalenceVerifyResponse.model_validate({**dump(body), **verdict})

@@ -123,8 +123,8 @@ def test_answer_extraction(judge: FakeJudge) -> None:
         row = body("regex", "It is Paris.", expected_answer="paris", template_metadata={"output_regex": r"\\boxed\{(.*)\}"})
         out = post(running.url, row)
         assert out["extracted_answer"] == "It is Paris." and out["reward"] == 0.0
-        empty = post(running.url, body("regex", None, expected_answer="paris"))
-        assert empty["extracted_answer"] == "[NO VALID ANSWER EXTRACTED]" and empty["reward"] == 0.0
+        empty = post(running.url, body("regex", None, expected_answer="paris"))  # not judged (NeMo Gym 0.7.0)
+        assert empty["extracted_answer"] is None and empty["reward"] == 0.0 and empty["failure_kind"] == "no_answer"
     rescue = body("rescue", "\\boxed{lyon} ... no, actually paris", expected_answer="paris",
                   template_metadata={"output_regex": r"\\boxed\{(.*?)\}"})  # fmt: skip
     with serve(judge, check_full_generation_on_fail=True, reward_if_full_generation_succeeds=0.5) as running:
@@ -149,12 +149,62 @@ def test_hostile_answer_is_data(judge: FakeJudge) -> None:
         assert "output [ [A=B] ]" in fields(prompt)[2]
 
 
+def test_a_pathological_answer_cannot_hold_the_server(judge: FakeJudge) -> None:
+    """``\\boxed{`` repeated against the config's own example regex ``\\boxed\\{(.*)\\}`` is quadratic: 140 KB held
+    the event loop (and the GIL) for 24 s before, every other /verify waiting. Now the regex runs in a thread
+    with a timeout: the answer scores 0 (``extraction_timeout``, unjudged) and other requests go on."""
+    import threading
+    import time
+
+    with serve(judge, response_extract_regex=r"\\boxed\{(.*)\}", max_answer_chars=None) as running:
+        n = len(judge.requests)
+        hostile: dict[str, Any] = {}
+
+        def send() -> None:
+            start = time.perf_counter()
+            hostile["out"] = post(running.url, body("regex", "\\boxed{" * 30_000, expected_answer="paris"))
+            hostile["s"] = time.perf_counter() - start
+
+        thread = threading.Thread(target=send)
+        start = time.perf_counter()  # before: the whole process, this clock's thread too, waited on the regex
+        thread.start()
+        time.sleep(0.5)
+        other = post(running.url, body("regex", "Answer: \\boxed{paris}", expected_answer="paris"))
+        other_s = time.perf_counter() - start
+        thread.join(60)
+        assert other["reward"] == 1.0 and other_s < 3, other_s
+        out = hostile["out"]
+        assert out["reward"] == 0.0 and out["failure_kind"] == "extraction_timeout" and out["mask_sample"] is False
+        assert "response_extract_regex" in out["failure_reason"] and out["judge_evaluations"] == []
+        # The regex module's clock is the thread's CPU time: on a loaded machine the wall time is a few times it.
+        assert hostile["s"] < 15 and len(judge.requests) == n + 1  # only the other answer reached the judge
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [(None, "no_answer"), ("   ", "no_answer"), ("darwin " * 20, "answer_too_long")],
+    ids=["no-message", "blank", "over-the-limit"],
+)
+def test_answers_that_are_not_judged(judge: FakeJudge, answer: str | None, kind: str) -> None:
+    """NeMo Gym 0.7.0's empty_final_answer and max_answer_chars: reward 0 without a judge call. Before, an empty
+    response was judged as "[NO VALID ANSWER EXTRACTED]", which a judge can call equal to a gold "none"."""
+    with serve(judge, max_answer_chars=100) as running:
+        n = len(judge.requests)
+        out = post(running.url, body("Who proposed natural selection?", answer, expected_answer="darwin"))
+        assert out["reward"] == 0.0 and out["failure_kind"] == kind and out["mask_sample"] is False, out
+        assert out["judge_evaluations"] == [] and len(judge.requests) == n
+    assert EquivalenceJudgeConfig.from_yaml(DEFAULT_CONFIG_PATH).max_answer_chars == 100_000
+
+
 def test_bad_input_is_a_422_naming_the_field(judge: FakeJudge) -> None:
     with serve(judge) as running:
         missing = httpx.post(f"{running.url}/verify", json=body("q", "a"), timeout=10)
         assert missing.status_code == 422 and "expected_answer" in missing.json()["detail"]
         bad = httpx.post(f"{running.url}/verify", json=body("q", "a", expected_answer=["x"]), timeout=10)
         assert bad.status_code == 422 and "expected_answer" in bad.json()["detail"]
+        row = body("q", "a", expected_answer="b", template_metadata={"output_regex": ["x"]})
+        bad = httpx.post(f"{running.url}/verify", json=row, timeout=10)  # was a 500 (TypeError in re)
+        assert bad.status_code == 422 and "template_metadata.output_regex" in bad.json()["detail"]
 
 
 def test_without_a_judge_every_verify_is_a_judge_error() -> None:

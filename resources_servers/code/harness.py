@@ -82,7 +82,8 @@ def unbound_globals(code):
         import opcode
 
         ops = opcode.opmap
-        load_global, load_name, extended = ops["LOAD_GLOBAL"], ops["LOAD_NAME"], ops["EXTENDED_ARG"]
+        load_global, extended = ops["LOAD_GLOBAL"], ops["EXTENDED_ARG"]
+        load_name = {ops[name] for name in ("LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS") if name in ops}
         stores = {ops[name] for name in ("STORE_NAME", "STORE_GLOBAL") if name in ops}
         shift = 1 if sys.version_info >= (3, 11) else 0  # 3.11+: LOAD_GLOBAL's low bit is a flag
         loads, bound, pending = set(), set(), [code]
@@ -96,7 +97,7 @@ def unbound_globals(code):
                     continue
                 if op == load_global:
                     loads.add(co.co_names[arg >> shift])
-                elif op == load_name:
+                elif op in load_name:
                     loads.add(co.co_names[arg])
                 elif op in stores:
                     bound.add(co.co_names[arg])

@@ -217,3 +217,18 @@ def test_a_program_that_ends_just_past_its_cpu_limit_is_a_timeout() -> None:
         assert out["tests"][0]["cpu_s"] > 0.3
         honest = verify(url, SUM, READ + "print(a + b)")
         assert honest["reward"] == 1.0, honest.get("failure_reason")
+
+
+def test_the_preamble_runs_only_for_a_program_that_needs_it(url: str) -> None:
+    """Its imports cost tens of milliseconds per task: a program that binds every global it reads starts
+    from a plain interpreter's empty namespace, one that reads ``Counter`` without an import gets it."""
+    row = {
+        "responses_create_params": {"input": [{"role": "user", "content": "List your globals."}]},
+        "verifier_metadata": {"unit_tests": {"inputs": [""], "outputs": ["[] 50000\n"]}},
+    }
+    plain = "import sys\nprint([k for k in globals() if not k.startswith('__') and k != 'sys'], sys.getrecursionlimit())"
+    out = verify(url, row, plain)
+    assert out["reward"] == 1.0, out.get("failure_reason")
+    row["verifier_metadata"]["unit_tests"]["outputs"] = ["2\n"]
+    out = verify(url, row, "print(Counter('aab')['a'])")
+    assert out["reward"] == 1.0, out.get("failure_reason")

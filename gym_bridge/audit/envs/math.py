@@ -53,6 +53,10 @@ def attacks(options: AuditOptions) -> list[Attack]:
         _wrong("huge_integer", "a 200,000-digit integer", "\\boxed{" + "9" * 200_000 + "}", cls="crash"),
         Attack("power_towers", "stall", "8 answers that run a verifier into its time limit, then a plain one",
                FOUR, [answer("\\boxed{9^{9^{9^9}}}")], concurrent=8, then=(plain,)),
+        # The row asks for the strict rule itself, so this runs whatever the server's default.
+        Attack("strict_long_word", "stall", "30,000 letters in a box under strict (a prose pattern rescanned each "
+               "letter's rest of the word on the event loop), then a plain answer", {**FOUR, "strict": True},
+               [answer("\\boxed{" + "a" * 30_000 + "}")], concurrent=2, then=(plain,)),
     ]  # fmt: skip
     if options.strict:
         found += [
@@ -60,5 +64,13 @@ def attacks(options: AuditOptions) -> list[Attack]:
             _wrong("approximation", "an approximation", "\\boxed{4 \\approx 5}"),
             _wrong("negation", "a negation", "\\boxed{\\neg 4}"),
             _wrong("trailing_prose", "the answer, then prose taking it back", "\\boxed{4 \\text{ is not the answer}}"),
+            # math-verify cannot parse these boxes and scores the last number in the response instead
+            _wrong("disjunction", "two values joined by 'or'", "\\boxed{3 \\lor 4}"),
+            _wrong("divides_bar", "two values joined by a bar", "\\boxed{3 | 4}"),
+            _wrong("unknown_command", "two values joined by a command the parser does not know", "\\boxed{3 \\foo 4}"),
+            _wrong("tex_conditional", "a value hidden in \\iffalse ... \\fi", "\\boxed{\\iffalse 3 \\fi 4}"),
+            _wrong("unicode_relation", "an equation written with the identical-to sign", "\\boxed{5 \u2261 4}"),
+            _wrong("fullwidth_relation", "an equation written with a fullwidth equals sign", "\\boxed{5 \uff1d 4}"),
+            _wrong("question_mark", "the answer, doubted", "\\boxed{4 \\text{?}}"),
         ]  # fmt: skip
     return found

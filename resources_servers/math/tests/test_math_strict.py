@@ -4,7 +4,11 @@ scores answers that assert a relation, a negation, an approximation or trailing 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -162,6 +166,24 @@ def test_strict_server_config_and_a_request_that_opts_out(strict_server: str) ->
     assert rejected["reward"] == 0.0 and rejected["failure_kind"] == "strict_rejected"
     assert opted_out["reward"] == 1.0  # the request's own setting wins
     assert right["reward"] == 1.0
+
+
+def test_the_audit_finds_nothing_on_a_strict_server(strict_server: str, tmp_path: Path) -> None:
+    # gym-bridge audit --strict: the catalogue's strict attacks (the relations and hedges above among them).
+    from gym_bridge.audit.attacks import AuditOptions
+    from gym_bridge.audit.envs.math import attacks
+
+    strict_only = {a.name for a in attacks(AuditOptions(strict=True))} - {
+        a.name for a in attacks(AuditOptions())
+    }
+    assert {"disjunction", "unknown_command", "unicode_relation", "question_mark"} <= strict_only
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "gym_bridge.cli", "audit", strict_server, "--env", "math", "--strict"]
+    command += ["--json", str(report), *(f"--only={name}" for name in sorted(strict_only))]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = json.loads(report.read_text())
+    assert done.returncode == 0 and result["findings"] == [], (done.stdout[-2000:], result["findings"])
+    assert {o["attack"] for o in result["outcomes"]} >= strict_only
 
 
 def test_a_mistyped_strict_field_is_named(client: httpx.Client) -> None:

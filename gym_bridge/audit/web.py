@@ -50,4 +50,10 @@ def web_attacks(control: Attack) -> list[RawAttack]:
         RawAttack("lone_surrogate", "crash", "a lone UTF-16 surrogate in a string", "/verify",
                   verify_body.replace(b"{", b'{"x": "\\ud800", ', 1),
                   {"content-type": "application/json"}, _survived),
+        RawAttack("surrogate_bytes", "crash", "a surrogate written as UTF-8 bytes (CESU-8) in a string", "/verify",
+                  verify_body.replace(b"{", b'{"x": "\xed\xa0\x80", ', 1),
+                  {"content-type": "application/json"}, _survived),
+        RawAttack("aggregate_huge_integer", "crash", "/aggregate_metrics with a reward no float can hold",
+                  "/aggregate_metrics", b'{"verify_responses": [{"reward": 1' + b"0" * 400 + b"}]}",
+                  {"content-type": "application/json"}, _survived),
     ]  # fmt: skip

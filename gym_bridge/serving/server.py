@@ -325,7 +325,11 @@ class ResourcesServer:
             return self._seeded(existing, request.task_data)
         row = self._task_row(request.task_data, ("body", "task_data"))
         if session.binding is not None or session.state:  # the caller's cookie names a session in use
-            session = self.sessions.create()
+            # Refused, not a new session beside it: an agent adopts the cookie a tool call's answer sets
+            # (NeMo Gym's simple_agent does), so a model's call named seed_session would move the rollout
+            # (its later calls and /verify) into a session it seeded itself.
+            raise HTTPException(409, "this request carries the cookie of a session in use; a new resources session "
+                                     "is seeded without it")  # fmt: skip
         session.binding = binding
         self.sessions.keep(session)  # bound: out of the fresh tier, which cookie-less requests churn
         self.resources.bind(binding, session.id)

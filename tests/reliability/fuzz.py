@@ -123,7 +123,8 @@ def _short(value: Any, limit: int = 400) -> str:
 Post = Callable[[str, Any], int]
 """``post(path, json_body) -> status``: a POST through the fuzzer's own client (same session cookie)."""
 Prepare = Callable[[Post, str], None]
-"""``prepare(post, path)``: runs before each request to ``path``, e.g. to seed the session a tool needs."""
+"""``prepare(post, path)``: runs before each request to ``path``, e.g. to seed the session a tool needs (in a
+new session: the fuzzers drop their cookie first, as they do before each request to ``/seed_session``)."""
 
 
 def fuzz_openapi(
@@ -188,6 +189,8 @@ def _fuzz_operation(
     @given(case=operation.as_strategy(generation_mode=mode))
     def send(case: Any) -> None:
         where = f"{label} [{mode.value}] body={_short(case.body)} query={_short(case.query)}"
+        if prepare is not None or operation.path == "/seed_session":
+            session.cookies.clear()  # a new rollout: a seeded session is never seeded again (409)
         if prepare is not None:
             prepare(
                 lambda p, b: session.post(base_url + p, json=b, timeout=timeout).status_code, operation.path
@@ -364,6 +367,8 @@ def _mutate_path(
     def send(mutated: tuple[bytes, str]) -> None:
         body, label = mutated
         where = f"POST {path} [{label}]"
+        if prepare is not None or path == "/seed_session":
+            client.cookies.clear()  # a new rollout: a seeded session is never seeded again (409)
         if prepare is not None:
             prepare(lambda p, b: client.post(p, json=b).status_code, path)
         headers = {"content-type": "application/json"}

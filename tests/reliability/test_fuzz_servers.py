@@ -53,6 +53,7 @@ def still_serves(url: str, seeds: dict[str, list[Any]], prepare: Any = None) -> 
     """After the fuzzing, every path still does its work: its first good body is answered 200."""
     with httpx.Client(base_url=url, timeout=60) as client:
         for path, good in seeds.items():
+            client.cookies.clear()  # each path a new rollout: a seeded session is never seeded again
             if prepare is not None:
                 prepare(lambda p, b: client.post(p, json=b).status_code, path)
             response = client.post(path, json=good[0])

@@ -3,8 +3,9 @@
 Each test is a finding of a red-team round that failed on the code before its fix:
 
 * a function call named ``seed_session`` (NeMo Gym's ``simple_agent`` posts every call the model makes to
-  ``/<name>`` with the rollout's cookie) replaced the seeded state the reward is read from: reward 1 for a
-  cart the model never filled;
+  ``/<name>`` with the rollout's cookie, and adopts any cookie the answer sets) replaced the seeded state the
+  reward is read from, with a legacy body, or with a typed body opened a session of the model's making that
+  the rollout then moved into: reward 1 for a cart the model never filled;
 * requests without a cookie (each opens a session) pushed live rollouts' sessions out of the store;
 * a surrogate written as UTF-8 bytes (``\\xed\\xa0\\x80``; the ``\\ud800`` escape was refused already) was
   a 500 on ``/verify``, ``/seed_session`` and the tools;
@@ -85,6 +86,12 @@ def test_a_tool_call_named_seed_session_cannot_replace_the_state_the_reward_read
         # the honest rollout in the same session still pays
         assert rollout.post("/add_to_cart", json={"product_id": "P125", "quantity": 2}).status_code == 200
         assert rollout.post("/verify", json={**BY_OUTCOME, "response": done()}).json()["reward"] == 1.0
+
+    with httpx.Client(base_url=url, timeout=60) as rollout:  # the same call with a typed body: a session of its own
+        assert rollout.post("/seed_session", json=BY_OUTCOME).status_code == 200
+        side_door = rollout.post("/seed_session", json=typed_seed(forged))  # its answer's cookie would be adopted
+        assert side_door.status_code == 409 and "cookie of a session in use" in side_door.json()["detail"]
+        assert rollout.post("/verify", json={**BY_OUTCOME, "response": done()}).json()["reward"] == 0.0
 
     seed = typed_seed({k: v for k, v in BY_OUTCOME.items() if k != "responses_create_params"})
     with httpx.Client(base_url=url, timeout=60) as episode:  # a typed session is not re-seeded by a legacy body either
@@ -207,3 +214,59 @@ def test_typed_sessions_ids_count_against_max_session_bytes(stateless) -> None:
     health = server.health()
     assert 3_000_000 < health["session_bytes"] <= 4 * 1024 * 1024, health
     assert health["resources_sessions"] <= 4
+
+
+# --------------------------------------------------------------------------- attacks that held (regression cases)
+
+
+def test_methods_other_than_post_on_post_routes_are_405s(stateless) -> None:
+    _, url = stateless
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for path in ("/verify", "/seed_session", "/close_session", "/aggregate_metrics"):
+            for method in ("GET", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH"):
+                answer = client.request(method, path)
+                assert answer.status_code == 405 and answer.headers["allow"] == "POST", (method, path)
+        assert client.head("/health").status_code == 200
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    """Send ``request`` on a connection of its own; everything the server answers until it closes it."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",  # CL.TE smuggling
+        b"Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}",
+        b"Content-Length: -1\r\n\r\n{}",
+        b"Content-Length: +2\r\n\r\n{}",
+    ],
+)
+def test_ambiguous_body_framing_is_a_400_and_smuggles_no_request(stateless, framing: bytes) -> None:
+    server, url = stateless
+    sessions = len(server.sessions)
+    head = b"POST /seed_session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    smuggled = b"POST /seed_session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    answer = raw_exchange(url, head + framing + smuggled)
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer[:300]
+    assert len(server.sessions) == sessions  # neither request reached a route
+
+
+def test_a_replayed_verify_pays_what_the_first_did_and_changes_nothing(builtin_url) -> None:
+    url = builtin_url("tool_use")
+    with httpx.Client(base_url=url, timeout=60) as rollout:
+        assert rollout.post("/seed_session", json=BY_OUTCOME).status_code == 200
+        assert rollout.post("/add_to_cart", json={"product_id": "P125", "quantity": 2}).status_code == 200
+        body = {**BY_OUTCOME, "response": done()}
+        first, again = (rollout.post("/verify", json=body).json() for _ in range(2))
+        assert first["reward"] == again["reward"] == 1.0 and first == again
+        assert rollout.post("/view_cart", json={}).json()["cart"]["items"][0]["quantity"] == 2

@@ -145,6 +145,14 @@ REQUESTS: list[tuple[str, bytes, dict[str, str], int, str]] = [
     ("/verify", b"[1, 2]", {}, 422, NOT_A_DICT + "list"),
     ("/verify", b'{"target": 3,,}', {}, 422, JSON_AT + "1 column 14 (char 13)"),
     ("/verify", b'{"a": "\\ud800"}', {}, 400, "body holds a lone UTF-16 surrogate escape"),
+    ("/verify", b'{"a": "\xed\xa0\x80"}', {}, 400, "body holds a lone UTF-16 surrogate escape"),  # as bytes
+    ("/verify", b"\xef\xbb\xbf" + encoded(verify_body()), {}, 200, '{"responses_create_params"'),  # a BOM is read past
+    # duplicate keys: the last wins, for validation and the verifier alike (one parse)
+    ("/verify", b'{"target": "three", ' + encoded(verify_body())[1:], {}, 200, '{"responses_create_params"'),
+    ("/verify", encoded(verify_body())[:-1] + b', "target": "three"}', {}, 422, "target: Input should be a valid integer"),
+    ("/VERIFY", encoded(verify_body()), {}, 404, "unknown tool 'VERIFY'"),
+    ("/..%2fverify", encoded(verify_body()), {}, 404, "Not Found"),
+    ("/add%2f..%2fverify", encoded(verify_body()), {}, 404, "Not Found"),
     ("/verify", encoded(verify_body(padding="x" * 5000)), {}, 413, "request body larger than the limit of 4096 bytes"),
     ("/unknown_tool", encoded({"step": 1}), {}, 404, "unknown tool 'unknown_tool' (this server's tools: add, explode, note)"),
     ("/verify/", encoded(verify_body()), {}, 200, '{"responses_create_params"'),

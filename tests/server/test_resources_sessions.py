@@ -202,8 +202,8 @@ def test_tool_use_typed_seed_reads_the_store_from_task_data(server_url) -> None:
         assert client.post("/seed_session", json=typed_seed(row)).status_code == 200
         products = client.post("/list_products", json={}).json()["products"]
         assert {p["product_id"] for p in products} == set(row["initial_state"]["products"])
-        refused = client.post("/seed_session", json=typed_seed(broken))
-        assert refused.status_code == 422 and "initial_state" in refused.json()["detail"], refused.text
+    refused = httpx.post(server_url("tool_use") + "/seed_session", json=typed_seed(broken), timeout=60)  # its own episode
+    assert refused.status_code == 422 and "initial_state" in refused.json()["detail"], refused.text
 
 
 def test_legacy_cookie_seed_still_works_beside_the_typed_one(server_url) -> None:
@@ -214,10 +214,15 @@ def test_legacy_cookie_seed_still_works_beside_the_typed_one(server_url) -> None
         assert seeded.status_code == 200 and seeded.json()["seeded"] is True, seeded.text
         pid = sorted(row["initial_state"]["products"])[0]
         assert legacy.post("/add_to_cart", json={"product_id": pid, "quantity": 1}).status_code == 200
-        # the same cookie jar then seeds a typed session: a session of its own, the legacy one untouched
+        # a typed seed sent with the legacy session's cookie is refused (an agent adopts the cookie a tool
+        # call's answer sets, so a model's call named seed_session would move the rollout into its own session)
         seed = typed_seed(row)
-        typed = legacy.post("/seed_session", json=seed)
-        assert typed.status_code == 200 and typed.json()["resources_session_id"] == seed["resources_session_id"]
-        assert legacy.post("/view_cart", json={}).json()["cart"]["items"] == []  # the jar now holds the typed session
+        refused = legacy.post("/seed_session", json=seed)
+        assert refused.status_code == 409 and "cookie of a session in use" in refused.json()["detail"], refused.text
+        assert len(legacy.post("/view_cart", json={}).json()["cart"]["items"]) == 1  # the legacy session untouched
         flat = legacy.post("/verify", json={**row, "response": answer("Done.")})  # NeMo Gym's flat verify, by cookie
         assert flat.status_code == 200 and flat.json()["reward"] == 0.0, flat.text
+    with httpx.Client(base_url=url, timeout=60) as typed:  # without the cookie, the typed seed is served beside it
+        answered = typed.post("/seed_session", json=seed)
+        assert answered.status_code == 200 and answered.json()["resources_session_id"] == seed["resources_session_id"]
+        assert typed.post("/view_cart", json={}).json()["cart"]["items"] == []

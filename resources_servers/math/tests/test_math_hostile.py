@@ -223,3 +223,27 @@ def test_strict_answers_are_scanned_in_linear_time(
     assert slowest_health < HEALTH_BOUND_S, f"{name}: /health took {slowest_health:.2f} s"
     assert wall < CONFIG["timeout_s"] + CONFIG["kill_grace_s"] + 5.0, f"{name}: {wall:.1f} s"
     assert process.poll() is None, "the server died"
+
+
+STALLS = {
+    # Red-team round 3, shapes that held: each is answered within the check budget, reward 0.
+    "factorial_chain": "\\boxed{9!!!!!!}",
+    "huge_factorial": "\\boxed{(10^{10})!}",
+    "tiny_excess_power": "\\boxed{4+10^{-10^{10}}}",  # 4 plus a number too small to write out
+    "deep_braces": "\\boxed{" + "{" * 5000 + "4" + "}" * 5000 + "}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STALLS))
+def test_answers_built_to_stall_the_checker_are_bounded(
+    capped_server: tuple[subprocess.Popen[str], str], name: str
+) -> None:
+    process, url = capped_server
+    response, wall, slowest_health = while_probing_health(url, lambda: post(url, STALLS[name], "4"))
+    out = response.json()
+    assert response.status_code == 200 and out["reward"] == 0.0, out
+    assert out["failure_kind"] in (None, "verifier_timeout", "unparsable_answer", "verifier_error"), out
+    assert wall < CONFIG["timeout_s"] + CONFIG["kill_grace_s"] + 5.0, f"{name}: {wall:.1f} s"
+    assert slowest_health < HEALTH_BOUND_S, f"{name}: /health took {slowest_health:.2f} s"
+    assert post(url, "\\boxed{\\sqrt{16}}", "4").json()["reward"] == 1.0  # the pool still serves
+    assert process.poll() is None

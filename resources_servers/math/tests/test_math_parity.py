@@ -93,6 +93,31 @@ def test_the_default_rule_equals_nemo_gyms_on_every_row(default_server: str) -> 
         ("\\boxed{4-10^{-100}}", "4"),
         ("\\boxed{\\frac{4\\cdot10^{40}+1}{10^{40}}}", "4"),
         ("\\boxed{４}", "4"),
+        # Red-team round 3, hedges that held (NeMo Gym 0.7.0 scores each 0 too): several values, a set,
+        # an interval or inequality holding the answer, plus-minus, undefined values, hidden digits.
+        ("\\boxed{3} or \\boxed{4}", "4"),
+        ("\\boxed{3 \\text{ or } 4}", "4"),
+        ("\\boxed{3, 4}", "4"),
+        ("\\boxed{\\{3,4\\}}", "4"),
+        ("\\boxed{x \\in \\{3,4\\}}", "4"),
+        ("\\boxed{x = 3 \\text{ or } x = 4}", "4"),
+        ("\\boxed{2 < x < 5}", "4"),
+        ("\\boxed{[3,5]}", "4"),
+        ("\\boxed{[0,\\infty)}", "4"),
+        ("\\boxed{\\pm 4}", "4"),
+        ("\\boxed{4 \\pm 1}", "4"),
+        ("\\boxed{\\frac{0}{0}}", "4"),
+        ("\\boxed{\\infty - \\infty}", "4"),
+        ("\\boxed{0^0}", "4"),
+        ("\\boxed{x}", "4"),
+        ("\\boxed{\\mathbb{R}}", "4"),
+        ("\\boxed{\\phantom{3}4}", "4"),  # read as 3 4, that is 7
+        ("\\boxed{\\color{white}{3}4}", "4"),
+        ("\\boxed{\\def\\x{4}\\x}", "4"),
+        ("<think>\\boxed{4}</think> \\boxed{5}", "4"),  # a box in the reasoning counts too
+        ("\\boxed{3.99999}", "4"),
+        ("\\boxed{40\\%}", "4"),
+        ("\\boxed{\\text{four}}", "4"),
     ],
 )
 def test_answers_nemo_gym_scores_zero_score_zero(default_server: str, text: str, expected: str) -> None:

@@ -81,6 +81,8 @@ UNREADABLE = [
     "\\boxed{5 \\coloneqq 4}",
     "\\boxed{5 \\Leftarrow 4}",
     "\\boxed{! 4}",
+    "\\boxed{3 \\bmod 4}",  # 3 mod 4 is 3
+    "\\boxed{\u202e3 4}",  # a right-to-left override
     "\\boxed{4} then \\boxed{3 \\lor 4}",
 ]
 UNLISTED_SYMBOLS = [

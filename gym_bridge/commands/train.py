@@ -61,8 +61,11 @@ def train(
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.train.bookkeeping.checkpoint import CheckpointWriteError
+    from gym_bridge.train.bookkeeping.run_lock import RunDirectoryBusy
+    from gym_bridge.train.learner.divergence import TrainingDiverged
     from gym_bridge.train.loop import train as run_training
     from gym_bridge.train.samplers.data import DataError
+    from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
     from gym_bridge.train.setup import RunAlreadyComplete
 
     try:
@@ -72,11 +75,20 @@ def train(
         return
     except (
         CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
-        VllmUnavailableError,
+        RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")
+    if result.steps_run and not result.steps_updated:  # a run that learned nothing is said, not passed over
+        typer.echo(
+            f"warning: none of this run's {result.steps_run} steps updated the policy: in every step all "
+            "rewards of each group were equal (or no rollout became a sample), so there was no learning "
+            "signal and the weights are unchanged. Check the rewards (reward_mean, rollout_failures in "
+            "metrics.jsonl): a task too hard or too easy for the model, or an environment that scores "
+            "every answer alike",
+            err=True,
+        )
     if result.validations:
         first, last = result.validations[0], result.validations[-1]
         typer.echo(

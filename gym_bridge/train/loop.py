@@ -43,10 +43,12 @@ from gym_bridge.train.bookkeeping.metrics import (
 )
 from gym_bridge.train.bookkeeping.preflight import check_machine
 from gym_bridge.train.bookkeeping.run_dirs import find_earlier_run
+from gym_bridge.train.bookkeeping.run_lock import hold_run_dirs
 from gym_bridge.train.bookkeeping.sample_log import write_step_samples
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
 from gym_bridge.train.learner.device import generation_precision_notice
+from gym_bridge.train.learner.divergence import check_advantages, check_update
 from gym_bridge.train.learner.lora import parameter_counts, trainable_parameters_line
 from gym_bridge.train.learner.update import Learner, StepBatch, skip_update, update_policy
 from gym_bridge.train.samplers.async_rollouts import RolloutPipeline
@@ -76,12 +78,22 @@ class TrainResult:
     curves: Path | None = None
     trainable_parameters: tuple[int, int] = (0, 0)
     """(trainable, total) parameters of the policy: all of them, or with LoRA the adapters'."""
+    steps_run: int = 0
+    """Steps this invocation ran (a resumed run counts from its checkpoint)."""
+    steps_updated: int = 0
+    """Of those, the steps that took at least one optimizer step (the others had no learning signal)."""
 
 
 def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False) -> TrainResult:
     """Run GRPO as configured; resume from the latest checkpoint in ``checkpointing.checkpoint_dir``
     (``fresh``: delete its checkpoints and start at step 0). Raises
-    :class:`~gym_bridge.train.setup.RunAlreadyComplete` when that checkpoint is the last step."""
+    :class:`~gym_bridge.train.setup.RunAlreadyComplete` when that checkpoint is the last step, and
+    :class:`~gym_bridge.train.bookkeeping.run_lock.RunDirectoryBusy` when another run holds its directories."""
+    with hold_run_dirs(cfg):
+        return _train(cfg, show_progress=show_progress, fresh=fresh)
+
+
+def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResult:
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars between metric lines
     grpo, policy = cfg.grpo, cfg.policy
     check_machine(cfg)  # keys this machine cannot honour are refused before the model loads
@@ -141,6 +153,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
             stack.callback(pipeline.close)
             pipeline.publish(step, weights_snapshot(model))
         data_state, epochs_done = data.train.state_dict(), data.train.epochs_done
+        first_step, steps_updated = step, 0
 
         while step < grpo.max_num_steps and epochs_done < grpo.max_num_epochs:
             step += 1
@@ -175,6 +188,7 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
             else:
                 # 3. advantages; a step where they are all zero (and no KL or entropy term) has nothing to learn
                 batch = StepBatch.from_samples(grpo, samples)
+                check_advantages(step, batch.advantages, [s.reward for s in samples], checkpoints)
                 batch.entropy_coeff, entropy_stats = entropy.step(samples)
                 step_stats.update(entropy_stats)
                 if batch.has_advantage() or learner.loss_fn.learns_without_advantage(batch.entropy_coeff):
@@ -217,6 +231,8 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
                     log_dir, step, samples, batch.advantages.tolist(), cfg.logger.num_rollout_groups_to_log
                 )
                 view.step(step, metrics)
+                check_update(step, train_metrics, metrics["lr"], checkpoints)  # before NaN weights are validated or saved
+                steps_updated += bool(train_metrics.get("optimizer_steps"))
                 data.train.set_records(reward=metrics["reward_mean"], step=step)
                 last_train = metrics
 
@@ -248,6 +264,8 @@ def train(cfg: MasterConfig, *, show_progress: bool = True, fresh: bool = False)
         resumed_from=resume.step if resume is not None else None,
         curves=plot_curves(log_dir),
         trainable_parameters=parameter_counts(model),
+        steps_run=step - first_step,
+        steps_updated=steps_updated,
     )
 
 

@@ -170,7 +170,56 @@ def find_resume_point(cfg: MasterConfig, *, fresh: bool = False) -> tuple[Checkp
             f"{checkpointing.checkpoint_dir}.previous-<time> once the new one has started) or set "
             "checkpointing.checkpoint_dir to a new directory; to train further, raise grpo.max_num_steps."
         )
+    if resume is not None:
+        _check_resumable(cfg, resume)
     return manager, resume
+
+
+FIXED_ON_RESUME = ("policy.model_name", "policy.tokenizer.name", "policy.optimizer.name", "policy.optimizer.kwargs.",
+                   f"{LORA_KEY}.")
+"""Keys a resumed run cannot change: the checkpoint's weights, adapter and optimizer state are loaded over
+them (torch's ``load_state_dict`` keeps the saved learning rate, betas, eps and weight decay), so a new
+value would be ignored without a word."""
+APPLIED_ON_RESUME = ("policy.optimizer.kwargs.foreach", "policy.optimizer.kwargs.fused", f"{LORA_KEY}.use_triton")
+"""Implementation switches among those, which change no state."""
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): value}
+
+
+def _check_resumable(cfg: MasterConfig, resume: Checkpoint) -> None:
+    """Refuse to resume with a changed key of :data:`FIXED_ON_RESUME`, naming each key with both values."""
+    import yaml
+
+    from gym_bridge.train.config import config_to_dict
+
+    saved_file = resume.path / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved, now = _flat(yaml.safe_load(saved_file.read_text()) or {}), _flat(config_to_dict(cfg))
+    lora, lora_before = now.get(f"{LORA_KEY}.enabled"), saved.get(f"{LORA_KEY}.enabled")
+    if lora != lora_before:  # LoRA on one side only: _check_checkpoint_kind refuses it in its own words
+        return
+    lora_both = lora is True  # LoRA's other settings matter only when it is on
+    changed = [
+        key
+        for key in sorted(set(saved) | set(now))
+        if key.startswith(FIXED_ON_RESUME)
+        and key not in APPLIED_ON_RESUME
+        and (lora_both or not key.startswith(f"{LORA_KEY}."))
+        and saved.get(key) != now.get(key)
+    ]
+    if changed:
+        raise ConfigError([
+            f"{key} is {now.get(key)!r} but {resume.path} was trained with {saved.get(key)!r}: a resumed run "
+            "continues from its checkpoint's weights and optimizer state, so the new value would be ignored. "
+            "Keep the checkpoint's value to resume, or train with the new one from step 0 (--fresh, or a new "
+            "checkpointing.checkpoint_dir)"
+            for key in changed
+        ])
 
 
 def build_learner(cfg: MasterConfig, resume: Checkpoint | None, *, rollout_process: bool) -> tuple[Learner, int]:

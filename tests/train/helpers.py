@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.answers import Answer
 from gym_bridge.serving.server import ResourcesServer, Session
 
 TIMING_KEYS = ("time_", "tokens_per_s", "generation_tokens_per_s", "step_share/")
@@ -37,6 +39,26 @@ class ParityServer(ResourcesServer):
 
 PARITY_SERVER = f"{__name__}:ParityServer"
 """``env.<name>.server`` value that starts :class:`ParityServer` (also in a rollout process)."""
+
+
+class RowRewardServer(ResourcesServer):
+    """A broken environment: ``/verify`` answers the task row's ``give_reward`` as the reward, whatever it
+    is (``"NaN"`` goes out as the bare JSON token ``NaN``, as ``json.dumps`` writes it); rows without it
+    get the parity reward (even-length answers score 1)."""
+
+    name = "row_reward"
+
+    async def _verify_content(self, body: dict[str, Any], session: Session) -> Any:
+        if "give_reward" not in body:
+            text = assistant_text(body["response"]["output"])
+            return {**body, "reward": float(len(text) % 2 == 0)}
+        reward = body["give_reward"]
+        answer = {**body, "reward": math.nan if reward == "NaN" else reward}
+        return Answer(200, json.dumps(answer).encode(), (), answer)
+
+
+ROW_REWARD_SERVER = f"{__name__}:RowRewardServer"
+"""``env.<name>.server`` value that starts :class:`RowRewardServer`."""
 
 SMALL_ONLINE_RUN = [
     "grpo.num_prompts_per_step=4",

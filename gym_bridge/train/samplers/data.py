@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -287,6 +288,8 @@ def load_offline_groups(data: DataConfig) -> list[OfflineGroup]:
                 raise DataError(
                     f"{where}: {line}: no numeric '{dataset.reward_key}' in the row (set reward_key)"
                 )
+            if not math.isfinite(reward):  # one NaN reward made every weight NaN (and the run exited 0)
+                raise DataError(f"{where}: {line}: '{dataset.reward_key}' is {reward}: a reward must be a finite number")
             if "responses_create_params" in row and "response" in row:  # a rollout record: the transforms' reader
                 try:
                     messages, items = prompt_messages(check_rollout(row)), output_items(row)

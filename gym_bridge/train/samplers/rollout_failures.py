@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-__all__ = ["FailureTally", "TooManyFailedRollouts"]
+__all__ = ["BadReward", "FailureTally", "TooManyFailedRollouts"]
+
+
+class BadReward(ValueError):
+    """A rollout whose ``/verify`` answer has a reward that is not a finite number (null, a string, a
+    boolean, NaN): counted as a failed rollout of kind ``verify/bad_reward``, never trained on."""
 
 
 class TooManyFailedRollouts(RuntimeError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import sys
 import threading
@@ -49,7 +50,7 @@ from gym_bridge.train.batches.rollouts import (
 )
 from gym_bridge.train.config import ConfigError, MasterConfig
 from gym_bridge.train.samplers.data import OfflineGroup, Prompt, TrainBatches
-from gym_bridge.train.samplers.rollout_failures import FailureTally, TooManyFailedRollouts
+from gym_bridge.train.samplers.rollout_failures import BadReward, FailureTally, TooManyFailedRollouts
 from gym_bridge.train.samplers.rollout_timeouts import RolloutDeadline, is_timed_out, zero_reward_record
 
 __all__ = [
@@ -276,6 +277,9 @@ class OnlineSampler:
             except TurnMismatch as err:
                 failures.add("sequence/turn_mismatch", str(err))
                 continue
+            except BadReward as err:
+                failures.add("verify/bad_reward", str(err))
+                continue
             if sample is None:
                 failures.add("sequence/no_token_ids", "the rollout's output items carry no token ids")
                 continue
@@ -387,7 +391,12 @@ class OnlineSampler:
         return [((i, p), r) for (i, p, _), r in zip(jobs, results, strict=True)]
 
     def to_sample(self, record: dict[str, Any], group: int, prompt: Prompt) -> Sample | None:
-        """The record as a training sequence; None without token ids; raises :class:`TurnMismatch`."""
+        """The record as a training sequence; None without token ids; raises :class:`TurnMismatch`, and
+        :class:`BadReward` when the record's reward is not a finite number."""
+        reward = record.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            # a null reward trained as 0, a string crashed the run, NaN made every weight NaN
+            raise BadReward(f"the verify answer's reward is {json.dumps(reward)[:60]}, not a finite number")
         response = record.get("response") or {}
         built = sequence_from_items(response.get("output") or [])
         if built is None:
@@ -398,7 +407,7 @@ class OnlineSampler:
             group=group,
             token_ids=token_ids,
             loss_mask=mask,
-            reward=float(record.get("reward") or 0.0),
+            reward=float(reward),
             generation_logprobs=logprobs,
             truncated=incomplete or self._hit_length_limit(token_ids, mask),
             masked=bool(record.get("mask_sample")),

@@ -1,0 +1,300 @@
+"""Runs that did not do their job say so, and never lose or overwrite work (red-team round on ``train``).
+
+Each test was written against a failure seen for real on the code before it:
+
+* a learning rate far too high made the loss NaN; the run saved NaN weights in every later checkpoint
+  and exited 0;
+* one NaN reward in an offline dataset did the same; one reward of 1e39 (``inf`` in float32) too;
+* a ``/verify`` answer whose reward was null trained as reward 0 without a word, a string reward crashed
+  the run with a traceback, a NaN one made every weight NaN;
+* a run in which no step had a learning signal said only ``done: N steps``;
+* two runs on one checkpoint directory: the second one's start-up deleted the checkpoint the first was
+  writing (and could load one the first was pruning);
+* a resumed run with a new ``policy.optimizer.kwargs.lr`` kept the checkpoint's learning rate silently.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from gym_bridge.cli import app
+from gym_bridge.train.bookkeeping.logging import read_metrics
+from gym_bridge.train.bookkeeping.run_lock import RunDirectoryBusy, lock_path
+from gym_bridge.train.config import ConfigError, load_config
+from gym_bridge.train.learner.divergence import TrainingDiverged
+from gym_bridge.train.loop import train
+from gym_bridge.train.samplers.data import DataError
+from tests.train.helpers import ROW_REWARD_SERVER, SMALL_ONLINE_RUN, save_random_tiny
+from tests.train.test_trainer_offline import offline_config, write_scored
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_random_tiny(tmp_path_factory.mktemp("tiny_integrity"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_scored(tmp_path_factory.mktemp("scored") / "scored.jsonl")
+
+
+def with_reward(source: Path, out: Path, row: int, reward: Any) -> Path:
+    """``source`` with row ``row``'s reward replaced (NaN and Infinity written as Python's json writes them)."""
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    rows[row]["reward"] = reward
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def finite_weights(step_dir: Path) -> bool:
+    tensors = load_file(step_dir / "policy" / "weights" / "model.safetensors")
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
+
+
+# ------------------------------------------------------------------------------------------ divergence
+
+
+@pytest.mark.timeout(300)
+def test_a_diverging_run_exits_2_naming_the_step_and_never_saves_nan_weights(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    config = tmp_path / "offline.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    command = [
+        "train", "--config", str(config), "-q", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
+        "grpo.max_num_epochs=10", "grpo.val_period=0", "grpo.seed=3", "loss_fn.reference_policy_kl_penalty=0.0",
+        f"policy.model_name={model_dir}", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+        "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=16",
+        "policy.optimizer.kwargs.lr=1e10", "policy.max_grad_norm=null", f"data.train.data_path={scored}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", "checkpointing.save_period=1",
+        f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+    done = CliRunner().invoke(app, command)  # the command as typed, in this process
+    assert done.exit_code == 2, done.output[-3000:]
+    message = " ".join(done.stderr.split())
+    assert "error: step 2: training diverged (loss nan, grad_norm nan, lr 1e+10)" in message, message
+    assert f"the last complete checkpoint is {tmp_path / 'ckpt' / 'step_1'}" in message
+    assert "policy.optimizer.kwargs.lr" in message
+    steps = sorted(p.name for p in (tmp_path / "ckpt").glob("step_*"))
+    assert steps == ["step_1"] and finite_weights(tmp_path / "ckpt" / "step_1")  # nothing NaN on disk
+    logged = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
+    assert [r["step"] for r in logged] == [1, 2] and math.isnan(
+        logged[-1]["loss"]
+    )  # the bad step is on record
+
+
+@pytest.mark.timeout(120)
+def test_rewards_too_large_for_float32_stop_the_step_before_any_update(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    data = with_reward(scored, tmp_path / "huge.jsonl", 5, 1e39)
+    with pytest.raises(
+        TrainingDiverged, match=r"step 1: the rewards \(from 0 to 1e\+39\) give non-finite advantages"
+    ):
+        train(offline_config(tmp_path, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
+    assert not list((tmp_path / "ckpt").glob("step_*"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_reward_in_offline_data_is_refused_naming_the_row(
+    tmp_path: Path, model_dir: Path, scored: Path, reward: float
+) -> None:
+    data = with_reward(scored, tmp_path / "bad.jsonl", 5, reward)
+    with pytest.raises(
+        DataError, match=rf"bad.jsonl:6: 'reward' is {reward}: a reward must be a finite number"
+    ):
+        train(offline_config(tmp_path, model_dir, data), show_progress=False)
+
+
+# ------------------------------------------------------------------------------ rewards from /verify
+
+
+BAD_REWARDS = [None, "NaN", "1", True, "abc", [1]]
+"""What broken environments answered as a reward: null, NaN (the bare JSON token), a string, a boolean, text, a list."""
+
+
+def row_reward_rows(path: Path, rewards: list[Any], good: int) -> Path:
+    """One prompt per entry of ``rewards`` (the environment answers it as the reward), then ``good`` prompts
+    the environment scores honestly."""
+    rows = [
+        {"responses_create_params": {"input": [{"role": "user", "content": f"Say {i}."}]}}
+        for i in range(len(rewards) + good)
+    ]
+    for row, reward in zip(rows, rewards, strict=False):
+        row["give_reward"] = reward
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def online_args(tmp_path: Path, rows: Path) -> list[str]:
+    """Two synchronous steps of 4 prompts x 4 completions against :class:`RowRewardServer`."""
+    return [
+        *SMALL_ONLINE_RUN, "grpo.max_num_steps=2", "grpo.val_period=0", "grpo.async_grpo.enabled=false",
+        "policy.train_micro_batch_size=16", f"data.train.data_path={rows}", "data.train.env_name=bad",
+        f"env.bad.server={ROW_REWARD_SERVER}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        "checkpointing.save_period=1", f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(200)
+def test_a_verify_reward_that_is_not_a_finite_number_is_a_counted_failed_rollout(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Each step: 6 prompts whose rewards are broken, 2 scored honestly, 2 completions each."""
+    rows = row_reward_rows(tmp_path / "rows.jsonl", BAD_REWARDS, good=2)
+    overrides = [
+        *online_args(tmp_path, rows),
+        "grpo.num_prompts_per_step=8",
+        "grpo.num_generations_per_prompt=2",
+        "grpo.max_failed_rollouts_fraction=0.9",
+    ]
+    result = train(load_config(None, [f"policy.model_name={model_dir}", *overrides]), show_progress=False)
+    assert result.steps == 2
+    logged = [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"]
+    for (
+        record
+    ) in logged:  # every broken reward is dropped and counted, never scored (null used to train as 0)
+        assert record["rollout_failures"] == 12 and record["num_samples"] == 4, record
+        assert math.isfinite(record["reward_mean"])
+    assert finite_weights(tmp_path / "ckpt" / "step_2")
+
+
+# ---------------------------------------------------------------------------------- no learning signal
+
+
+@pytest.mark.timeout(300)
+def test_a_run_without_any_learning_signal_warns_that_the_weights_are_unchanged(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Every rollout of every prompt scores 0.5: no group has an advantage, no step updates the policy."""
+    rows = row_reward_rows(tmp_path / "rows.jsonl", [0.5] * 4, good=0)
+    config = tmp_path / "online.yaml"
+    config.write_text("grpo:\n  mode: online\n")
+    overrides = [
+        f"policy.model_name={model_dir}",
+        *online_args(tmp_path, rows),
+        "checkpointing.enabled=false",
+    ]
+    done = CliRunner().invoke(app, ["train", "--config", str(config), "-q", *overrides])
+    assert done.exit_code == 0, done.output[-3000:]
+    message = " ".join(done.stderr.split())
+    assert (
+        "warning: none of this run's 2 steps updated the policy" in message
+        and "weights are unchanged" in message
+    )
+    assert all(
+        r.get("no_learning_signal") == 1.0 for r in read_metrics(tmp_path / "logs") if r["split"] == "train"
+    )
+
+
+# ---------------------------------------------------------------------------- one run per directory
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from gym_bridge.train.bookkeeping import checkpoint as ckpt
+    from test_trainer_offline import offline_config  # tests/train is on PYTHONPATH
+    from gym_bridge.train.loop import train
+
+    tmp, model_dir, data, marker = map(Path, sys.argv[1:5])
+    original = ckpt._fsync_tree
+
+    def slow_fsync(root):
+        original(root)
+        if "step_2" in root.name:
+            marker.write_text("saving step 2")
+            time.sleep(600)
+
+    ckpt._fsync_tree = slow_fsync
+    train(offline_config(tmp, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_stale_lock(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    run, marker = tmp_path / "run", tmp_path / "marker"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run), str(model_dir), str(scored), str(marker)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert child.poll() is None, "the first run exited before its second save"
+            assert time.monotonic() < deadline, "the first run never reached its second save"
+            time.sleep(0.05)
+        writing = sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_2"))
+        assert len(writing) == 1
+        with pytest.raises(
+            RunDirectoryBusy,
+            match=rf"checkpointing.checkpoint_dir is {run / 'ckpt'}, which another "
+            rf"gym-bridge train \(pid {child.pid}\) is still using",
+        ):
+            train(offline_config(run, model_dir, scored, "checkpointing.save_period=1"), show_progress=False)
+        # the first run's checkpoint being written is untouched (it used to be removed as a leftover)
+        assert sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_2")) == writing
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert lock_path(run / "ckpt").exists()  # SIGKILL ran no clean-up; the kernel dropped the lock itself
+    result = train(offline_config(run, model_dir, scored, "checkpointing.save_period=1"), show_progress=False)
+    assert result.resumed_from == 1 and result.steps == 4
+    assert not lock_path(run / "ckpt").exists() and not lock_path(run / "logs").exists()
+
+
+# ------------------------------------------------------------------------------------ resumed config
+
+
+@pytest.mark.timeout(200)
+def test_resuming_with_a_key_the_checkpoint_overrides_is_refused_naming_it(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    first = train(offline_config(tmp_path, model_dir, scored, "grpo.max_num_steps=2"), show_progress=False)
+    assert first.steps == 2
+    other = save_random_tiny(tmp_path / "other", seed=5)
+    with pytest.raises(ConfigError) as caught:
+        train(
+            offline_config(
+                tmp_path, model_dir, scored, "policy.optimizer.kwargs.lr=0.5", f"policy.model_name={other}"
+            ),
+            show_progress=False,
+        )
+    message = str(caught.value)
+    assert (
+        f"policy.optimizer.kwargs.lr is 0.5 but {tmp_path / 'ckpt' / 'step_2'} was trained with 0.001"
+        in message
+    )
+    assert f"policy.model_name is '{other}'" in message and "--fresh" in message
+    # keys a resumed run does apply may change: the run length, clipping, the optimizer's implementation
+    result = train(
+        offline_config(
+            tmp_path, model_dir, scored, "policy.max_grad_norm=0.5", "policy.optimizer.kwargs.foreach=false"
+        ),
+        show_progress=False,
+    )
+    assert result.resumed_from == 2 and result.steps == 4

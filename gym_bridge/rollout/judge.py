@@ -146,6 +146,15 @@ _LOOKALIKES = str.maketrans({
     "❘": "|", "⟦": "[[", "⟧": "]]", "〚": "[[", "〛": "]]", "⁅": "[", "⁆": "]", "❲": "[", "❳": "]",
 })  # fmt: skip
 """Bracket and bar lookalikes that NFKC leaves alone (it already folds fullwidth ``＜｜［`` and the like)."""
+_LETTERS = str.maketrans(
+    "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧονАВЕКМНОРСТУХЅІЈԚԜаеорсу\u0445ѕіјԁһԛԝӏ",
+    "ABEZHIKMNOPTYXovABEKMHOPCTYXSIJQWaeopcyxsijdhqwl",
+)
+"""Greek and Cyrillic letters drawn as Latin ones (``[[А=В]]`` in Cyrillic reads as the label): folded when
+:func:`quote` looks for labels in a quoted text, not when a verdict is read from the judge's own reply."""
+_TAGS: dict[int, str | None] = {0xE0000 + c: chr(c) for c in range(0x20, 0x7F)} | {0xE0001: None, 0xE007F: None}
+"""Unicode tag characters: invisible, yet a model reads ``U+E0041`` as ``A`` ("ASCII smuggling"); shown as
+the ASCII they spell (the language and cancel tags dropped)."""
 _INVISIBLE_EXTRA = frozenset("\u034f\u115f\u1160\u3164\uffa0\u180b\u180c\u180d\u180e\u180f")
 
 
@@ -158,10 +167,11 @@ def _invisible(ch: str) -> bool:
     )  # fmt: skip
 
 
-def skeleton(text: str) -> tuple[str, list[int] | None]:
+def skeleton(text: str, letters: bool = False) -> tuple[str, list[int] | None]:
     """``text`` as markers are looked for in it: invisible characters dropped, each other character NFKC-normalised
-    and bracket lookalikes folded; with, for each character of the result, the index of the character of
-    ``text`` it came from (None: the same text, all ASCII)."""
+    and bracket lookalikes folded (``letters``: Greek and Cyrillic lookalikes of Latin letters too); with, for
+    each character of the result, the index of the character of ``text`` it came from (None: the same text,
+    all ASCII)."""
     if text.isascii():
         return text, None
     out: list[str] = []
@@ -172,6 +182,8 @@ def skeleton(text: str) -> tuple[str, list[int] | None]:
             where.append(i)
         elif not _invisible(ch):
             folded = unicodedata.normalize("NFKC", ch).translate(_LOOKALIKES)
+            if letters:
+                folded = folded.translate(_LETTERS)
             out.append(folded)
             where.extend([i] * len(folded))
     return "".join(out), where
@@ -188,11 +200,15 @@ def quote(text: str, labels: Iterable[str] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> 
 
     A label ``[[A=B]]`` becomes ``[ [A=B] ]`` and a marker such as ``<|End of Answer|>`` becomes
     ``< |End of Answer| >``: still readable, but neither a verdict to echo nor the end of the quote. They
-    are looked for in the :func:`skeleton` of the text, so a zero-width character inside one or a lookalike
-    bracket does not hide it; the span found is replaced by its plain defanged form.
+    are looked for in the :func:`skeleton` of the text, so a zero-width character inside one, a lookalike
+    bracket or a Greek or Cyrillic lookalike letter does not hide it; the span found is replaced by its plain
+    defanged form. Unicode tag characters (invisible text a model can read) are first shown as the ASCII
+    they spell, so what they say is quoted, and defanged, in plain sight.
     """
-    plain, where = skeleton(text)
-    wanted = sorted({skeleton(label)[0] for label in labels if len(label) > 2}, key=len, reverse=True)
+    if not text.isascii():
+        text = text.translate(_TAGS)
+    plain, where = skeleton(text, letters=True)
+    wanted = sorted({skeleton(label, letters=True)[0] for label in labels if len(label) > 2}, key=len, reverse=True)
     pattern = re.compile("|".join([*(re.escape(label) for label in wanted), r"<\|", r"\|>"]))
     pieces: list[str] = []
     last = 0
@@ -316,10 +332,13 @@ def _final_text_responses(body: dict[str, Any]) -> str | None:
 def _cut_off(body: dict[str, Any]) -> str | None:
     """Why the endpoint says its reply is incomplete (Responses ``status: incomplete``, a chat choice's
     ``finish_reason: length``), else None: a reply cut at the token limit has no final verdict."""
-    if body.get("status") == "incomplete":
+    status = body.get("status")
+    if status == "incomplete":
         details = body.get("incomplete_details")
         why = details.get("reason") if isinstance(details, dict) else None
         return f"the reply was cut off (status 'incomplete'{f': {why}' if why else ''}); raise max_output_tokens"
+    if status in ("failed", "cancelled"):
+        return f"the reply did not finish (status {status!r})"
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "length":
         return "the reply was cut off (finish_reason 'length'); raise max_output_tokens"

@@ -76,6 +76,10 @@ def attacks(options: AuditOptions) -> list[Attack]:
               {"initial_state": {**STATE, "cart": {"P125": 2}}}, task=BY_OUTCOME, tool_name="seed_session"),
         _call("path_in_tool_name", "a tool name that walks to another route", {"reward": 1.0},
               tool_name="add_to_cart/../verify"),
+        Attack("category_case", "wrong-reward", "an honest call naming the category in another case (the tool reads it "
+               "alike; it scored 0 before)", row({"expected_calls": [{"name": "list_products", "arguments":
+               {"category": "office", "max_price": None}}], "match": "strict"}),
+               [calls(("list_products", {"category": " Office", "max_price": None})), DONE], max_reward=1.0, min_reward=1.0),
         _call("arguments_not_an_object", "a JSON list for arguments", "[]", cls="crash"),
         _call("operator_object", "an object where the id should be", {"product_id": {"$gt": ""}, "quantity": 2},
               cls="crash"),

@@ -61,7 +61,11 @@ def test_nemo_gym_guide_config_is_translated_with_a_note(
 
 def test_nemo_gym_guide_config_trains_the_tiny_model(tmp_path: Path, tiny_model_dir: Path) -> None:
     config = _guide_run_dir(tmp_path)
-    cfg = load_config(config, [f"model.pretrained_model={tiny_model_dir}"])
+    # its own output directories: the guide's default (results/grpo under the working directory) held an
+    # earlier test run's checkpoint, which this run resumed with another model without a word until resumes
+    # checked policy.model_name
+    outputs = [f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", f"logger.log_dir={tmp_path / 'logs'}"]
+    cfg = load_config(config, [f"model.pretrained_model={tiny_model_dir}", *outputs])
     result = train(cfg, show_progress=False)
 
     assert result.steps >= 1

@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from gym_bridge.records.schema import VerifyRequest, dump, item_dict
+from gym_bridge.records.schema import OutputMessage, VerifyRequest, item_dict
 from gym_bridge.serving.server import Session
 from resources_servers.math.app import MathServer, MathVerifyRequest, MathVerifyResponse, _answer
 from resources_servers.math.fastpath import plain_rational
@@ -69,6 +69,11 @@ def _metadata_int(body: VerifyRequest, key: str, least: int) -> int | None:
 
 
 def _is_user_message(item: Any) -> bool:
+    if type(item) is OutputMessage:
+        # Read in place, as its dump would say it (as assistant_text reads it): dumping every item of a long
+        # conversation cost the event loop seconds.
+        fields = item.model_fields_set
+        return "role" in fields and item.role == "user" and ("type" not in fields or item.type == "message")
     d = item_dict(item)
     return d is not None and d.get("type", "message") == "message" and d.get("role") == "user"
 
@@ -91,7 +96,10 @@ class MathChatServer(MathServer):
             last_reply = output[users[-1] + 1 :] if users else output
             tail = body.model_copy(update={"response": body.response.model_copy(update={"output": last_reply})})
             verdict = await super().verify(tail, session)
-        record = {**dump(verdict), "response": dump(body.response), "scored_after_user_turns": len(users)}
+        # The verdict's own values (its models as they are: not dumped and validated again, which cost seconds
+        # of the event loop for a long conversation), the whole conversation in place of the reply.
+        record = {name: value for name, value in verdict if name in verdict.model_fields_set}
+        record.update(response=body.response, scored_after_user_turns=len(users))
         if scale is not None:
             closeness = near(verdict.extracted_answer, verdict.expected_answer, scale)
             record["reward_components"] = {"correct": verdict.reward, "near": closeness}

@@ -142,3 +142,70 @@ def test_min_user_turns_scores_0_before_the_users_message(urls: dict[str, str]) 
     assert cut["reward"] == 0.0 and cut["failure_kind"] == "too_few_user_turns"
     assert cut["reward_components"] == {"correct": 0.0, "near": 0.0}
     assert _verify(urls["math_chat"], {**_body(CORRECTED, "7"), **meta})["reward"] == 1.0
+
+
+def _old_record(server: MathChatServer, body: Any, users: int, scale: int | None) -> Any:
+    """The record as math_chat built it before: the verdict and the response dumped and validated again."""
+    import asyncio
+
+    from gym_bridge.records.schema import dump, item_dict
+    from resources_servers.math_chat.app import MathChatVerifyResponse, near
+
+    def is_user(item: Any) -> bool:
+        d = item_dict(item)
+        return d is not None and d.get("type", "message") == "message" and d.get("role") == "user"
+
+    last = max((i for i, item in enumerate(body.response.output) if is_user(item)), default=-1)
+    tail = body.model_copy(update={"response": body.response.model_copy(update={"output": body.response.output[last + 1 :]})})
+    verdict = asyncio.run(MathServer.verify(server, tail, None))
+    record = {**dump(verdict), "response": dump(body.response), "scored_after_user_turns": users}
+    if scale is not None:
+        record["reward_components"] = {"correct": verdict.reward, "near": near(verdict.extracted_answer, verdict.expected_answer, scale)}
+    return MathChatVerifyResponse.model_validate(record)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"verifier_metadata": {"near_scale": 4}, "_ng_task_index": 3, "tags": ["a", {"b": 1.5}], "question": "3 + 4?"},
+        {"agent_ref": {"name": "math_chat_simple_agent", "extra": 1}, "extraction": "boxed", "strict": False},
+    ],
+)
+def test_the_record_is_the_one_a_full_revalidation_builds(extra: dict[str, Any]) -> None:
+    import asyncio
+    import json
+
+    from gym_bridge.records.schema import dump
+    from resources_servers.math.app import MathVerifyRequest
+
+    server = MathChatServer(config=CONFIG)  # the fast path answers: no pool needed
+    output = [*CORRECTED, {"type": "function_call", "call_id": "c1", "name": "calc", "arguments": "{}"}]
+    body = MathVerifyRequest.model_validate({**_body(output, "7"), **extra})
+    new = asyncio.run(server.verify(body, None))
+    old = _old_record(server, body, 1, (extra.get("verifier_metadata") or {}).get("near_scale"))
+    assert json.dumps(dump(new)) == json.dumps(dump(old))  # same fields, values, types and order
+    assert new.reward == 1.0 and new.scored_after_user_turns == 1
+
+
+def test_a_long_conversation_is_scored_without_dumping_it() -> None:
+    """40,000 turns: math_chat's own share of /verify (finding the last user message, building the record)
+    took 5.7 s of the event loop, dumping every item twice and validating them all again; the HTTP share
+    (reading and writing the body) is the serving layer's, alike for every server."""
+    import asyncio
+    import time
+
+    from resources_servers.math.app import MathVerifyRequest
+
+    server = MathChatServer(config=CONFIG)
+    turns = [_assistant("\\boxed{12}"), _user("Sorry, I meant 3 + 4.")] * 20_000 + [_assistant("\\boxed{7}")]
+    body = MathVerifyRequest.model_validate(_body(turns, "7"))
+
+    async def timed() -> tuple[Any, float]:  # the event loop's share (not the test's garbage collection after it)
+        started = time.perf_counter()
+        out = await server.verify(body, None)
+        return out, time.perf_counter() - started
+
+    out, elapsed = asyncio.run(timed())
+    assert out.reward == 1.0 and out.scored_after_user_turns == 20_000 and len(out.response.output) == 40_001
+    assert elapsed < 1.0, f"{elapsed:.2f} s"

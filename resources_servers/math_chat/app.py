@@ -16,7 +16,7 @@ reply cut off at ``max_output_tokens`` ended the conversation first.
 A shaped component, for small models whose answers start far off: a row with
 ``verifier_metadata.near_scale: k`` (integer answers) gets ``reward_components`` ``{"correct": reward,
 "near": max(0, 1 - |answer - expected| / k)}``, reported beside the reward and never folded into it
-(train on it with ``grpo.reward_weights``). An answer that is not a plain integer is ``near`` 0.
+(train on it with ``grpo.reward_weights``). An answer that is not a plain integer (:func:`near`) is ``near`` 0.
 
 Run it as ``env.<name>.server: resources_servers.math_chat.app:MathChatServer`` (training) or
 ``--env resources_servers.math_chat.app:MathChatServer`` (collect).

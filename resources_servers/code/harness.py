@@ -191,9 +191,40 @@ def _read_capped(fd, cap):
     return data[:cap], len(data) > cap
 
 
-def _tail(fd, n=2048):
-    size = os.fstat(fd).st_size
-    return os.pread(fd, n, max(0, size - n)).decode("utf-8", "replace")
+class _StderrTail:
+    """The test's stderr: a pipe the harness drains while the test runs, keeping only its last bytes.
+
+    A pipe has no file-size limit, so debug output on stderr does not end a correct program as
+    ``output_limit`` (a file would count against ``output_bytes`` like stdout does).
+    """
+
+    def __init__(self, keep=2048):
+        self.fd, self.write_end = os.pipe()
+        os.set_blocking(self.fd, False)
+        try:
+            import fcntl
+
+            fcntl.fcntl(self.fd, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MB between two drains
+        except (ImportError, OSError):
+            pass
+        self.keep = keep
+        self.data = b""
+        self.open = True
+
+    def drain(self):
+        """Read what is there now (until it would block, or end of file once every writer is gone)."""
+        while self.open:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.open = False
+                return
+            self.data = (self.data + chunk)[-self.keep :]
+
+    def text(self):
+        return self.data.decode("utf-8", "replace")
 
 
 def _find_function(namespace, fn_name):
@@ -354,12 +385,13 @@ def _child(code, cfg, test, fds, preamble):
     _exit(exit_code)
 
 
-def _wait(tree, cpu_limit, wall_limit):
+def _wait(tree, cpu_limit, wall_limit, stderr):
     """Wait for the test process; True when its tree passed its CPU or wall-clock limit (then kill it).
 
     CPU time of the whole tree is what counts against the program (a loaded machine stretches the wall
     clock). The wall-clock limit catches sleepers; time the test spent waiting for a CPU while runnable
-    (other sandboxes' load) is not charged to it, up to twice the limit.
+    (other sandboxes' load) is not charged to it, up to twice the limit. The test's stderr is drained at
+    every check (a pipe of 1 MB: waking on each write would cost a context switch per ``print``).
     """
     started = time.monotonic()
     try:
@@ -369,6 +401,7 @@ def _wait(tree, cpu_limit, wall_limit):
     timed_out = False
     try:
         while not tree.reap():
+            stderr.drain()
             wall = time.monotonic() - started
             if wall > wall_limit and (
                 wall > 2 * wall_limit or wall - proctree.run_delay(tree.root) > wall_limit
@@ -428,7 +461,9 @@ def _fresh_scratch():
 
 def run_test(code, cfg, test, preamble=None):
     _fresh_scratch()
-    fds = [_scratch_file() for _ in range(5)]  # stdin, stdout, stderr, return value, exception name
+    files = [_scratch_file() for _ in range(4)]  # stdin, stdout, return value, exception name
+    stderr = _StderrTail()  # after the files: fds 3 and 4 (replaced last in the child) are no source
+    fds = [files[0], files[1], stderr.write_end, files[2], files[3]]
     try:
         os.write(fds[0], test.get("stdin", "").encode("utf-8", "surrogateescape"))
         started = time.monotonic()
@@ -436,19 +471,23 @@ def run_test(code, cfg, test, preamble=None):
         if pid == 0:
             _child(code, cfg, test, fds, preamble or {})
             _exit(70)  # never reached: _child ends in _exit
+        os.close(stderr.write_end)
+        stderr.write_end = None
         tree = proctree.Tree(pid)
-        timed_out = _wait(tree, cfg["timeout_s"], cfg["wall_timeout_s"])
+        timed_out = _wait(tree, cfg["timeout_s"], cfg["wall_timeout_s"], stderr)
         wall = time.monotonic() - started
         tree.kill(IN_SANDBOX)
+        stderr.drain()  # the rest: every writer is gone now
         cpu = tree.cpu()
         cap = cfg["output_bytes"]
         stdout, stdout_over = _read_capped(fds[1], cap)
         result, result_over = _read_capped(fds[3], cap)
         exc = os.pread(fds[4], 200, 0).decode("utf-8", "replace").strip() or None
-        stderr_tail = _tail(fds[2])
+        stderr_tail = stderr.text()
     finally:
-        for fd in fds:
-            os.close(fd)
+        for fd in (*files, stderr.fd, stderr.write_end):
+            if fd is not None:
+                os.close(fd)
     _fresh_scratch()
     status = tree.status
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None

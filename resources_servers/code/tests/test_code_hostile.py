@@ -153,6 +153,10 @@ print("OK" if leaks else "SAFE", leaks)
             task(),
         ),
         "stdout_flood": ("import sys\nchunk = 'y' * 2**20\nwhile True:\n    sys.stdout.write(chunk)", task()),
+        "stderr_flood": (  # stderr is a pipe the harness drains (no file-size cap): bounded by the limits
+            "import sys\nchunk = 'e' * 2**20\nwhile True:\n    sys.stderr.write(chunk)",
+            task(),
+        ),
         "orphan": (
             "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
             f"        os.execv('/usr/bin/sleep', ['sleep', '{tag}'])\n    os._exit(0)\nos.wait()\nprint('orphan started')",
@@ -198,6 +202,7 @@ EXPECTED_KIND = {
     "write_outside": "wrong_answer",
     "read_secrets": "wrong_answer",
     "stdout_flood": "output_limit",
+    "stderr_flood": "timeout",
     "orphan": "wrong_answer",
     "kill_parent": "runtime_error",
     "sigstop_parent": "timeout",

@@ -232,3 +232,17 @@ def test_the_preamble_runs_only_for_a_program_that_needs_it(url: str) -> None:
     row["verifier_metadata"]["unit_tests"]["outputs"] = ["2\n"]
     out = verify(url, row, "print(Counter('aab')['a'])")
     assert out["reward"] == 1.0, out.get("failure_reason")
+
+
+def test_debug_output_on_stderr_does_not_fail_a_correct_program(url: str) -> None:
+    """1.9 MB of stderr (over the 1 MB output cap): stderr is a pipe the harness drains, keeping its tail;
+    it was a file under the file-size limit, and the correct answer ended as ``output_limit``."""
+    program = (
+        "import sys\nfor i in range(30000):\n    print('debug', 'x' * 50, i, file=sys.stderr)\n"
+        + READ
+        + "print(a + b)"
+    )
+    out = verify(url, SUM, program)
+    assert out["reward"] == 1.0, out.get("failure_reason")
+    failed = verify(url, SUM, program.replace("print(a + b)", "print(a - b)"))
+    assert failed["reward"] == 0.0 and "x 29999" in failed["tests"][0]["stderr_tail"], failed["tests"][0]

@@ -172,7 +172,7 @@ def test_a_pathological_answer_cannot_hold_the_server(judge: FakeJudge) -> None:
         other = post(running.url, body("regex", "Answer: \\boxed{paris}", expected_answer="paris"))
         other_s = time.perf_counter() - start
         thread.join(60)
-        assert other["reward"] == 1.0 and other_s < 8, other_s  # before: after the hostile one, ~60 s
+        assert other["reward"] == 1.0 and other_s < 8, other_s  # before: only after the hostile one ended
         out = hostile["out"]
         assert out["reward"] == 0.0 and out["failure_kind"] == "extraction_timeout" and out["mask_sample"] is False
         assert "response_extract_regex" in out["failure_reason"] and out["judge_evaluations"] == []

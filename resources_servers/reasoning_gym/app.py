@@ -104,12 +104,13 @@ class ReasoningGymServer(ResourcesServer):
         assert self.pool is not None, "the server was not started"
         outcome = await self.pool.score(family, answer, entry)  # in an isolated worker, never here
         score = outcome.score if outcome.status == "ok" else 0.0  # a scorer's bug, a timeout: reward 0
+        reward = float(score >= 1.0) if self.config.all_or_nothing(family) else score
         if outcome.status != "ok":
             failure = {"failure_kind": f"scorer_{outcome.status}", "failure_reason": outcome.detail}
         elif outcome.refused:
             failure = {"failure_kind": "answer_refused", "failure_reason": outcome.refused}
         verdict = {
-            "reward": score,
+            "reward": reward,
             "task_name": family,
             "score": score,
             "extracted_answer": answer,

@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gym_bridge.sandbox.slots import default_uid_base
 from gym_bridge.serving.pipe_worker import PipeWorker, discard_start
@@ -81,6 +81,25 @@ class ReasoningGymConfig(BaseModel):
     """Scorer worker processes; 0 means one per CPU core available to the server."""
     worker_memory_mb: int | None = Field(2048, ge=256)
     """Address-space limit of each worker (a runaway answer fails instead of swapping); None: none."""
+    no_partial_credit: list[str] = Field(default_factory=list)
+    """Families (``"*"``: every family) whose reward is 1 only for a full score and 0 for any partial credit
+    (``score`` still says what the family's scorer gave). Why: some partial credit pays answers that did no
+    work, e.g. game_of_life's share of right cells gives the all-dead grid ~0.95 on sparse boards. Default
+    none: the package's (and NeMo Gym's) rewards."""
+
+    @field_validator("no_partial_credit")
+    @classmethod
+    def _known_families(cls, families: list[str]) -> list[str]:
+        from reasoning_gym.factory import DATASETS
+
+        unknown = [f for f in families if f != "*" and f not in DATASETS]
+        if unknown:
+            raise ValueError(f"unknown reasoning-gym families {unknown} (a family name, or '*' for all)")
+        return families
+
+    def all_or_nothing(self, family: str) -> bool:
+        """Whether ``family``'s partial credit is dropped (:attr:`no_partial_credit`)."""
+        return "*" in self.no_partial_credit or family in self.no_partial_credit
 
     def workers(self) -> int:
         if self.pool_size:

@@ -4,14 +4,17 @@ kept as regression cases."""
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 import httpx
 import pytest
 import reasoning_gym
+from pydantic import ValidationError
 
 from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.generate import task_rows
+from resources_servers.reasoning_gym.pool import ReasoningGymConfig
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,30 @@ def test_tampered_metadata_is_the_collectors_row_not_the_policys(client):
     forged["response"]["metadata"] = {"answer": "banana"}
     out = client.post("/verify", json=forged)
     assert out.status_code == 200 and out.json()["reward"] == 0.0 and out.json()["task_name"] == "basic_arithmetic"
+
+
+def test_no_partial_credit_drops_what_the_empty_grid_earns():
+    """game_of_life pays the share of right cells: the all-dead grid earns ~0.95 on sparse boards without
+    simulating anything. ``no_partial_credit`` (per family, or ``*``) pays such a task 1 or 0."""
+    rows = [row for row in task_rows(["game_of_life"], 6, seed=33) if "1" in row["answer"]][:2]
+    (plain,) = task_rows(["basic_arithmetic"], 1, seed=1)  # "-4": "it is -4" earns the default scorer's 0.25
+    assert rows
+    with running_env("reasoning_gym", pool_size=1, no_partial_credit=["game_of_life"]) as url:
+        with httpx.Client(base_url=url, timeout=60) as strict:
+            for row in rows:
+                grid = json.loads(row["answer"])
+                empty = json.dumps([[0] * len(grid[0]) for _ in grid])
+                assert package_score("game_of_life", empty, row) > 0.9
+                out = strict.post("/verify", json=answered(row, f"<answer>{empty}</answer>")).json()
+                assert out["reward"] == 0.0 and out["score"] == pytest.approx(package_score("game_of_life", empty, row))
+                assert reward(strict, row, f"<answer>{row['answer']}</answer>") == 1.0
+            assert reward(strict, plain, "it is -4") == pytest.approx(package_score("basic_arithmetic", "it is -4", plain))
+    with running_env("reasoning_gym", pool_size=1, no_partial_credit=["*"]) as url:
+        with httpx.Client(base_url=url, timeout=60) as strictest:
+            assert reward(strictest, plain, "it is -4") == 0.0
+            assert reward(strictest, plain, "-4") == 1.0
+
+
+def test_no_partial_credit_refuses_an_unknown_family():
+    with pytest.raises(ValidationError, match="(?s)no_partial_credit.*game_of_lief"):
+        ReasoningGymConfig(no_partial_credit=["game_of_lief"])

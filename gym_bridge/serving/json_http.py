@@ -5,8 +5,9 @@ values served by :class:`JsonApp`, the only request path: per request it checks 
 and that a body comes as ``application/json`` (415; both :mod:`gym_bridge.serving.request_guard`: what a web page
 could send), the body's size (413) and the bodies held at once (waits for room, else 503:
 :mod:`gym_bridge.serving.body_budget`), the bearer token (401), finds the caller's context (a resources server's
-session), reads the body as JSON, refuses a lone UTF-16 surrogate escape and JSON nested deeper than
-:data:`~gym_bridge.serving.json_body.MAX_JSON_DEPTH` (400; both :mod:`gym_bridge.serving.json_body`), validates
+session), reads the body as JSON, refuses a lone UTF-16 surrogate, JSON nested deeper than
+:data:`~gym_bridge.serving.json_body.MAX_JSON_DEPTH` and more arrays and objects than its size allows (400; all
+:mod:`gym_bridge.serving.json_body`), validates
 it against the route's type (422 naming the fields), calls the handler and renders its answer (JSON, or
 server-sent events for a :class:`EventStream`). What goes wrong in a handler is answered by the app's
 :class:`~gym_bridge.serving.answers.ErrorStyle`.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -148,6 +149,23 @@ def test_a_surrogate_encoded_as_bytes_is_a_400_not_a_500(builtin_url, where: str
         answer = client.post(path, content=body.replace(b"@@", b"x" + SURROGATE_BYTES), headers=JSON)
         assert answer.status_code == 400 and "surrogate" in answer.json()["detail"], answer.text
         assert client.post(path, content=body.replace(b"@@", "é".encode()), headers=JSON).status_code == 200
+
+
+def test_a_body_of_millions_of_tiny_containers_is_refused_before_it_is_parsed(builtin_url, stateless) -> None:
+    """16 MB of ``[[],[],...]`` held every other request to the server for 16 s while it was parsed (its event
+    loop); 4 MB of them (1.4 million lists) took seconds here, and now is refused before the parse."""
+    url = builtin_url("math")
+    items = 1_400_000
+    tiny = b'{"responses_create_params": {"input": "q"}, "response": {"output": [' + b"[]," * items + b"[]]}}"
+    started = time.perf_counter()
+    refused = httpx.post(url + "/verify", content=tiny, headers=JSON, timeout=120)
+    assert refused.status_code == 400 and "arrays and objects" in refused.json()["detail"], refused.text[:300]
+    assert time.perf_counter() - started < 5
+    # a body with more than the base allowance, at the tens of bytes each real ones spend, is read and scored
+    rows = b",".join(b'{"id": "row-%06d", "v": 1}' % i for i in range(150_000))  # 27 bytes each
+    real = b'{"responses_create_params": {"input": "q"}, "response": {"output": []}, "rows": [' + rows + b"]}"
+    scored = httpx.post(stateless[1] + "/verify", content=real, headers=JSON, timeout=120)
+    assert scored.status_code == 200 and scored.json()["reward"] == 0.0, scored.text[:300]
 
 
 # --------------------------------------------------------------------------- /aggregate_metrics

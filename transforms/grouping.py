@@ -6,9 +6,12 @@ raises :class:`NotContiguous` at the first record that breaks the order; the cal
 with :func:`iter_groups_on_disk`, which spills the records to a temporary SQLite file and reads them
 back group by group, so memory stays bounded either way (only the on-disk pass costs disk and time).
 
-Order rule for streaming: integer task indices must increase from group to group (checked with O(1)
-memory); rollouts without a task index are grouped by identical request (``instructions`` + ``input``),
-and each new group's digest is checked against a set of 16-byte digests (O(groups) memory).
+A task is its ``_ng_task_index`` and its request (``instructions`` + ``input``, as a 16-byte digest): two
+prompts under one index (the files of two runs concatenated, each counting its tasks from 0) are two
+groups, where they had been one group of mixed prompts (a DPO pair whose "chosen" answered another
+question). Order rule for streaming: integer task indices must increase from group to group (checked
+with O(1) memory); rollouts without a task index are grouped by identical request, and each new group's
+digest is checked against a set of digests (O(groups) memory).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 __all__ = ["GroupKey", "NotContiguous", "group_key", "iter_contiguous_groups", "iter_groups_on_disk"]
 
-GroupKey = int | bytes
+GroupKey = tuple[int | None, bytes]
 Numbered = tuple[int, dict[str, Any]]
 
 
@@ -36,10 +39,10 @@ class NotContiguous(Exception):
 
 
 def group_key(record: dict[str, Any]) -> GroupKey:
-    """``_ng_task_index`` when present, else a digest of the request's ``instructions`` and ``input``."""
+    """``(_ng_task_index or None, digest of the request's instructions and input)``."""
     index = record.get("_ng_task_index")
-    if isinstance(index, int) and not isinstance(index, bool):
-        return index
+    if not isinstance(index, int) or isinstance(index, bool):
+        index = None
     params = record["responses_create_params"]
     blob = json.dumps(
         [params.get("instructions"), params.get("input")],
@@ -47,7 +50,12 @@ def group_key(record: dict[str, Any]) -> GroupKey:
         ensure_ascii=False,
         separators=(",", ":"),
     )
-    return hashlib.blake2b(blob.encode("utf-8"), digest_size=16).digest()
+    return index, hashlib.blake2b(blob.encode("utf-8"), digest_size=16).digest()
+
+
+def _stored(key: GroupKey) -> str:
+    """A group key as one SQLite value."""
+    return f"{key[0]}:{key[1].hex()}"
 
 
 class _OrderCheck:
@@ -58,15 +66,29 @@ class _OrderCheck:
         self._seen_digests: set[bytes] = set()
 
     def is_new(self, key: GroupKey) -> bool:
-        if isinstance(key, int):
-            if self._last_index is not None and key <= self._last_index:
+        index, digest = key
+        if index is not None:
+            if self._last_index is not None and index <= self._last_index:
                 return False
-            self._last_index = key
+            self._last_index = index
             return True
-        if key in self._seen_digests:
+        if digest in self._seen_digests:
             return False
-        self._seen_digests.add(key)
+        self._seen_digests.add(digest)
         return True
+
+
+def _same_task(record: dict[str, Any], first: dict[str, Any]) -> bool:
+    """Whether ``record`` is of ``first``'s task: the same task index and an equal request (compared as
+    values: the group's other members cost no digest)."""
+    index, params = record.get("_ng_task_index"), record["responses_create_params"]
+    first_params = first["responses_create_params"]
+    return (
+        index == first.get("_ng_task_index")
+        and type(index) is type(first.get("_ng_task_index"))
+        and params.get("input") == first_params.get("input")
+        and params.get("instructions") == first_params.get("instructions")
+    )
 
 
 def iter_contiguous_groups(records: Iterable[Numbered]) -> Iterator[list[Numbered]]:
@@ -75,6 +97,9 @@ def iter_contiguous_groups(records: Iterable[Numbered]) -> Iterator[list[Numbere
     current: GroupKey | None = None
     group: list[Numbered] = []
     for lineno, record in records:
+        if group and _same_task(record, group[0][1]):
+            group.append((lineno, record))
+            continue
         key = group_key(record)
         if group and key == current:
             group.append((lineno, record))
@@ -100,7 +125,7 @@ def iter_groups_on_disk(
             db.execute("PRAGMA temp_store=FILE")
             db.execute("CREATE TABLE grp (gkey PRIMARY KEY, first_seq INTEGER)")
             db.execute("CREATE TABLE rec (seq INTEGER PRIMARY KEY, gkey, lineno INTEGER, body TEXT)")
-            batch: list[tuple[int, GroupKey, int, str]] = []
+            batch: list[tuple[int, str, int, str]] = []
 
             def flush() -> None:
                 db.executemany("INSERT OR IGNORE INTO grp VALUES (?, ?)", [(k, s) for s, k, _, _ in batch])
@@ -108,7 +133,7 @@ def iter_groups_on_disk(
                 batch.clear()
 
             for seq, (lineno, record) in enumerate(records):
-                batch.append((seq, group_key(record), lineno, json.dumps(record, ensure_ascii=False)))
+                batch.append((seq, _stored(group_key(record)), lineno, json.dumps(record, ensure_ascii=False)))
                 if len(batch) >= 5000:
                     flush()
             flush()

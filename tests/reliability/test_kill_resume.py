@@ -208,8 +208,9 @@ def test_collect_over_tool_sessions_killed_then_resumed_redoes_whole_rollouts(tm
 def write_rollouts(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            row = arithmetic_row(i % 50, i // 50)
-            text = f"Let me think step by step about task {i}. " * 8 + f"\\boxed{{{i % 50 + i // 50}}}"
+            task = i // 4  # its 4 repeats share the row's prompt, as a collect run's do
+            row = arithmetic_row(task % 50, task // 50)
+            text = f"Let me think step by step about rollout {i}. " * 8 + f"\\boxed{{{task % 50 + task // 50 + i % 2}}}"
             row["response"] = {
                 "id": f"resp_{i}",
                 "output": [

@@ -153,6 +153,32 @@ def test_dpo_pairs_per_task_in_any_input_order(tmp_path, order):
     assert ("grouped through a temporary file on disk" in result.stdout) == (order is SHUFFLED)
 
 
+@pytest.mark.parametrize("layout", ["concatenated", "interleaved"])
+def test_two_runs_in_one_file_never_mix_prompts_in_a_group(tmp_path, layout):
+    """Two runs' files joined (each numbers its tasks from 0): a group is one index AND one prompt. Before,
+    task 0 of run A and task 0 of run B were one group: a DPO pair under A's prompt chose B's answer."""
+    runs = {"A": [0.5, 0.0], "B": [1.0, 0.2]}
+    records = {
+        name: [rollout(f"{name} task {t}", f"{name} task {t} answer {r}", reward, task=t, repeat=r)
+               for t in range(2) for r, reward in enumerate(rewards)]
+        for name, rewards in runs.items()
+    }  # fmt: skip
+    lines = records["A"] + records["B"]
+    if layout == "interleaved":
+        lines = [x for pair in zip(records["A"], records["B"], strict=True) for x in pair]
+    src = write_jsonl(tmp_path / "joined.jsonl", [json.dumps(r) for r in lines])
+    dpo, ranked = tmp_path / "dpo.jsonl", tmp_path / "ranked.jsonl"
+    assert _invoke("dpo", src, "-o", dpo).exit_code == 0
+    pairs = read_jsonl(dpo)
+    assert len(pairs) == 4
+    for pair in pairs:
+        assert pair["chosen"].startswith(pair["prompt"]) and pair["rejected"].startswith(pair["prompt"]), pair
+    assert _invoke("ranked", src, "-o", ranked).exit_code == 0
+    groups = read_jsonl(ranked)
+    assert len(groups) == 4
+    assert all(m["response"].startswith(g["prompt"]) for g in groups for m in g["group"]), groups
+
+
 def test_dpo_all_pairs_with_margin(tmp_path):
     src = _groups_file(tmp_path / "in.jsonl", ORDERED)
     out = tmp_path / "dpo.jsonl"

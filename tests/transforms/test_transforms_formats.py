@@ -192,8 +192,10 @@ def test_bad_ranked_records_are_rejected(bad):
 # ---------------------------------------------------------------- grouping
 
 
-def test_group_key_prefers_task_index_else_identical_request():
-    assert group_key(rollout("q", "a", 1.0, task=3)) == 3
+def test_group_key_is_task_index_and_request():
+    assert group_key(rollout("q", "a", 1.0, task=3))[0] == 3
+    assert group_key(rollout("q", "a", 1.0, task=3)) == group_key(rollout("q", "b", 0.0, task=3))
+    assert group_key(rollout("q", "a", 1.0, task=3)) != group_key(rollout("other", "a", 1.0, task=3))
     a, b, c = rollout("q", "x", 1.0), rollout("q", "y", 0.0), rollout("other", "x", 1.0)
     assert group_key(a) == group_key(b) != group_key(c)
 

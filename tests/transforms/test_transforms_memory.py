@@ -39,11 +39,11 @@ print(json.dumps({"small": small_counts, "big": big_counts, "base_kib": base, "p
 
 
 def _write_rollouts(path: Path, n: int) -> None:
-    """``n`` rollouts in NeMo Gym order: tasks of 4 rollouts, one of each 4 rewarded."""
+    """``n`` rollouts in NeMo Gym order: tasks of 4 rollouts (one prompt each), one of each 4 rewarded."""
     with open(path, "w") as f:
         for i in range(n):
             record = rollout(
-                f"What is {i} + 1? Think step by step.",
+                f"What is {i // 4} + 1? Think step by step.",
                 f"The sum is {i + 1}.",
                 float(i % 4 == 0),
                 task=i // 4,

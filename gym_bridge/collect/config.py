@@ -194,6 +194,8 @@ def check_config(config: CollectConfig) -> None:
         raise CollectError("--request-timeout must be a positive number of seconds")
     if config.rollout_timeout is not None and not config.rollout_timeout > 0:
         raise CollectError("--rollout-timeout must be a positive number of seconds")
+    if config.max_steps is not None and config.max_steps < 0:  # -1 ran one step, as if a limit of 1
+        raise CollectError("--max-steps must be 0 (no limit) or more")
     if config.max_user_turns < 0:
         raise CollectError("--max-user-turns must be 0 or more")
     if config.max_conversation_tokens is not None and config.max_conversation_tokens < 1:

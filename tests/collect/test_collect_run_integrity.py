@@ -196,6 +196,14 @@ def test_a_full_disk_fails_a_transform_cleanly_and_keeps_the_output(tmp_path, mo
 # --------------------------------------------------------------------------- nothing to do is no success
 
 
+def test_a_negative_max_steps_is_refused_naming_it(tmp_path, model):
+    """``--max-steps -1`` ran each rollout one model call (as a limit of 1) and exited 0."""
+    tasks = write_rows(tmp_path / "tasks.jsonl", rows(1))
+    result = invoke(*collect_args(tasks, tmp_path / "out.jsonl", model, "--max-steps", "-1"))
+    assert result.exit_code == 2, said(result)
+    assert "--max-steps must be 0 (no limit) or more" in said(result)
+
+
 def test_an_empty_task_file_exits_1(tmp_path, model):
     for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n \n\r\n")):
         tasks = tmp_path / name

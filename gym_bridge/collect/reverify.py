@@ -220,6 +220,8 @@ def reverify(config: ReverifyConfig, report: Callable[[str], None] = print) -> R
     if not config.rollouts_path.is_file():
         raise CollectError(f"rollout file not found: {config.rollouts_path}")
     check_run_options(config)
+    if not config.request_timeout > 0:  # (was a ValueError traceback from the retry policy, mid-run)
+        raise CollectError("--request-timeout must be a positive number of seconds")
     side_files = (failures_path_for(config.output_path), aggregate_metrics_path_for(config.output_path))
     check_apart(config.rollouts_path, "ROLLOUTS", (config.output_path, *side_files))
     with output_lock(config.output_path):

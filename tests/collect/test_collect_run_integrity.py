@@ -204,6 +204,15 @@ def test_a_negative_max_steps_is_refused_naming_it(tmp_path, model):
     assert "--max-steps must be 0 (no limit) or more" in said(result)
 
 
+def test_reverify_refuses_a_request_timeout_of_0_naming_it(tmp_path):
+    stored = write_rows(tmp_path / "rollouts.jsonl", [{**rows(1)[0], "_ng_task_index": 0, "_ng_rollout_index": 0,
+                                                       "response": {"output": []}, "reward": 0.0}])  # fmt: skip
+    result = invoke("reverify", stored, "-o", tmp_path / "re.jsonl", "--env", "math", "--request-timeout", "0")
+    assert result.exit_code == 2, said(result)
+    assert "--request-timeout must be a positive number of seconds" in said(result)
+    assert not (tmp_path / "re.jsonl").exists()
+
+
 def test_an_empty_task_file_exits_1(tmp_path, model):
     for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n \n\r\n")):
         tasks = tmp_path / name

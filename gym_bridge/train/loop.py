@@ -21,7 +21,9 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -123,6 +125,8 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
         view.print(f"resuming from {resume.path} (step {step})")
     if data.dropped:
         view.print(f"dropped {data.dropped} training prompts longer than {data.max_prompt_tokens} tokens")
+    if data.validation_dropped:
+        view.print(f"dropped {data.validation_dropped} validation prompts longer than {data.max_prompt_tokens} tokens")
     last_train: dict[str, Any] = {}
     last_val: dict[str, Any] = validations[-1] if validations else {}
 
@@ -153,7 +157,7 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
             stack.callback(pipeline.close)
             pipeline.publish(step, weights_snapshot(model))
         data_state, epochs_done = data.train.state_dict(), data.train.epochs_done
-        first_step, steps_updated = step, 0
+        first_step, steps_updated, said = step, 0, set()
 
         while step < grpo.max_num_steps and epochs_done < grpo.max_num_epochs:
             step += 1
@@ -251,9 +255,12 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
                     validated = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked)
                 last_val = validated or last_val
             if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last_step):
-                save_checkpoint(
+                notice = save_checkpoint(
                     cfg, checkpoints, learner, step, data_state, metrics, last_val, validations, entropy
                 )
+                if notice and notice not in said:  # once a run, even with -q
+                    said.add(notice)
+                    (view.print if show_progress else functools.partial(print, file=sys.stderr))(notice)
 
     return TrainResult(
         steps=step,
@@ -302,10 +309,24 @@ def save_checkpoint(
     last_val: dict[str, Any],
     validations: list[dict[str, Any]],
     entropy: EntropyControl,
-) -> None:
-    """Save step ``step``, ranked by its train metrics and the latest validation's."""
+) -> str | None:
+    """Save step ``step``, ranked by its train metrics and the latest validation's; a warning when
+    ``checkpointing.metric_name`` is none of them although its split has metrics (a typo would otherwise
+    rank every checkpoint as lacking it, and ``keep_top_k`` keep the newest instead of the best)."""
     ranked = {f"train:{k}": v for k, v in metrics.items()}
     ranked.update({f"val:{k}": v for k, v in last_val.items()})
+    notice = None
+    name, keep = cfg.checkpointing.metric_name, cfg.checkpointing.keep_top_k
+    split = f"{name.partition(':')[0]}:" if name else ""
+    known = sorted(k for k, v in ranked.items() if k.startswith(split) and isinstance(v, (int, float)))
+    if name and keep is not None and name not in ranked and known:
+        near = difflib.get_close_matches(name, known, n=1)
+        notice = (
+            f"warning: checkpointing.metric_name {name!r} is not a metric of this run"
+            f"{f' (did you mean {near[0]!r}?)' if near else ''}: checkpoints are ranked by recency only, so "
+            f"keep_top_k={keep} keeps the newest, not the best"
+            + ("" if near else f". This run's {split} metrics: {', '.join(known[:12])}")
+        )
     checkpoints.save(
         step,
         model=learner.model,
@@ -319,6 +340,7 @@ def save_checkpoint(
         peft_model=learner.peft,
         save_merged=cfg.checkpointing.save_merged,
     )
+    return notice
 
 
 def _where_outputs_go(cfg: MasterConfig) -> str:

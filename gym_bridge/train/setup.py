@@ -38,6 +38,7 @@ from gym_bridge.train.learner.device import DTYPES, placement_for, resolve_devic
 from gym_bridge.train.learner.lora import LORA_KEY, apply_lora, load_adapter, merged_model
 from gym_bridge.train.learner.update import Learner
 from gym_bridge.train.samplers.data import (
+    DataError,
     Prompt,
     TrainBatches,
     drop_long_prompts,
@@ -304,6 +305,8 @@ class RunData:
     validation: list[Prompt]
     dropped: int
     """Training prompts dropped for being longer than ``max_prompt_tokens``."""
+    validation_dropped: int
+    """Validation prompts dropped for the same reason."""
     max_prompt_tokens: int
 
 
@@ -318,13 +321,21 @@ def load_run_data(cfg: MasterConfig, tokenizer: Any) -> RunData:
     data, grpo = cfg.data, cfg.grpo
     max_prompt = data.max_input_seq_length or cfg.policy.max_total_sequence_length
     count = functools.partial(_prompt_tokens, tokenizer)
+    limit = "data.max_input_seq_length" if data.max_input_seq_length else "policy.max_total_sequence_length"
     if grpo.mode == "online":
         train_items, held_out = load_prompts(data, "train")
         train_items, dropped = drop_long_prompts(train_items, count, max_prompt)
+        if not train_items:  # used to end in a traceback ("a loader needs at least one item")
+            raise DataError(f"data.train: all {dropped} training prompts are longer than {limit} ({max_prompt} tokens)")
     else:
         train_items, held_out, dropped = load_offline_groups(data), [], 0
     validation = (load_prompts(data, "validation")[0] if data.validation else []) + held_out
-    validation, _ = drop_long_prompts([p for p in validation if p.env_name in cfg.env], count, max_prompt)
+    validation = [p for p in validation if p.env_name in cfg.env]
+    validation, val_dropped = drop_long_prompts(validation, count, max_prompt)
+    if val_dropped and not validation:  # used to leave the run without a single validation, without a word
+        raise DataError(
+            f"data.validation: all {val_dropped} validation prompts are longer than {limit} ({max_prompt} tokens)"
+        )
     batches = TrainBatches(
         train_items,
         num_prompts_per_step=grpo.num_prompts_per_step,
@@ -334,7 +345,7 @@ def load_run_data(cfg: MasterConfig, tokenizer: Any) -> RunData:
         num_prompts_per_dataloader=data.num_prompts_per_dataloader,
         custom_dataloader=data.custom_dataloader,
     )
-    return RunData(batches, validation, dropped, max_prompt)
+    return RunData(batches, validation, dropped, val_dropped, max_prompt)
 
 
 def _training_bytes_to_come(model: Any) -> int:

@@ -298,3 +298,55 @@ def test_resuming_with_a_key_the_checkpoint_overrides_is_refused_naming_it(
         show_progress=False,
     )
     assert result.resumed_from == 2 and result.steps == 4
+
+
+# ------------------------------------------------------------------------- keys that would do nothing
+
+
+@pytest.mark.timeout(120)
+def test_a_misspelt_checkpoint_metric_is_said_once(
+    tmp_path: Path, model_dir: Path, scored: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = [
+        "checkpointing.save_period=1",
+        "checkpointing.keep_top_k=1",
+        "checkpointing.metric_name=train:reward_man",
+    ]
+    train(offline_config(tmp_path, model_dir, scored, *extra), show_progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "checkpointing.metric_name" in line]
+    assert len(said) == 1, said
+    assert "'train:reward_man' is not a metric of this run (did you mean 'train:reward_mean'?)" in said[0]
+    assert "keep_top_k=1 keeps the newest, not the best" in said[0]
+    train(
+        offline_config(
+            tmp_path / "right", model_dir, scored, *extra[:2], "checkpointing.metric_name=train:reward_mean"
+        ),
+        show_progress=False,
+    )
+    assert "checkpointing.metric_name" not in capsys.readouterr().err
+
+
+def long_prompts(path: Path, n: int = 3) -> Path:
+    """``n`` prompts of some 200 words: longer than the small runs' 64-token sequences."""
+    rows = [{"responses_create_params": {"input": [{"role": "user", "content": "Say " + "word " * 200}]}}] * n
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_a_split_whose_prompts_are_all_too_long_is_refused_naming_it(
+    tmp_path: Path, model_dir: Path, split: str
+) -> None:
+    """Training used to end in a traceback ("a loader needs at least one item"); validation was left out
+    without a word, so a run with val_period set never validated."""
+    rows = row_reward_rows(tmp_path / "rows.jsonl", [], good=4)
+    long = long_prompts(tmp_path / "long.jsonl")
+    data = [f"data.train.data_path={long}"] if split == "train" else [
+        f"data.validation.data_path={long}", "data.validation.env_name=bad", "grpo.val_period=1"
+    ]  # fmt: skip
+    cfg = load_config(None, [f"policy.model_name={model_dir}", *online_args(tmp_path, rows), *data])
+    with pytest.raises(DataError, match=rf"data.{split}: all 3 {split.replace('train', 'training')} prompts are longer than "
+                       r"data.max_input_seq_length \(64 tokens\)"):  # fmt: skip
+        train(cfg, show_progress=False)
+    assert not (tmp_path / "logs" / "metrics.jsonl").exists()

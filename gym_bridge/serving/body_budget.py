@@ -2,10 +2,14 @@
 
 Why: a server's per-request body limit bounds one body, not 200 clients each sending one at the limit
 (16 MiB each, a few times that once parsed): together they take gigabytes. :class:`gym_bridge.serving.json_http.JsonApp`
-claims each body's bytes and releases them once the request is answered. A body with a declared length
-waits for its whole size to be free before it is read (uvicorn then stops reading that socket after
-64 KB, so a waiting request holds little); one that does not fit in time, or a chunked body that streams
-past the budget, gets 503 with ``Retry-After``. One event loop serves an app, so no lock is needed.
+claims each body's bytes as they arrive and releases them once the request is answered. A body with a
+declared length waits until its whole size fits beside the bytes the others hold (uvicorn then stops
+reading that socket after 64 KB, so a waiting request holds little); one that does not fit in time, or a
+body that streams past the budget, gets 503 with ``Retry-After``. One event loop serves an app, so no lock
+is needed.
+
+Only bytes that arrived are held, never a declared length: heads declaring bodies that fill the budget,
+whose bodies never come, held it whole until their body deadline (60 s), at the cost of a few header bytes.
 """
 
 from __future__ import annotations
@@ -40,60 +44,48 @@ class BodyBudget:
 
 
 class BodyClaim:
-    """One request's share of a :class:`BodyBudget`: ``reserved`` bytes, of which ``taken`` were read."""
+    """One request's share of a :class:`BodyBudget`: the ``taken`` bytes of its body that arrived."""
 
-    __slots__ = ("budget", "reserved", "taken")
+    __slots__ = ("budget", "taken")
 
     def __init__(self, budget: BodyBudget | None) -> None:
-        self.budget, self.reserved, self.taken = budget, 0, 0
+        self.budget, self.taken = budget, 0
 
     def fits(self, size: int) -> bool:
         """Whether ``size`` more bytes fit; a request alone always fits (so a body the server's own limit
         allows is never refused on an idle server, whatever the budget)."""
         if self.budget is None:
             return True
-        return self.budget.held == self.reserved or self.budget.held + size <= self.budget.limit
+        return self.budget.held == self.taken or self.budget.held + size <= self.budget.limit
 
     def reserve_now(self, size: int) -> bool:
-        """Hold ``size`` bytes if they fit now (True); else hold nothing (False: :meth:`reserve` waits)."""
+        """Whether a body of ``size`` bytes fits now (False: :meth:`reserve` waits); nothing is held until
+        its bytes arrive (:meth:`take`)."""
         budget = self.budget
-        if budget is None:
-            return True
-        if budget.held != self.reserved and budget.held + size > budget.limit:  # not fits(): inline, as
-            return False  # every request with a body asks
-        budget.held += size
-        self.reserved += size
-        return True
+        return budget is None or budget.held == self.taken or budget.held + size <= budget.limit  # fits(), inline
 
     async def reserve(self, size: int, timeout: float | None) -> None:
-        """Hold ``size`` bytes, waiting up to ``timeout`` seconds for them to be free (else :class:`BodiesBusy`)."""
-        if self.budget is None:
+        """Wait up to ``timeout`` seconds for ``size`` bytes to fit (else :class:`BodiesBusy`)."""
+        if self.budget is None or self.fits(size):  # room now, the usual case, sets no timer
             return
-        if not self.fits(size):  # no room now: wait for it (room now, the usual case, sets no timer)
-            try:
-                async with asyncio.timeout(timeout):
-                    while not self.fits(size):
-                        await self.budget.freed().wait()
-            except TimeoutError:
-                raise BodiesBusy from None
-        self._grow(size)
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.fits(size):
+                    await self.budget.freed().wait()
+        except TimeoutError:
+            raise BodiesBusy from None
 
     def take(self, size: int) -> None:
-        """Count ``size`` bytes read; past what was reserved they must fit now (else :class:`BodiesBusy`)."""
-        self.taken += size
-        extra = self.taken - self.reserved
-        if self.budget is None or extra <= 0:
+        """Hold ``size`` bytes that arrived; past the budget (and not alone) :class:`BodiesBusy`."""
+        budget = self.budget
+        if budget is None:
             return
-        if not self.fits(extra):
+        if not self.fits(size):
             raise BodiesBusy
-        self._grow(extra)
-
-    def _grow(self, size: int) -> None:
-        assert self.budget is not None
-        self.budget.held += size
-        self.reserved += size
+        budget.held += size
+        self.taken += size
 
     def release(self) -> None:
-        if self.budget is not None and self.reserved:
-            self.budget.release(self.reserved)
-            self.reserved = 0
+        if self.budget is not None and self.taken:
+            self.budget.release(self.taken)
+            self.taken = 0

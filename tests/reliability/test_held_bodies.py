@@ -130,3 +130,26 @@ def test_a_body_alone_is_never_refused_for_the_budget():
         for content in (BODY, chunks()):
             answer = httpx.post(running.url + "/add", content=content, headers={"content-type": "application/json"}, timeout=10)
             assert answer.status_code == 200 and answer.json() == {"sum": 3}
+
+
+def test_bodies_declared_but_not_sent_hold_no_room():
+    """Connections that declare bodies filling the budget and send none of them held it for ``body_timeout_s``
+    (60 s by default): 16 heads declaring 16 MiB each kept every other body waiting, then answered 503, at
+    the cost of a few header bytes, renewable. Only bytes that arrived are held now."""
+    settings = ServerSettings(max_body_bytes=1_000_000, max_held_body_bytes=2_000_000, body_timeout_s=3.0)
+    with start_in_thread(ArithmeticEnv(settings).build_app()) as running:
+        host, port = running.url.removeprefix("http://").split(":")
+        head = "POST /add HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]  # 2 x 1 MB: the budget
+        try:
+            for sock in silent:
+                sock.sendall(head.encode())
+            time.sleep(0.3)  # the server has their heads: each is waiting for its body
+            started = time.monotonic()
+            small = httpx.post(running.url + "/add", json={"a": 1, "b": 2}, timeout=10)
+            assert small.status_code == 200 and small.json() == {"sum": 3}, small.text
+            assert post(running.url, BODY).json() == {"sum": 3}  # a whole 900 KB body too
+            assert time.monotonic() - started < 2
+        finally:
+            for sock in silent:
+                sock.close()

@@ -73,18 +73,24 @@ RECURSION_LIMIT, INT_DIGITS = 50000, 1 << 20
 
 
 def unbound_globals(code):
-    """Names the program reads as globals but never binds (assignment, ``def``, ``import``), less builtins.
+    """Names the program reads as globals but never binds as globals, less the builtins (see
+    :func:`global_names`); if the bytecode is not as expected, a name is reported anyway (the preamble then
+    runs: correct, only slower)."""
+    names = global_names(code)
+    return {"?"} if names is None else names[0] - names[1] - set(vars(builtins))
 
-    A scan of the bytecode of the module and every nested function and class body; if the bytecode is not
-    as expected, a name is reported anyway (the preamble then runs: correct, only slower).
-    """
+
+def global_names(code):
+    """(names read as globals, names bound as globals: module-level assignment, ``def``, ``import``,
+    ``global``) from the bytecode of the module and every nested function and class body; a method named
+    ``gcd`` does not bind the global ``gcd``. None if the bytecode is not as expected."""
     try:
         import opcode
 
         ops = opcode.opmap
         load_global, extended = ops["LOAD_GLOBAL"], ops["EXTENDED_ARG"]
         load_name = {ops[name] for name in ("LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS") if name in ops}
-        stores = {ops[name] for name in ("STORE_NAME", "STORE_GLOBAL") if name in ops}
+        store_name, store_global = ops["STORE_NAME"], ops["STORE_GLOBAL"]
         shift = 1 if sys.version_info >= (3, 11) else 0  # 3.11+: LOAD_GLOBAL's low bit is a flag
         loads, bound, pending = set(), set(), [code]
         while pending:
@@ -99,12 +105,12 @@ def unbound_globals(code):
                     loads.add(co.co_names[arg >> shift])
                 elif op in load_name:
                     loads.add(co.co_names[arg])
-                elif op in stores:
-                    bound.add(co.co_names[arg])
+                elif op == store_global or (op == store_name and co is code):  # a class body's
+                    bound.add(co.co_names[arg])  # STORE_NAME binds a class attribute, not a global
                 arg = 0
-        return loads - bound - set(vars(builtins))
+        return loads, bound
     except Exception:
-        return {"?"}
+        return None
 
 
 _ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
@@ -227,9 +233,11 @@ class _StderrTail:
         return self.data.decode("utf-8", "replace")
 
 
-def _find_function(namespace, fn_name):
+def _find_function(namespace, fn_name, inherited):
+    """The program's own ``fn_name``: a top-level function, else a ``Solution`` method. A name the preamble
+    put there and the program never binds (``inherited``) is not the program's: ``gcd`` is ``math.gcd``."""
     fn = namespace.get(fn_name)
-    if callable(fn):
+    if callable(fn) and fn_name not in inherited:
         return fn
     solution = namespace.get("Solution")
     if isinstance(solution, type) and hasattr(solution, fn_name):
@@ -340,7 +348,7 @@ def _child(code, cfg, test, fds, preamble):
     try:
         exec(code, namespace)
         if cfg.get("fn_name") is not None:
-            fn = _find_function(namespace, cfg["fn_name"])
+            fn = _find_function(namespace, cfg["fn_name"], cfg.get("inherited", ()))
             value = to_json(fn(*test["args"]))
             _write(3, value.encode("utf-8", "backslashreplace"))
     except SystemExit as e:
@@ -551,6 +559,8 @@ def main():
         except Exception:  # a standard library without one of them: the program's own imports still work
             preamble.clear()
         preamble = {k: v for k, v in preamble.items() if not k.startswith("__")}
+        names = global_names(code)
+        cfg["inherited"] = frozenset(preamble) - (names[1] if names else frozenset())
     _send({"event": "ready"})
     while True:
         test = _receive(channel)

@@ -246,3 +246,36 @@ def test_debug_output_on_stderr_does_not_fail_a_correct_program(url: str) -> Non
     assert out["reward"] == 1.0, out.get("failure_reason")
     failed = verify(url, SUM, program.replace("print(a + b)", "print(a - b)"))
     assert failed["reward"] == 0.0 and "x 29999" in failed["tests"][0]["stderr_tail"], failed["tests"][0]
+
+
+@pytest.mark.parametrize(
+    ("fn_name", "code", "kind"),
+    [
+        (
+            "gcd",
+            "class Solution:\n    def gcd(self, a: int, b: int) -> Optional[int]:\n        return 0",
+            "wrong_answer",
+        ),
+        ("gcd", "unused: List[int] = []", "runtime_error"),
+        ("median", "def helper(values: List[int]) -> int:\n    return 0", "runtime_error"),
+    ],
+)
+def test_a_preamble_function_is_never_taken_for_the_programs(
+    url: str, fn_name: str, code: str, kind: str
+) -> None:
+    """The preamble's ``gcd`` (``math.gcd``) or ``median`` is not the program's answer: a wrong ``Solution.gcd``
+    or no function at all scored 1.0 once a program read ``List`` (and so got the preamble)."""
+    inputs, outputs = ([[12, 18], [7, 5]], [6, 1]) if fn_name == "gcd" else ([[[1, 2, 3]]], [2])
+    row = {
+        "responses_create_params": {"input": [{"role": "user", "content": f"Write {fn_name}."}]},
+        "verifier_metadata": {"unit_tests": {"inputs": inputs, "outputs": outputs, "fn_name": fn_name}},
+    }
+    out = verify(url, row, code)
+    assert out["reward"] == 0.0 and out["failure_kind"] == kind, out.get("failure_reason")
+    if fn_name == "gcd":  # a gcd of its own (a method using the preamble's, an import) is the program's
+        for honest in (
+            "class Solution:\n    def gcd(self, a: int, b: int) -> int:\n        return gcd(a, b)",
+            "from math import gcd\nunused: List[int] = []",
+            "def gcd(a: int, b: int) -> Optional[int]:\n    return a if b == 0 else gcd(b, a % b)",
+        ):
+            assert verify(url, row, honest)["reward"] == 1.0, honest

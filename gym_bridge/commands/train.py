@@ -80,6 +80,11 @@ def train(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(f"done: {result.steps} steps; metrics in {result.log_dir / 'metrics.jsonl'}")
+    if result.steps < cfg.grpo.max_num_steps:  # the other stop condition: said, not left to be noticed
+        typer.echo(
+            f"stopped before grpo.max_num_steps={cfg.grpo.max_num_steps}: grpo.max_num_epochs="
+            f"{cfg.grpo.max_num_epochs} passes over the training data are done"
+        )
     if result.steps_run and not result.steps_updated:  # a run that learned nothing is said, not passed over
         typer.echo(
             f"warning: none of this run's {result.steps_run} steps updated the policy: in every step all "

@@ -350,3 +350,25 @@ def test_a_split_whose_prompts_are_all_too_long_is_refused_naming_it(
                        r"data.max_input_seq_length \(64 tokens\)"):  # fmt: skip
         train(cfg, show_progress=False)
     assert not (tmp_path / "logs" / "metrics.jsonl").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_the_epoch_limit_ends_early_says_so(tmp_path: Path, model_dir: Path) -> None:
+    """Two prompts, four a step, one epoch: the run ends after step 1 of 4 (it used to say only "done: 1 steps")."""
+    small = write_scored(tmp_path / "small.jsonl", prompts=2)
+    config = tmp_path / "offline.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    args = [
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
+        "grpo.max_num_epochs=1", "grpo.val_period=0", f"policy.model_name={model_dir}",
+        "policy.train_global_batch_size=16", "policy.max_total_sequence_length=64",
+        "policy.generation.max_new_tokens=16", f"data.train.data_path={small}", "checkpointing.enabled=false",
+        f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+    done = CliRunner().invoke(app, ["train", "--config", str(config), "-q", *args])
+    assert done.exit_code == 0, done.output[-3000:]
+    assert "done: 1 steps" in done.stdout
+    assert (
+        "stopped before grpo.max_num_steps=4: grpo.max_num_epochs=1 passes over the training data are done"
+        in done.stdout
+    )

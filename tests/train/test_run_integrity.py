@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,12 +101,19 @@ def test_a_diverging_run_exits_2_naming_the_step_and_never_saves_nan_weights(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "reward", [1e39, 1e20, -1e20], ids=["inf_in_float32", "square_overflows", "negative"]
+)
 def test_rewards_too_large_for_float32_stop_the_step_before_any_update(
-    tmp_path: Path, model_dir: Path, scored: Path
+    tmp_path: Path, model_dir: Path, scored: Path, reward: float
 ) -> None:
-    data = with_reward(scored, tmp_path / "huge.jsonl", 5, 1e39)
+    """1e39 is inf in float32 (NaN weights, exit 0); 1e20's square overflowed the group std, which then
+    counted as 0, so the group trained on an unnormalised advantage of 1e20."""
+    data = with_reward(scored, tmp_path / "huge.jsonl", 5, reward)
+    low, high = (re.escape(f"{reward:g}"), "1") if reward < 0 else ("0", re.escape(f"{reward:g}"))
     with pytest.raises(
-        TrainingDiverged, match=r"step 1: the rewards \(from 0 to 1e\+39\) give non-finite advantages"
+        TrainingDiverged,
+        match=rf"step 1: the rewards \(from {low} to {high}\) are too large for the advantages' float32",
     ):
         train(offline_config(tmp_path, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
     assert not list((tmp_path / "ckpt").glob("step_*"))

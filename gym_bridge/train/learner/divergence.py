@@ -4,8 +4,8 @@ Why: with a learning rate far too high (or one reward of 1e39, which is ``inf`` 
 gradient norm became NaN, AdamW wrote NaN into every weight, and the run went on to its last step, saved
 NaN weights in every later checkpoint and exited 0 ("done: 4 steps"). Now:
 
-* before the update, advantages that are not finite (rewards too large for float32 statistics) stop the
-  run with the step's reward range: the weights are untouched;
+* before the update, rewards too large for the float32 group statistics (or advantages that are not
+  finite) stop the run with the step's reward range: the weights are untouched;
 * after the update, a non-finite loss or gradient norm stops the run once the step's metrics are logged
   (so ``metrics.jsonl`` shows it), before validation and before its checkpoint. float16's loss scaler
   skips an overflowed optimizer step by design (its weights stay finite): such a step is not divergence.
@@ -37,17 +37,25 @@ def _latest(checkpoints: Any) -> str:
     return f"the last complete checkpoint is {latest.path} (step {latest.step})"
 
 
+REWARD_LIMIT = math.sqrt(torch.finfo(torch.float32).max)
+"""Largest reward magnitude the group statistics can take: they square rewards in float32 (NeMo RL's
+arithmetic), and a reward of 1e20 overflowed the std to inf, which the zero-std rule then read as 0, so
+its advantage went out unnormalised (1e20)."""
+
+
 def check_advantages(
     step: int, advantages: torch.Tensor, rewards: list[float], checkpoints: Any = None
 ) -> None:
-    """Raise :class:`TrainingDiverged` when a step's advantages are not all finite (before any update)."""
-    if bool(torch.isfinite(advantages).all()):
+    """Raise :class:`TrainingDiverged` when a step's rewards are too large for the advantages' statistics
+    or its advantages are not all finite (before any update)."""
+    if bool(torch.isfinite(advantages).all()) and all(abs(r) < REWARD_LIMIT for r in rewards):
         return
     low, high = min(rewards, default=math.nan), max(rewards, default=math.nan)
     raise TrainingDiverged(
-        f"step {step}: the rewards (from {low:g} to {high:g}) give non-finite advantages, so the step cannot "
-        f"train: fix the reward source (an environment's /verify or the dataset's reward column); no update "
-        f"was made and {_latest(checkpoints)}"
+        f"step {step}: the rewards (from {low:g} to {high:g}) are too large for the advantages' float32 "
+        f"statistics (|reward| must stay below {REWARD_LIMIT:.3g}), so the step cannot train: fix the reward "
+        f"source (an environment's /verify or the dataset's reward column); no update was made and "
+        f"{_latest(checkpoints)}"
     )
 
 

@@ -66,21 +66,23 @@ def post(url: str, content: bytes | Iterator[bytes]) -> httpx.Response:
     return httpx.post(url + "/add", content=content, headers={"content-type": "application/json"}, timeout=10)
 
 
-def wait_until_held(url: str) -> None:
-    """Until the server has read the held uploads (they arrive asynchronously): a chunked probe is refused."""
+def wait_until_held(app: Any, nbytes: int) -> None:
+    """Until the server holds ``nbytes`` of the uploads in progress (they arrive asynchronously). Read from the
+    app's budget, not probed with requests: a probe that got in first would take their room."""
     deadline = time.monotonic() + 5
-    while post(url, chunks()).status_code != 503:
-        assert time.monotonic() < deadline, "the uploads in progress were never counted"
-        time.sleep(0.05)
+    while app.bodies.held < nbytes:
+        assert time.monotonic() < deadline, f"the uploads in progress were never counted ({app.bodies.held} bytes)"
+        time.sleep(0.02)
 
 
 def test_a_body_waits_for_room_then_goes_through():
     env = ArithmeticEnv(ServerSettings(max_body_bytes=1_000_000, max_held_body_bytes=2_000_000))
-    with start_in_thread(env.build_app()) as running:
+    app = env.build_app()
+    with start_in_thread(app) as running:
         url = running.url
         assert post(url, BODY).json() == {"sum": 3}
         first, second = start_upload(url), start_upload(url)
-        wait_until_held(url)
+        wait_until_held(app, 2 * (SIZE - 100_000))
         assert_busy(post(url, chunks()))  # chunked: refused as soon as it passes the budget
         answers: list[httpx.Response] = []
         waiting = threading.Thread(target=lambda: answers.append(post(url, BODY)))
@@ -110,13 +112,14 @@ class NappingEnv(ArithmeticEnv):
 def test_a_body_that_gets_no_room_in_time_is_a_503():
     """Two slow requests hold 1.8 MB while they are handled; a third waits ``body_timeout_s`` (1 s), then 503."""
     settings = ServerSettings(max_body_bytes=1_000_000, max_held_body_bytes=2_000_000, body_timeout_s=1.0)
-    with start_in_thread(NappingEnv(settings).build_app()) as running:
+    app = NappingEnv(settings).build_app()
+    with start_in_thread(app) as running:
         nap = b'{"seconds": 3}'
         nap += b" " * (SIZE - len(nap))
         with ThreadPoolExecutor(2) as pool:
             json_type = {"content-type": "application/json"}
             naps = [pool.submit(httpx.post, running.url + "/nap", content=nap, headers=json_type, timeout=10) for _ in range(2)]
-            wait_until_held(running.url)
+            wait_until_held(app, 2 * SIZE)
             started = time.monotonic()
             assert_busy(post(running.url, BODY))
             assert 0.9 < time.monotonic() - started < 2.5

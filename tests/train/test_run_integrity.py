@@ -380,3 +380,15 @@ def test_a_run_that_the_epoch_limit_ends_early_says_so(tmp_path: Path, model_dir
         "stopped before grpo.max_num_steps=4: grpo.max_num_epochs=1 passes over the training data are done"
         in done.stdout
     )
+
+
+@pytest.mark.parametrize("key", ["logger.log_dir", "checkpointing.checkpoint_dir"])
+def test_an_output_directory_that_is_a_file_is_refused_before_the_model_loads(
+    tmp_path: Path, model_dir: Path, scored: Path, key: str
+) -> None:
+    """It used to fail with a FileExistsError traceback once everything was up."""
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory\n")
+    with pytest.raises(ConfigError, match=rf"{key} is {taken}, which is a file, not a directory"):
+        train(offline_config(tmp_path, model_dir, scored, f"{key}={taken}"), show_progress=False)
+    assert taken.read_text() == "not a directory\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -25,7 +26,11 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
     from gym_bridge.train.bookkeeping.logging import WANDB_INSTALL_HINT
     from gym_bridge.train.learner.device import device_problems
 
-    problems = []
+    problems = [
+        f"{key} is {path}, which is a file, not a directory: give the run a directory"
+        for key, path in _output_dirs(cfg)
+        if path.exists() and not path.is_dir()
+    ]  # used to fail with a FileExistsError traceback once the model and servers were up
     if cfg.logger.wandb_enabled and importlib.util.find_spec("wandb") is None:
         problems.append(f"logger.wandb_enabled needs the wandb package: {WANDB_INSTALL_HINT} (or set it to false)")
     if cfg.logger.monitor_gpus:
@@ -64,6 +69,13 @@ def machine_problems(cfg: MasterConfig) -> list[str]:
         if sized is None:
             problems.append(f"env.{name}.num_workers: environment '{server}' has no worker pool to size")
     return problems
+
+
+def _output_dirs(cfg: MasterConfig) -> list[tuple[str, Path]]:
+    dirs = [("logger.log_dir", Path(cfg.logger.log_dir))]
+    if cfg.checkpointing.enabled:
+        dirs.append(("checkpointing.checkpoint_dir", Path(cfg.checkpointing.checkpoint_dir)))
+    return dirs
 
 
 def service_problems(cfg: MasterConfig) -> list[str]:

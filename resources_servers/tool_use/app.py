@@ -233,6 +233,7 @@ class ToolUseServer(ResourcesServer):
                 calls_made=score.made,
                 calls_matched=score.matched,
                 call_mismatches=score.reasons,
+                extra_reads=score.extra_reads,
             )
             failure = ("wrong_calls", "; ".join(score.reasons)) if score.reasons else None
         fields = {**row, **extras, "reward": reward}
@@ -246,7 +247,7 @@ class ToolUseServer(ResourcesServer):
         return VerifyResponse.model_validate(fields)
 
 
-STORE_CHANGING = frozenset({"add_to_cart", "remove_from_cart", "place_order", "cancel_order"})
+STORE_CHANGING = frozenset(name for name, spec in TOOLS.items() if spec.changes_state)
 
 
 def asked_before_acting(output: list[Any], facts: list[str]) -> float:

@@ -8,13 +8,23 @@
   tool's route validates its body: a call the tool would refuse (``quantity: 2.0000000001``, an unknown
   key even when null, an unknown tool) never matches, and calls the tool reads alike match
   (``quantity: 2.0`` is ``2``; an optional key given as null is the key left out).
+
+Extra reads are free. A made call to a tool that never changes the store (``ToolSpec.changes_state`` in
+:mod:`~resources_servers.tool_use.store`) and that no expected call uses is reported in
+:attr:`CallScore.extra_reads` and left out of the count in every mode: it cannot change the outcome, and the
+shipped tasks' system prompt asks for such look-ups (``list_products`` first, "their ids are needed by the
+other tools"), so charging for them scored a prompt-following ``add_to_cart`` task 0 and taught the policy to
+ignore its instructions. Only reads of tools the task does not expect are free: where the expected calls are
+themselves reads (``get_product`` for a look-up, ``list_products(category, max_price)`` for a filter), every
+call to that tool counts, so spraying it over every id, category or price still costs. Calls to state-changing
+tools and to unknown tools count as before.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +34,7 @@ from gym_bridge.serving.answers import format_validation_errors
 from resources_servers.tool_use.store import TOOLS
 
 __all__ = [
+    "STORE_READS",
     "STORE_TOOLS",
     "CallScore",
     "Call",
@@ -38,6 +49,9 @@ MatchMode = Literal["strict", "fraction", "f1"]
 _MAX_DIFFS = 20
 STORE_TOOLS: dict[str, type[BaseModel]] = {name: spec.args for name, spec in TOOLS.items()}
 """Each store tool's request model: what :func:`compare_calls` validates calls with by default."""
+STORE_READS: frozenset[str] = frozenset(name for name, spec in TOOLS.items() if not spec.changes_state)
+"""The store tools that never change it: free beside the expected calls when no expected call uses them."""
+_MAX_SHOWN = 200
 
 
 def _show(value: Any) -> str:
@@ -101,7 +115,8 @@ class Call:
             if self.arguments is None
             else ", ".join(f"{k}={v!r}" for k, v in sorted(self.arguments.items()))
         )
-        return f"{self.name}({args})"
+        text = f"{self.name}({args})"
+        return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 4] + "...)"
 
 
 MAX_ARGUMENT_DEPTH = 64
@@ -167,7 +182,10 @@ class CallScore:
     matched: int
     expected: int
     made: int
+    """Every call made, the free extra reads included."""
     reasons: list[str] = field(default_factory=list)
+    extra_reads: list[str] = field(default_factory=list)
+    """Calls to a read no expected call uses: reported, not counted (the module docstring)."""
 
 
 def _validated(call: Call, tools: Mapping[str, type[BaseModel]]) -> tuple[dict[str, Any] | None, str | None]:
@@ -203,9 +221,13 @@ def compare_calls(
     expected: list[Call],
     mode: MatchMode = "strict",
     tools: Mapping[str, type[BaseModel]] | None = None,
+    reads: Collection[str] | None = None,
 ) -> CallScore:
     """Score the calls made against the expected ones (see the module docstring); ``tools``: each tool's
-    request model (the store's by default)."""
+    request model (the store's by default); ``reads``: the tools that never change state (the store's by
+    default; none when ``tools`` is given without them)."""
+    if reads is None:
+        reads = STORE_READS if tools is None else frozenset()
     tools = STORE_TOOLS if tools is None else tools
     made_args = [_validated(call, tools) for call in made]
     expected_args = [_validated(call, tools) for call in expected]
@@ -237,15 +259,25 @@ def compare_calls(
         got, why = made_args[near]
         assert want is not None
         reasons.append(f"{exp.name}: {why}" if got is None else _argument_mismatch(exp.name, want, got))
-    reasons += [f"unexpected call {made[i].show()}" for i in unmatched_made]
-    if not expected and not made:
+    expected_tools = {exp.name for exp in expected}
+    free = [i for i in unmatched_made if made[i].name in reads and made[i].name not in expected_tools]
+    reasons += [f"unexpected call {made[i].show()}" for i in unmatched_made if i not in free]
+    counted = len(made) - len(free)
+    if not expected and not counted:
         reward = 1.0
     elif mode == "strict":
-        reward = float(matched == len(expected) == len(made))
+        reward = float(matched == len(expected) == counted)
     elif mode == "fraction":
-        reward = matched / max(len(expected), len(made), 1)
+        reward = matched / max(len(expected), counted, 1)
     else:
-        precision = matched / len(made) if made else 0.0
+        precision = matched / counted if counted else 0.0
         recall = matched / len(expected) if expected else 0.0
         reward = 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
-    return CallScore(reward=reward, matched=matched, expected=len(expected), made=len(made), reasons=reasons)
+    return CallScore(
+        reward=reward,
+        matched=matched,
+        expected=len(expected),
+        made=len(made),
+        reasons=reasons,
+        extra_reads=[made[i].show() for i in sorted(free)],
+    )

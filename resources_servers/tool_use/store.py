@@ -235,6 +235,10 @@ class ToolSpec:
     name: str
     args: type[BaseModel]
     fn: Callable[[State, Any], dict[str, Any]]
+    changes_state: bool
+    """Whether a call may change the store. A tool that never does (a read) is free beside an argument
+    check's expected calls (:func:`~resources_servers.tool_use.scoring.compare_calls`); every tool declares it,
+    and a test runs each read on many stores and arguments to hold it to that."""
 
     @property
     def description(self) -> str:
@@ -244,15 +248,15 @@ class ToolSpec:
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in (
-        ToolSpec("list_products", ListProductsArgs, list_products),
-        ToolSpec("get_product", ProductArgs, get_product),
-        ToolSpec("add_to_cart", AddToCartArgs, add_to_cart),
-        ToolSpec("remove_from_cart", ProductArgs, remove_from_cart),
-        ToolSpec("view_cart", NoArgs, view_cart),
-        ToolSpec("place_order", NoArgs, place_order),
-        ToolSpec("get_order", OrderArgs, get_order),
-        ToolSpec("list_orders", NoArgs, list_orders),
-        ToolSpec("cancel_order", OrderArgs, cancel_order),
+        ToolSpec("list_products", ListProductsArgs, list_products, changes_state=False),
+        ToolSpec("get_product", ProductArgs, get_product, changes_state=False),
+        ToolSpec("add_to_cart", AddToCartArgs, add_to_cart, changes_state=True),
+        ToolSpec("remove_from_cart", ProductArgs, remove_from_cart, changes_state=True),
+        ToolSpec("view_cart", NoArgs, view_cart, changes_state=False),
+        ToolSpec("place_order", NoArgs, place_order, changes_state=True),
+        ToolSpec("get_order", OrderArgs, get_order, changes_state=False),
+        ToolSpec("list_orders", NoArgs, list_orders, changes_state=False),
+        ToolSpec("cancel_order", OrderArgs, cancel_order, changes_state=True),
     )
 }
 

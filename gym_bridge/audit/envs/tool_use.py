@@ -1,6 +1,7 @@
 """Tool use (the built-in store: ``initial_state`` + ``verifier_metadata.expected_calls`` or
 ``reference_calls``): calls that look like the expected one but are not what a tool would accept, calls to
-the server's own routes, and a confirmation with no call behind it."""
+the server's own routes, a confirmation with no call behind it, and sprays of the read tool a task expects
+(free reads are only those of tools no expected call uses)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def row(check: dict[str, Any]) -> dict[str, Any]:
 
 BY_ARGUMENTS = row({"expected_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P125", "quantity": 2}}],
                     "match": "strict"})  # fmt: skip
+FILTER = row({"expected_calls": [{"name": "list_products", "arguments": {"category": "office", "max_price": 60.0}}],
+              "match": "strict"})  # fmt: skip
+LOOKUP = row({"expected_calls": [{"name": "get_product", "arguments": {"product_id": "P125"}}],
+              "match": "strict"})  # fmt: skip
 BY_OUTCOME = row(
     {"reference_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P125", "quantity": 2}}]}
 )
@@ -80,6 +85,19 @@ def attacks(options: AuditOptions) -> list[Attack]:
                "alike; it scored 0 before)", row({"expected_calls": [{"name": "list_products", "arguments":
                {"category": "office", "max_price": None}}], "match": "strict"}),
                [calls(("list_products", {"category": " Office", "max_price": None})), DONE], max_reward=1.0, min_reward=1.0),
+        Attack("look_up_first", "wrong-reward", "an honest rollout that looks the product up with list_products first, "
+               "as the shipped system prompt asks (a read no expected call uses is free; it scored 0 before)",
+               BY_ARGUMENTS, [calls(("list_products", {"category": None, "max_price": None})),
+                              calls(("add_to_cart", right)), DONE], max_reward=1.0, min_reward=1.0),
+        Attack("spray_expected_read", "wrong-reward", "list_products over every category and price, the expected "
+               "filter among them (the task expects that read tool: every call to it counts)", FILTER,
+               [calls(*[("list_products", {"category": c, "max_price": p}) for c in ("office", "electronics")
+                        for p in (10.0, 60.0, 100.0)]), DONE]),
+        Attack("spray_get_product", "wrong-reward", "get_product on every product of a look-up task", LOOKUP,
+               [calls(*[("get_product", {"product_id": pid}) for pid in STATE["products"]]), DONE]),
+        Attack("read_then_extra_change", "wrong-reward", "free reads, the expected call and an extra place_order "
+               "(a state-changing call is never free)", BY_ARGUMENTS,
+               [calls(("view_cart", {}), ("add_to_cart", right)), calls(("place_order", {})), DONE]),
         _call("arguments_not_an_object", "a JSON list for arguments", "[]", cls="crash"),
         _call("operator_object", "an object where the id should be", {"product_id": {"$gt": ""}, "quantity": 2},
               cls="crash"),

@@ -10,7 +10,15 @@ import pytest
 
 from resources_servers.tool_use import generate
 from resources_servers.tool_use.scoring import Call, calls_from_output, compare_calls, state_diff
-from resources_servers.tool_use.store import TOOLS, StoreState, apply_call, new_state, tool_schemas
+from resources_servers.tool_use.store import (
+    TOOLS,
+    NoArgs,
+    ProductArgs,
+    StoreState,
+    apply_call,
+    new_state,
+    tool_schemas,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "data" / "example.jsonl"
 
@@ -97,11 +105,26 @@ def test_compare_calls_strict_fraction_f1_with_reasons() -> None:
     assert compare_calls(one_wrong, expected, "fraction").reward == 0.5
     assert compare_calls(one_wrong, expected, "f1").reward == 0.5
 
-    extra = calls(*[(c.name, c.arguments) for c in expected], ("view_cart", {}))
+    extra = calls(*[(c.name, c.arguments) for c in expected], ("place_order", {}))
     assert compare_calls(extra, expected, "strict").reward == 0.0
     assert compare_calls(extra, expected, "fraction").reward == pytest.approx(2 / 3)
     assert compare_calls(extra, expected, "f1").reward == pytest.approx(0.8)
-    assert compare_calls(extra, expected).reasons == ["unexpected call view_cart()"]
+    assert compare_calls(extra, expected).reasons == ["unexpected call place_order()"]
+    assert compare_calls(extra, expected).extra_reads == []
+
+    # A read of a tool no expected call uses is free in every mode, and reported; one of an expected tool is not.
+    read = calls(("view_cart", {}), *[(c.name, c.arguments) for c in expected], ("list_products", {}))
+    for mode in ("strict", "fraction", "f1"):
+        score = compare_calls(read, expected, mode)  # type: ignore[arg-type]
+        assert score.reward == 1.0 and score.made == 4 and score.reasons == []
+        assert score.extra_reads == ["view_cart()", "list_products()"]
+    same_tool = calls(*[(c.name, c.arguments) for c in expected], ("get_product", {"product_id": "P9"}))
+    assert compare_calls(same_tool, expected, "strict").reward == 0.0
+    assert compare_calls(same_tool, expected, "fraction").reward == pytest.approx(2 / 3)
+    # Other tools' models: no tool is known to be a read unless named.
+    models = {"get_product": ProductArgs, "view_cart": NoArgs}
+    assert compare_calls(read[:3], expected, "strict", tools=models).reward == 0.0
+    assert compare_calls(read[:3], expected, "strict", tools=models, reads={"view_cart"}).reward == 1.0
 
     missing = compare_calls([], expected, "f1")
     assert missing.reward == 0.0 and missing.reasons[0].startswith("missing call get_product(")
@@ -155,3 +178,35 @@ def test_generator_is_deterministic_and_every_reference_solution_replays(tmp_pat
 def test_committed_examples_match_the_generator() -> None:
     committed = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
     assert committed == generate.generate(0, len(committed), "example")
+
+
+def test_each_tool_changes_the_store_only_if_it_says_so() -> None:
+    """``ToolSpec.changes_state`` decides which calls the argument check leaves free: every read is run with
+    every id, category and price of 30 generated stores (in every cart/order state the store's own calls
+    reach) and never changes one; every state-changing tool changes some store."""
+    changed: set[str] = set()
+    for row in generate.generate(5, 30, "train"):
+        state = row["initial_state"]
+        ids = sorted(state["products"]) + ["P000"]
+        orders = sorted(state["orders"]) + ["O0"]
+        probes = {
+            "list_products": [{}] + [{"category": c, "max_price": m} for c in ("kitchen", " Office", "x")
+                                     for m in (None, 0, 30, 1e9)],
+            "get_product": [{"product_id": i} for i in ids],
+            "view_cart": [{}], "list_orders": [{}], "place_order": [{}],
+            "get_order": [{"order_id": o} for o in orders], "cancel_order": [{"order_id": o} for o in orders],
+            "add_to_cart": [{"product_id": i, "quantity": q} for i in ids for q in (1, 100)],
+            "remove_from_cart": [{"product_id": i} for i in ids],
+        }  # fmt: skip
+        assert set(probes) == set(TOOLS)
+        meta = row["verifier_metadata"]
+        for call in [{"name": "list_products", "arguments": {}}, *(meta.get("reference_calls") or meta["expected_calls"])]:
+            for name, spec in TOOLS.items():
+                for arguments in probes[name]:
+                    after = copy.deepcopy(state)
+                    apply_call(after, name, arguments)
+                    if after != state:
+                        assert spec.changes_state, (name, arguments)
+                        changed.add(name)
+            apply_call(state, call["name"], call["arguments"])
+    assert changed == {name for name, spec in TOOLS.items() if spec.changes_state}

@@ -15,7 +15,9 @@ import pytest
 from gym_bridge.serving.server import ServerSettings, _state_bytes
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
+from resources_servers.tool_use.generate import SYSTEM_PROMPT
 from resources_servers.tool_use.tests.test_tool_use_server import (
+    EXAMPLES,
     final_message,
     function_call,
     session,
@@ -23,6 +25,8 @@ from resources_servers.tool_use.tests.test_tool_use_server import (
 )
 
 SERVER = ToolUseServer()
+SHIPPED = {row["verifier_metadata"]["task_kind"]: row for row in map(json.loads, EXAMPLES.read_text().splitlines())}
+"""The shipped example tasks (``data/example.jsonl``), one of each kind."""
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,47 @@ def verify(client: httpx.Client, row: dict[str, Any], output: list[dict[str, Any
     answer = client.post("/verify", json={**row, "response": {"output": output}})
     assert answer.status_code == 200, answer.text
     return answer.json()
+
+
+def played(client: httpx.Client, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Make each call on the session's real tools; the rollout's output items for them (call, then answer)."""
+    output: list[dict[str, Any]] = []
+    for i, (name, arguments) in enumerate(calls):
+        answer = client.post(f"/{name}", json=arguments)
+        assert answer.status_code in (200, 404, 422), answer.text  # 404: no tool of that name
+        output += [
+            function_call(name, arguments, f"c{i}"),
+            {"type": "function_call_output", "call_id": f"c{i}", "output": answer.text},
+        ]
+    return output
+
+
+def expected(row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(c["name"], c["arguments"]) for c in row["verifier_metadata"]["expected_calls"]]
+
+
+def with_match(row: dict[str, Any], match: str) -> dict[str, Any]:
+    row = copy.deepcopy(row)
+    row["verifier_metadata"]["match"] = match
+    return row
+
+
+@pytest.mark.parametrize("match", ["strict", "fraction", "f1"])
+@pytest.mark.parametrize("kind", ["add_by_id", "lookup"])
+def test_a_rollout_that_follows_the_system_prompt_is_paid(url: str, kind: str, match: str) -> None:
+    """Finding: the shipped tasks' system prompt says to look products up with ``list_products`` first ("their ids
+    are needed by the other tools"); an argument-verified task then scored that look-up as an unexpected call:
+    ``list_products()`` + the expected ``add_to_cart`` paid 0 (strict) or 0.5 (fraction, f1), teaching the policy
+    to ignore its instructions. A call to a tool that never changes the store, and that no expected call uses,
+    now costs nothing; it is reported in ``extra_reads``."""
+    row = with_match(SHIPPED[kind], match)
+    assert "list_products" in SYSTEM_PROMPT and row["responses_create_params"]["input"][0]["content"] == SYSTEM_PROMPT
+    with session(url, row) as client:
+        output = played(client, [("list_products", {}), *expected(row)])
+        out = verify(client, row, [*output, final_message()])
+    assert out["reward"] == 1.0, out.get("failure_reason")
+    assert out["extra_reads"] == ["list_products()"] and out["call_mismatches"] == []
+    assert out["calls_made"] == 1 + len(expected(row)) and out["calls_matched"] == len(expected(row))
 
 
 @pytest.mark.parametrize("category", ["Kitchen", " kitchen ", "KITCHEN"])
@@ -153,6 +198,75 @@ def test_another_sessions_cookie_or_token_reaches_nothing(url: str) -> None:
         for guess in (victim_id[:-1] + ("A" if victim_id[-1] != "A" else "B"), "0" * len(victim_id), "", "../x"):
             guesser.cookies.set("gym_bridge_session", guess)
             assert guesser.post("/view_cart", json={}).status_code == 409
+
+
+CATEGORIES = sorted({p["category"] for row in SHIPPED.values() for p in row["initial_state"]["products"].values()})
+
+
+@pytest.mark.parametrize("match", ["strict", "fraction", "f1"])
+def test_a_spray_of_the_expected_read_tool_is_not_paid(url: str, match: str) -> None:
+    """Free look-ups are reads of a tool no expected call uses: a filter task expects ``list_products`` itself, so
+    listing every category at every price (the right call among them) still counts every call."""
+    row = with_match(SHIPPED["filter_catalogue"], match)
+    spray = [("list_products", {"category": c, "max_price": m}) for c in CATEGORIES for m in (10, 20, 30, 50)]
+    assert expected(row)[0] in spray
+    with session(url, row) as client:
+        out = verify(client, row, [*played(client, [("list_products", {}), *spray]), final_message()])
+    assert out["extra_reads"] == [] and out["calls_matched"] == 1 and out["calls_made"] == len(spray) + 1
+    assert out["reward"] == (0.0 if match == "strict" else pytest.approx(1 / (len(spray) + 1), abs=0.1)), out["reward"]
+
+
+@pytest.mark.parametrize("match", ["strict", "fraction"])
+def test_a_spray_of_get_product_on_a_lookup_task_is_not_paid(url: str, match: str) -> None:
+    row = with_match(SHIPPED["lookup"], match)
+    spray = [("get_product", {"product_id": pid}) for pid in sorted(row["initial_state"]["products"])]
+    with session(url, row) as client:
+        out = verify(client, row, [*played(client, spray), final_message()])
+    assert out["extra_reads"] == [] and out["calls_made"] == len(spray)
+    assert out["reward"] == (0.0 if match == "strict" else len(expected(row)) / len(spray))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [("place_order", {})],
+        [("add_to_cart", "again"), ("remove_from_cart", "again")],  # the store ends where it should, the calls differ
+        [("cancel_order", "an order")],
+        [("search_products", {"query": "mug"})],  # no tool of this name: not known to change nothing
+    ],
+    ids=["place_order", "add-remove", "cancel_order", "unknown-tool"],
+)
+def test_an_extra_call_that_is_not_a_read_still_costs(url: str, extra: list[tuple[str, Any]]) -> None:
+    row = SHIPPED["add_by_id"]
+    (call,) = expected(row)
+    resolved = [
+        (name, call[1] if args == "again" else {"order_id": sorted(row["initial_state"]["orders"])[0]}
+         if args == "an order" else args)
+        for name, args in extra
+    ]  # fmt: skip
+    resolved = [(n, {"product_id": a["product_id"]} if n == "remove_from_cart" else a) for n, a in resolved]
+    with session(url, row) as client:
+        output = played(client, [("list_products", {}), call, *resolved])
+        out = verify(client, row, [*output, final_message()])
+    assert out["reward"] == 0.0 and out["extra_reads"] == ["list_products()"], out
+    assert [r.split("(")[0] for r in out["call_mismatches"]] == [f"unexpected call {n}" for n, _ in resolved]
+
+
+def test_every_read_costs_nothing_but_a_read_never_stands_in_for_a_call(url: str) -> None:
+    """Reads of every kind (also one the tool refuses: it changes nothing either) beside the expected call pay 1;
+    the same reads without it pay 0 in every mode."""
+    row = SHIPPED["add_by_id"]
+    order = sorted(row["initial_state"]["orders"])[0]
+    reads = [("view_cart", {}), ("list_orders", {}), ("get_order", {"order_id": order}),
+             ("get_product", {"product_id": "P000"}), ("list_products", {"colour": "red"})]  # fmt: skip
+    with session(url, row) as client:
+        out = verify(client, row, [*played(client, [*reads, *expected(row)]), final_message()])
+    assert out["reward"] == 1.0 and len(out["extra_reads"]) == len(reads), out
+    for match in ("strict", "fraction", "f1"):
+        task = with_match(row, match)
+        with session(url, task) as client:
+            out = verify(client, task, [*played(client, reads), final_message()])
+        assert out["reward"] == 0.0 and out["call_mismatches"][0].startswith("missing call add_to_cart("), out
 
 
 @pytest.mark.parametrize(

@@ -233,8 +233,9 @@ def test_a_spray_of_get_product_on_a_lookup_task_is_not_paid(url: str, match: st
         [("add_to_cart", "again"), ("remove_from_cart", "again")],  # the store ends where it should, the calls differ
         [("cancel_order", "an order")],
         [("search_products", {"query": "mug"})],  # no tool of this name: not known to change nothing
+        [("List_Products", {})],  # a read's name in another case is no tool either
     ],
-    ids=["place_order", "add-remove", "cancel_order", "unknown-tool"],
+    ids=["place_order", "add-remove", "cancel_order", "unknown-tool", "read-name-in-another-case"],
 )
 def test_an_extra_call_that_is_not_a_read_still_costs(url: str, extra: list[tuple[str, Any]]) -> None:
     row = SHIPPED["add_by_id"]

@@ -60,6 +60,7 @@ def train(
     from gym_bridge.distributed.ray_local import RayUnavailableError
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
+    from gym_bridge.records.jsonl import WriteFailed
     from gym_bridge.train.bookkeeping.checkpoint import CheckpointWriteError
     from gym_bridge.train.bookkeeping.run_lock import RunDirectoryBusy
     from gym_bridge.train.learner.divergence import TrainingDiverged
@@ -75,7 +76,7 @@ def train(
         return
     except (
         CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
-        RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError,
+        RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError, WriteFailed,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

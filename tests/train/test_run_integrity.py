@@ -392,3 +392,36 @@ def test_an_output_directory_that_is_a_file_is_refused_before_the_model_loads(
     with pytest.raises(ConfigError, match=rf"{key} is {taken}, which is a file, not a directory"):
         train(offline_config(tmp_path, model_dir, scored, f"{key}={taken}"), show_progress=False)
     assert taken.read_text() == "not a directory\n"
+
+
+@pytest.mark.timeout(300)
+def test_a_metrics_file_that_stops_taking_writes_ends_the_run_with_exit_2_naming_it(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    """A file-size limit (``ulimit -f``) reached mid-run: the run used to end in a traceback (exit 1)."""
+    import resource
+
+    config = tmp_path / "offline.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    command = [
+        sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q",
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=30",
+        "grpo.max_num_epochs=100", "grpo.val_period=0", f"policy.model_name={model_dir}",
+        "policy.train_global_batch_size=16", "policy.max_total_sequence_length=64",
+        "policy.generation.max_new_tokens=16", f"data.train.data_path={scored}", "checkpointing.enabled=false",
+        f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+
+    def limit_file_size() -> None:  # 8 KiB: a few steps' metrics lines
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=240, preexec_fn=limit_file_size
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    message = " ".join(done.stderr.split())
+    assert f"error: cannot write {tmp_path / 'logs' / 'metrics.jsonl'}: File too large" in message, message
+    assert "Traceback" not in done.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "logs")] == list(
+        range(1, len(read_metrics(tmp_path / "logs")) + 1)
+    )

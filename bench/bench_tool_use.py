@@ -41,7 +41,8 @@ WORKERS_PER_CLIENT = 4  # httpx pools stay cheap when small (see gym_bridge/coll
 
 def _plan(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The calls of a rollout: a look at the catalogue, then the reference calls (outcome tasks), or just
-    the expected calls (argument tasks, where any other call would count against the answer)."""
+    the expected calls (argument tasks, where any other call but a free read would count against the
+    answer)."""
     meta = row["verifier_metadata"]
     if "expected_calls" in meta:
         return list(meta["expected_calls"])

@@ -8,6 +8,7 @@ names by its own id are bound to these through :mod:`gym_bridge.serving.resource
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import os
 import time
@@ -38,6 +39,9 @@ class Session:
     lost: bool = False
     """Opened for a request whose cookie named a session this store no longer has (expired, evicted): a
     server whose verdict reads the session's state refuses to score it rather than read an empty one."""
+    seeding: asyncio.Event | None = None
+    """Set while an Environment Server's seed of it runs: a repeat of that seed (a retry whose first answer
+    was lost) waits on it, rather than answer with the cookie of a session that has no state yet, or never will."""
 
 
 class SessionStore:

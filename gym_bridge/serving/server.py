@@ -320,6 +320,9 @@ class ResourcesServer:
             conflict = existing.binding.conflict(binding)
             if conflict is not None:
                 raise HTTPException(409, conflict)
+            if existing.seeding is not None:  # its first seed is still running: answer as it ends
+                await existing.seeding.wait()
+                return await self._seed_resources(body, session)  # seeded now, or failed and gone: look again
             if existing is not session and session.binding is None and not session.state:
                 self.sessions.discard(session.id)  # the cookie-less retry's fresh session: unused
             return self._seeded(existing, request.task_data)
@@ -333,6 +336,7 @@ class ResourcesServer:
         session.binding = binding
         self.sessions.keep(session)  # bound: out of the fresh tier, which cookie-less requests churn
         self.resources.bind(binding, session.id)
+        session.seeding = done = asyncio.Event()
         try:
             await self._seed_row(row, session)
             self.resources.refuse_if_closed(rid)  # closed while it was seeding: it stays closed
@@ -341,6 +345,9 @@ class ResourcesServer:
             session.binding = None
             self.sessions.discard(session.id)
             raise
+        finally:
+            session.seeding = None
+            done.set()
         return self._seeded(session, request.task_data)
 
     def _seeded(self, session: Session, task_row: dict[str, Any]) -> Answer:

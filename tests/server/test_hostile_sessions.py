@@ -17,6 +17,7 @@ Each test is a finding of a red-team round that failed on the code before its fi
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import time
@@ -27,12 +28,14 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from gym_bridge.audit.envs.tool_use import BY_OUTCOME, STATE
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.rollout.envs import load_server_class
 from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
-from gym_bridge.serving.server import ResourcesServer, ServerSettings
+from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 
 JSON = {"content-type": "application/json"}
@@ -51,6 +54,10 @@ def typed_seed(task_data: dict[str, Any], rid: str | None = None) -> dict[str, A
         "task_id": {"taskset": "gym-bridge:test", "task_id": "0"},
         "task_data": task_data,
     }
+
+
+class NoArgs(BaseModel):
+    pass
 
 
 class Stateless(ResourcesServer):
@@ -126,6 +133,54 @@ def test_a_typed_session_that_keeps_no_state_survives_cookieless_requests(statel
         httpx.post(url + "/verify", json={"junk": i})
     again = httpx.post(url + "/seed_session", json=seed)  # no cookie: found by its id, as a retried seed
     assert again.status_code == 200 and again.cookies[SESSION_COOKIE] == first.cookies[SESSION_COOKIE]
+
+
+class SlowSeed(ResourcesServer):
+    """Seeds take 0.4 s (a sandbox starting); the first seed of a task marked ``fail_first`` fails."""
+
+    name = "slow_seed"
+
+    def __init__(self, settings: ServerSettings | None = None) -> None:
+        super().__init__(settings)
+        self.failed: set[str] = set()
+
+    async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        await asyncio.sleep(0.4)
+        if body.get("fail_first") and body["fail_first"] not in self.failed:
+            self.failed.add(body["fail_first"])
+            raise HTTPException(503, "the sandbox did not start")
+        session.state["ready"] = True
+        return {}
+
+    @tool
+    async def peek(self, args: NoArgs, session: Session) -> dict[str, Any]:
+        """The session's state."""
+        return dict(session.state)
+
+    async def verify(self, body: VerifyRequest, session: Any) -> VerifyResponse:
+        return VerifyResponse.model_validate({**dump(body), "reward": float(session.state.get("ready", False))})
+
+
+@pytest.mark.parametrize("first_fails", [False, True])
+def test_a_retried_typed_seed_waits_for_the_seed_in_progress(first_fails: bool) -> None:
+    """NeMo Gym's Environment Server retries a seed whose answer it lost; the retry came back 200 at once with
+    the cookie of a session still seeding (its tools found no state), and 200 for a session whose seed then
+    failed and was dropped. It now answers once that seed is done, or seeds anew when that seed failed."""
+
+    async def race(url: str) -> tuple[httpx.Response, httpx.Response, dict[str, Any]]:
+        seed = typed_seed({"fail_first": uuid.uuid4().hex} if first_fails else {})
+        async with httpx.AsyncClient(base_url=url, timeout=30) as first, httpx.AsyncClient(base_url=url, timeout=30) as retry:
+            pending = asyncio.ensure_future(first.post("/seed_session", json=seed))
+            await asyncio.sleep(0.1)  # the first seed is in progress
+            retried = await retry.post("/seed_session", json=seed)
+            state = (await retry.post("/peek", json={})).json()
+            return await pending, retried, state
+
+    with start_in_thread(SlowSeed().build_app()) as running:
+        original, retried, state = asyncio.run(race(running.url))
+    assert original.status_code == (503 if first_fails else 200), original.text
+    assert retried.status_code == 200, retried.text
+    assert state == {"ready": True}  # the retry's cookie names a seeded session
 
 
 # --------------------------------------------------------------------------- bodies

@@ -425,3 +425,19 @@ def test_a_metrics_file_that_stops_taking_writes_ends_the_run_with_exit_2_naming
     assert [r["step"] for r in read_metrics(tmp_path / "logs")] == list(
         range(1, len(read_metrics(tmp_path / "logs")) + 1)
     )
+
+
+@pytest.mark.timeout(120)
+def test_resuming_on_other_training_data_is_refused_naming_data_train(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    """The checkpoint's data position (8 of 12 prompts) used to be applied to a 2-prompt file: the run went
+    on at epoch 3 of a differently shuffled order, skipping and repeating prompts without a word."""
+    train(offline_config(tmp_path, model_dir, scored, "grpo.max_num_steps=2"), show_progress=False)
+    small = write_scored(tmp_path / "small.jsonl", prompts=2)
+    with pytest.raises(
+        DataError,
+        match=r"data.train: the checkpoint's data position is for 12 prompts, and the data now holds 2",
+    ):
+        train(offline_config(tmp_path, model_dir, small), show_progress=False)
+    assert train(offline_config(tmp_path, model_dir, scored), show_progress=False).resumed_from == 2

@@ -366,9 +366,17 @@ class PromptLoader:
         return self.epoch + self.position / len(self.items)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "size": len(self.items)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue where ``state`` left off; a DataError when it was a walk over a list of another size
+        (its position would fall elsewhere in a differently shuffled order: prompts skipped or repeated)."""
+        size = state.get("size")  # absent in checkpoints written before it was saved
+        if size is not None and int(size) != len(self.items):
+            raise DataError(
+                f"the checkpoint's data position is for {size} prompts, and the data now holds {len(self.items)}: "
+                "resuming would continue at a position of another order, skipping or repeating prompts"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._epoch_order(self.epoch)
 
@@ -457,6 +465,19 @@ class TrainBatches:
         return {name: loader.state_dict() for name, loader in self.loaders.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Each loader's position from a checkpoint; a DataError naming ``data.train`` when the training data
+        is not the checkpoint's (another number of prompts, other datasets)."""
+        if set(state) != set(self.loaders):
+            raise DataError(
+                f"data.train: the checkpoint's data loaders are {sorted(state)}, this run's are {sorted(self.loaders)}: "
+                "resume with the checkpoint's training data, or train on this data from step 0 (--fresh, or a new "
+                "checkpointing.checkpoint_dir)"
+            )
         for name, loader_state in state.items():
-            if name in self.loaders:
+            try:
                 self.loaders[name].load_state_dict(loader_state)
+            except DataError as err:
+                raise DataError(
+                    f"data.train{'' if name == 'all' else f' ({name})'}: {err}. Resume with the checkpoint's "
+                    "training data, or train on this data from step 0 (--fresh, or a new checkpointing.checkpoint_dir)"
+                ) from None

@@ -37,7 +37,7 @@ from resources_servers.math.extraction import (
 from resources_servers.math.fastpath import compare_boxed_plain, compare_plain
 from resources_servers.math.judge import MathJudgeConfig, judge_fallback
 from resources_servers.math.pool import VerifierPool
-from resources_servers.math.strict import strict_violation
+from resources_servers.math.strict import phrase_violation, strict_violation
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("config.yaml")
 _MAX_RAW_CHARS = 200
@@ -222,6 +222,12 @@ class MathServer(ResourcesServer):
                 if reason is not None:
                     raw = answer[:_MAX_RAW_CHARS]
                     return _answer(body, extracted=raw, method=method, failure=("strict_rejected", reason))
+        # A phrase states one value, strict or not (strict.phrase_violation; the phrase rule is this project's).
+        if extraction.phrase is not None:
+            reason = phrase_violation(extraction.phrase, expected)
+            if reason is not None:
+                raw = extraction.answer[:_MAX_RAW_CHARS]
+                return _answer(body, extracted=raw, method=method, failure=("phrase_rejected", reason))
 
         if self.config.fast_path and method != "whole_text":
             if method == "boxed":
@@ -234,18 +240,21 @@ class MathServer(ResourcesServer):
 
         if self.pool is None:
             raise RuntimeError("the math server's verifier pool is not running (was startup() called?)")
-        outcome = await self.pool.check(expected, candidate, whole_text, strict)
+        # A phrase's value must be readable on its own too (worker.unreadable_answer), strict or not.
+        readable_alone = strict or extraction.phrase is not None
+        outcome = await self.pool.check(expected, candidate, whole_text, readable_alone)
         if outcome.status != "ok":
             kind = "verifier_timeout" if outcome.status == "timeout" else "verifier_error"
             raw = extraction.answer[:_MAX_RAW_CHARS]
             return _answer(body, extracted=raw, method=method, failure=(kind, outcome.detail or kind))
-        if outcome.failure_kind == "unreadable_answer":  # strict only: see worker.unreadable_answer
+        if outcome.failure_kind == "unreadable_answer":  # strict or a phrase: see worker.unreadable_answer
             unreadable = (outcome.extracted or "")[:_MAX_RAW_CHARS]
             reason = (
                 f"math-verify cannot read the answer {unreadable!r} on its own: it would score a number "
                 "found elsewhere in the response instead"
             )
-            return _answer(body, extracted=unreadable, method=method, failure=("strict_rejected", reason))
+            kind = "strict_rejected" if strict else "phrase_rejected"
+            return _answer(body, extracted=unreadable, method=method, failure=(kind, reason))
         failure = None
         if outcome.failure_kind == "unparsable_answer":
             failure = (

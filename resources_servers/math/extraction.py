@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 ExtractionMode = Literal["boxed", "boxed_or_final", "boxed_or_last", "whole_text"]
@@ -44,6 +44,8 @@ class Extraction:
 
     answer: str
     method: ExtractionMethod
+    phrase: Phrase | None = field(default=None, compare=False)
+    """For ``final_answer``: the phrase read, whose parts decide whether it states one value."""
 
 
 def last_boxed(text: str, opener: str = BOXED) -> str | None:
@@ -107,20 +109,100 @@ def inline_math(answer: str) -> str | None:
     return min(found)[1] if found else None
 
 
-def _clean(answer: str) -> str:
-    """Strip the wrapping a final-answer phrase tends to carry: math delimiters, bold, a full stop."""
-    answer = answer.strip()
-    math = inline_math(answer)
-    if math is not None:
-        answer = math
-    else:
-        end = _SENTENCE_END.search(answer)
-        if end:
-            answer = answer[: end.start()]
-    answer = answer.strip().strip("*").strip()
-    if answer.startswith("\\[") and answer.endswith("\\]"):
-        answer = answer[2:-2]
-    return answer.strip().rstrip(".,;:!").strip()
+PHRASE_FILLERS = frozenset(
+    "still exactly just simply indeed clearly definitely certainly thus therefore hence so then now also again"
+    " precisely equal equals to the number value a total of".split()
+)
+"""Words that may stand between "The answer is" and its value without changing what it states."""
+_WORD = re.compile(r"[^\W\d_]{2,}+")  # possessive: a run of letters is matched once, never given back
+_SPACED_THOUSANDS = re.compile(r"-?\d{1,3}+(?:(?:[ \u00a0\u2009\u202f]|\\,)\d{3}+)+(?!\d)")
+"""``1 000 000`` (math-verify reads the spaces as products: ``1*0*0``); the value is read without them."""
+_SPAN_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_QUESTION = re.compile(r"[?¿]")
+
+
+@dataclass(frozen=True)
+class Phrase:
+    r"""A final-answer phrase read up to the end of its sentence: the ``value`` it opens with (a ``$...$``,
+    ``\(...\)`` or ``\[...\]`` span's contents, else the bare math up to the first separate word, a
+    ``", "`` or a ``" ("``), the ``tail`` between that value and the sentence's end, and whether the
+    sentence asks a question. Whether it states one value is decided against the expected answer
+    (:func:`resources_servers.math.strict.phrase_violation`)."""
+
+    value: str
+    tail: str
+    question: bool
+
+
+def _skip_wrapping(line: str, index: int) -> int:
+    """Past whitespace and bold markers, and past filler words (:data:`PHRASE_FILLERS`)."""
+    while True:
+        while index < len(line) and (line[index].isspace() or line[index] == "*"):
+            index += 1
+        word = _WORD.match(line, index)
+        if word is None or word.group().lower() not in PHRASE_FILLERS:
+            return index
+        index = word.end()
+
+
+def _bare_value_end(line: str, start: int, end: int) -> int:
+    """Where a value written without delimiters stops: before a separate word, a ``", "`` or a ``" ("``
+    outside brackets, or before a second number after a space (``3 4``); one pass over the sentence."""
+    depth, index = 0, start
+    while index < end:
+        char = line[index]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and char == "," and (index + 1 == end or line[index + 1].isspace()):
+            return index
+        elif depth == 0 and char.isspace():
+            after = index
+            while after < end and line[after].isspace():
+                after += 1
+            if after < end and index > start:
+                follows = line[after]
+                if follows == "(" or (follows.isdigit() and line[index - 1].isdigit()) or _WORD.match(line, after):
+                    return index
+            index = after
+            continue
+        index += 1
+    return end
+
+
+def _sentence_end(line: str, start: int) -> int:
+    end = _SENTENCE_END.search(line, start)
+    return end.start() if end else len(line)
+
+
+def read_phrase(line: str) -> Phrase | None:
+    """The phrase whose text (after "answer is", "Answer:" or "####") is ``line``; None when it states
+    nothing (only whitespace, bold markers or punctuation before the sentence ends)."""
+    start = _skip_wrapping(line, 0)
+    for opener, closer in _SPAN_DELIMITERS:
+        if line.startswith(opener, start):
+            closing = line.find(closer, start + len(opener))
+            if closing >= 0:
+                after = closing + len(closer)
+                end = _sentence_end(line, after)
+                value = line[start + len(opener) : closing].strip()
+                question = _QUESTION.search(line, start, end + 1) is not None
+                return Phrase(value, line[after:end], question) if value else None
+            break
+    end = _sentence_end(line, start)
+    question = _QUESTION.search(line, start, end + 1) is not None
+    thousands = _SPACED_THOUSANDS.match(line, start)
+    value_start = thousands.end() if thousands else start
+    cut = _bare_value_end(line, value_start, end)
+    value = line[value_start:cut]
+    if thousands:
+        value = re.sub(r"[^\d-]", "", thousands.group()) + value
+    value = value.strip().rstrip(",;:*").strip()
+    tail = line[cut:end]
+    if not value and not tail.strip(" \t*.,;:!"):
+        return None
+    return Phrase(value, tail, question)
 
 
 def _rest_of_line(text: str, start: int) -> str:
@@ -128,16 +210,22 @@ def _rest_of_line(text: str, start: int) -> str:
     return text[start:] if end < 0 else text[start:end]
 
 
-def final_answer_phrase(text: str) -> str | None:
-    """The answer after the last explicit final-answer phrase ("answer is", "Answer:", "####") that
-    has one; only the last :data:`MAX_PHRASE_TRIES` phrases are tried (each costs its line's length)."""
+def last_phrase(text: str) -> Phrase | None:
+    """The last explicit final-answer phrase ("answer is", "Answer:", "####") that states something; only
+    the last :data:`MAX_PHRASE_TRIES` phrases are tried (each costs its line's length)."""
     phrases = deque((m.end() for m in _FINAL_ANSWER.finditer(text)), maxlen=MAX_PHRASE_TRIES)
     hashes = deque((m.start("answer") for m in _HASHES.finditer(text)), maxlen=MAX_PHRASE_TRIES)
     for answer_start in sorted([*phrases, *hashes], reverse=True)[:MAX_PHRASE_TRIES]:
-        answer = _clean(_rest_of_line(text, answer_start))
-        if answer:
-            return answer
+        phrase = read_phrase(_rest_of_line(text, answer_start))
+        if phrase is not None:
+            return phrase
     return None
+
+
+def final_answer_phrase(text: str) -> str | None:
+    """The value of the last final-answer phrase (:func:`last_phrase`), or None."""
+    phrase = last_phrase(text)
+    return phrase.value if phrase is not None else None
 
 
 def last_number(text: str) -> str | None:
@@ -160,9 +248,9 @@ def extract_answer(text: str, mode: ExtractionMode = "boxed") -> Extraction | No
     fbox = last_boxed(text, FBOX)
     if fbox is not None and fbox.strip():
         return Extraction(fbox.strip(), "fbox")
-    phrase = final_answer_phrase(text)
-    if phrase:
-        return Extraction(phrase, "final_answer")
+    phrase = last_phrase(text)
+    if phrase is not None:
+        return Extraction(phrase.value, "final_answer", phrase)
     if mode == "boxed_or_last":
         number = last_number(text)
         if number:

@@ -93,7 +93,7 @@ async def ask_both_orders(client: JudgeClient, question: str, expected: str, ans
     return (1.0 if second.equal is True else 0.0), [first, second]
 
 
-NOT_JUDGED = frozenset({"no_answer", "strict_rejected", "answer_too_long"})
+NOT_JUDGED = frozenset({"no_answer", "strict_rejected", "phrase_rejected", "answer_too_long"})
 """``failure_kind`` of answers the server refused by its own rules: the judge is not asked to overrule them."""
 _THREAD_TEXT_CHARS = 64 * 1024
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from resources_servers.math.extraction import Phrase
+
 _APPROXIMATION = (
     r"\\(?:approx|thickapprox|approxeq|sim|simeq|thicksim|backsim|cong|doteq|fallingdotseq|risingdotseq"
     r"|propto)(?![A-Za-z])"
@@ -119,3 +121,52 @@ def strict_violation(answer: str, expected: str) -> str | None:
         shown = ", ".join(sorted(extra)[:5])
         return f"the answer has words the expected answer does not ({shown}): an answer is a value, not prose"
     return None
+
+
+_LEADING_WORDS = re.compile(r"(?:[^\W\d_]{2,}+[^\S\n]*)+")
+_TAIL_ALLOWED = re.compile(r"[^\W\d_]|[\s\-'’()*%°]")
+"""What may follow a phrase's value: words (units, "(forty-two)"), spaces, hyphens, brackets, bold."""
+_TWO_VALUES = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|[±∓]")
+HEDGE_WORDS = frozenset(
+    """
+    or nor and either neither not no never none except unless but than plus minus times over between
+    maybe perhaps probably possibly likely unlikely approximately approx about around roughly nearly almost
+    close guess guessing unsure uncertain sure wrong incorrect false wait actually instead otherwise
+    alternatively because since if assuming given though although however whereas while which that so
+    isn aren doesn don wasn
+    """.split()
+)
+"""Words after a phrase's value that hedge it, deny it, or open a clause that may state another value."""
+
+
+def phrase_violation(phrase: Phrase, expected: str) -> str | None:
+    r"""Why a final-answer phrase does not state exactly one value (None when it does): it asks a question,
+    has words before its value ("not", "either", "probably"), math or a clause after it ("or 5", ", 5",
+    "(7 + 5)", "because ..."), a second value inside it (``\pm``), or a value the strict rule refuses
+    (:func:`strict_violation`: a relation, a negation, prose). Words the expected answer has are allowed.
+    A phrase is this project's extension (NeMo Gym 0.7.0 reads boxes only), so this holds always."""
+    value, tail = phrase.value, phrase.tail
+    expected_words = _all_words(expected)
+    if phrase.question:
+        return "the phrase asks a question: a final answer states one value"
+    if not value:
+        return f"the phrase states no value before {tail.strip()[:80]!r}"
+    leading = _LEADING_WORDS.match(value)
+    if leading is not None:
+        words = {w.lower() for w in _WORD.findall(leading.group())} - expected_words
+        if words:
+            shown = ", ".join(sorted(words)[:5])
+            return f"the phrase has words before its value ({shown}): a final answer states its value first"
+    extra = next((c for c in tail if not _TAIL_ALLOWED.match(c)), None)
+    if extra is not None:
+        return (
+            f"the phrase goes on after its value {value[:80]!r} with {tail.strip()[:80]!r}: a final answer "
+            "states one value (put any working before it)"
+        )
+    hedges = (_all_words(tail) & HEDGE_WORDS) - expected_words
+    if hedges:
+        shown = ", ".join(sorted(hedges)[:5])
+        return f"the phrase hedges or qualifies its value ({shown}): a final answer states one value"
+    if _TWO_VALUES.search(value) and not _TWO_VALUES.search(expected):
+        return f"the phrase's value {value[:80]!r} is two values (plus or minus)"
+    return strict_violation(value, expected)

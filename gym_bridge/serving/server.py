@@ -76,13 +76,16 @@ class ServerSettings(BaseModel):
     """Largest request body, except ``/aggregate_metrics``: it carries every rollout of a run (NeMo Gym's
     collector sends them in one request; 20,000 rollouts take ~17 MB) and may be up to ``max_held_body_bytes``."""
     max_held_body_bytes: int = 256 * 1024 * 1024
-    """Bytes of request bodies all requests may hold at once; past it, 503 with ``Retry-After``."""
+    """Bytes of request bodies all requests may hold at once, counted as they arrive; past it, 503 with
+    ``Retry-After`` (:mod:`gym_bridge.serving.body_budget`)."""
     body_timeout_s: float = 60.0
     """A request body must arrive whole within this many seconds of its headers (else 408)."""
     session_ttl_s: float = 3600.0
     """Sessions untouched for this long are dropped."""
     max_sessions: int = 200_000
-    """Oldest sessions are dropped beyond this many, so memory stays bounded."""
+    """Least recently used sessions are dropped beyond this many, so memory stays bounded; sessions that hold
+    nothing yet (each cookie-less request opens one, ~400 bytes) are bounded apart, by as many again, so they
+    never push out sessions that hold something (:class:`~gym_bridge.serving.cookie_sessions.SessionStore`)."""
     max_session_bytes: int = 64 * 1024 * 1024
     """Total size of all sessions' state, counted as the JSON size of what ``/seed_session`` stored
     (Python objects take a few times that in memory); past it the least recently used sessions are

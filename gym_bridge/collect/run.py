@@ -57,8 +57,9 @@ from gym_bridge.collect.resume_index import (
 from gym_bridge.collect.routing import EnvRoute, Router, parse_env_args
 from gym_bridge.collect.summary import AggregateSpool, RunStats, env_aggregate_metrics
 from gym_bridge.collect.tasks import count_rows, iter_tasks
-from gym_bridge.records.jsonl import JsonlError, JsonlWriter
+from gym_bridge.records.jsonl import JsonlError, JsonlWriter, compact_json
 from gym_bridge.records.metrics import RewardTally
+from gym_bridge.records.schema import is_finite_number
 from gym_bridge.records.seeding import rollout_seed
 from gym_bridge.rollout.agent import AgentConfig, Rollout, run_rollout, task_as_run
 from gym_bridge.serving.event_loop import run_interruptible
@@ -207,6 +208,11 @@ class CollectRun:
         spool = AggregateSpool(output.parent, router.url_of)
 
         def earlier(record: dict[str, Any]) -> None:
+            if not is_finite_number(record.get("reward")):  # a damaged or foreign line: its "reward" ended the run
+                key = (record.get(TASK_INDEX), record.get(ROLLOUT_INDEX))
+                report(f"{output}: the stored rollout {key} has reward {compact_json(record.get('reward'))[:40]}, not a "
+                       "finite number; kept, not counted in the metrics")  # fmt: skip
+                return
             tally.add(record)
             spool.add(record, _env_of(router, record), None)
 

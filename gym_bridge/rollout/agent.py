@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from gym_bridge.records.schema import input_items, reward_components_problem
+from gym_bridge.records.schema import input_items, is_finite_number, reward_components_problem
 from gym_bridge.rollout.env_router import Replica, SessionRouter
 from gym_bridge.rollout.user_sim import UserSimConfig, user_for, user_message
 from gym_bridge.serving.deadlines import within
@@ -255,6 +255,8 @@ def _check_verify(data: Any) -> str | None:
         return f"expected a JSON object, got {type(data).__name__}"
     if "reward" not in data:
         return "no 'reward' in the verify answer"
+    if not is_finite_number(data["reward"]):  # NaN, null, "1", true or an object was written as a success
+        return f"'reward' must be a finite number, got {json.dumps(data['reward'], default=str)[:60]}"
     components = data.get("reward_components")
     if components is not None and (problem := reward_components_problem(components)) is not None:
         return f"reward_components: {problem}"

@@ -309,6 +309,67 @@ def test_a_lone_surrogate_in_a_model_answer_fails_that_rollout_only(tmp_path):
     assert [f["_ng_task_index"] for f in read_jsonl(tmp_path / "rollouts_failures.jsonl")] == [0]
 
 
+# --------------------------------------------------------------------------- a verify answer's reward
+
+ODD_REWARDS = {"nan": "NaN", "string": '"1"', "bool": "true", "null": "null", "inf": "1e999", "object": '{"a": 1}'}
+
+
+def raw_verify_env() -> Any:
+    """An env that answers ``/verify`` with the row's ``kind`` of reward, as raw JSON text (an env given by
+    URL is any server: a foreign one, a broken one, or one whose answer a policy's output shaped)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def empty(request: Any) -> Response:
+        return JSONResponse({})
+
+    async def verify(request: Any) -> Response:
+        body = await request.json()
+        reward = ODD_REWARDS.get(body["kind"], body["kind"])  # else the kind is the reward itself
+        return Response(json.dumps(body)[:-1] + f', "reward": {reward}}}', media_type="application/json")
+
+    routes = [Route("/seed_session", empty, methods=["POST"]), Route("/verify", verify, methods=["POST"]),
+              Route("/aggregate_metrics", empty, methods=["POST"])]  # fmt: skip
+    app = Starlette(routes=routes)
+    return app
+
+
+def test_a_verify_reward_that_is_not_a_finite_number_fails_that_rollout(tmp_path, model):
+    """Before: NaN, "1", true, null and 1e999 were written as successful rollouts with that reward (NaN
+    poisons a mean and a GRPO advantage; "1" and true were counted as 1), and an object ended the run in a
+    traceback. Finite rewards outside [0, 1] are an env's own scale and stay."""
+    from gym_bridge.serving.uvicorn_thread import start_in_thread
+
+    kinds = [*ODD_REWARDS, "5.0", "-3.0"]
+    tasks = write_rows(tmp_path / "tasks.jsonl", [{**arithmetic_row(1, 1), "kind": k} for k in kinds])
+    out = tmp_path / "rollouts.jsonl"
+    with start_in_thread(raw_verify_env()) as env:
+        result = invoke("collect", tasks, "-o", out, "--env", env.url, "--model-url", model.url, "--no-progress",
+                        "--max-retries", "0")  # fmt: skip
+    assert result.exit_code == 0, said(result)
+    assert sorted(r["reward"] for r in read_jsonl(out)) == [-3.0, 5.0]
+    failures = {f["_ng_task_index"]: f for f in read_jsonl(tmp_path / "rollouts_failures.jsonl")}
+    assert sorted(failures) == list(range(len(ODD_REWARDS)))
+    for i, shown in enumerate(["NaN", '"1"', "true", "null", "Infinity", '{"a": 1}']):
+        assert f"'reward' must be a finite number, got {shown}" in failures[i]["error"], failures[i]
+        assert failures[i]["_ng_failure_class"] == "env_bad_response"
+
+
+def test_resume_over_a_stored_reward_that_is_not_a_number_keeps_it_uncounted(tmp_path, model):
+    """A damaged or foreign stored line whose reward is an object ended ``--resume`` in a TypeError."""
+    tasks = write_rows(tmp_path / "tasks.jsonl", rows(2))
+    out = tmp_path / "rollouts.jsonl"
+    odd = {**rows(1)[0], "_ng_task_index": 0, "_ng_rollout_index": 0, "reward": {"a": 1}, "response": {"output": []}}
+    write_rows(out, [odd])
+    result = invoke(*collect_args(tasks, out, model, "--resume"))
+    assert result.exit_code == 0, said(result)
+    assert "has reward {\"a\":1}, not a finite number; kept, not counted in the metrics" in said(result)
+    assert pairs(out) == [(0, 0), (1, 0)]
+    metrics = json.loads((tmp_path / "rollouts_metrics.json").read_text())
+    assert metrics["mean_reward"] == 1.0
+
+
 # --------------------------------------------------------------------------- --resume continues the same run
 
 

@@ -78,6 +78,8 @@ def ranked(
     for out in (output, groups_out):
         if out is not None and out.resolve() == ranked_groups.resolve():
             raise typer.BadParameter("an output must not be the input file")
+    if output is not None and groups_out is not None and output.resolve() == groups_out.resolve():
+        raise typer.BadParameter("must differ from --output (the report would replace the groups)", param_hint="--groups-out")
     for out, flag in ((output, "--output"), (groups_out, "--groups-out")):
         if problem := report_path_problem(out, flag):  # before the model is loaded and run, not after
             raise _fail(problem)

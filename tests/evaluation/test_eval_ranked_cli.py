@@ -161,3 +161,13 @@ def test_groups_with_nothing_to_order_exit_1(tmp_path: Path):
     result = runner.invoke(app, ["eval", "ranked", str(ranked), "--model", "tiny"])
     assert result.exit_code == 1, result.output
     assert "has an order to check" in result.output
+
+
+def test_the_report_and_the_groups_file_must_differ(tmp_path: Path):
+    """``-o x --groups-out x``: the report replaced the groups file, written a moment before, silently."""
+    ranked = write_groups(tmp_path / "ranked.jsonl")
+    same = tmp_path / "out.json"
+    result = runner.invoke(app, ["eval", "ranked", str(ranked), "--model", "tiny", "-o", str(same), "--groups-out", str(same)])
+    assert result.exit_code == 2, result.output
+    assert "--groups-out" in result.output and "must differ from --output" in " ".join(result.output.split())
+    assert not same.exists()

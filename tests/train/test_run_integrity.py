@@ -165,11 +165,15 @@ def online_args(tmp_path: Path, rows: Path) -> list[str]:
 def test_a_verify_reward_that_is_not_a_finite_number_is_a_counted_failed_rollout(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    """Each step: 6 prompts whose rewards are broken, 2 scored honestly, 2 completions each."""
-    rows = row_reward_rows(tmp_path / "rows.jsonl", BAD_REWARDS, good=2)
+    """Each step: 6 prompts whose rewards are broken, 2 whose rewards are outside [0, 1] (valid: NeMo Gym
+    rewards are not bounded), 2 scored honestly, 2 completions each."""
+    rows = row_reward_rows(tmp_path / "rows.jsonl", [*BAD_REWARDS, -1.5, 3], good=2)
     overrides = [
         *online_args(tmp_path, rows),
-        "grpo.num_prompts_per_step=8",
+        "grpo.num_prompts_per_step=10",
+        "policy.train_global_batch_size=20",
+        "policy.generation_batch_size=20",
+        "policy.train_micro_batch_size=20",
         "grpo.num_generations_per_prompt=2",
         "grpo.max_failed_rollouts_fraction=0.9",
     ]
@@ -179,7 +183,7 @@ def test_a_verify_reward_that_is_not_a_finite_number_is_a_counted_failed_rollout
     for (
         record
     ) in logged:  # every broken reward is dropped and counted, never scored (null used to train as 0)
-        assert record["rollout_failures"] == 12 and record["num_samples"] == 4, record
+        assert record["rollout_failures"] == 12 and record["num_samples"] == 8, record  # -1.5 and 3 train
         assert math.isfinite(record["reward_mean"])
     assert finite_weights(tmp_path / "ckpt" / "step_2")
 
@@ -441,3 +445,50 @@ def test_resuming_on_other_training_data_is_refused_naming_data_train(
     ):
         train(offline_config(tmp_path, model_dir, small), show_progress=False)
     assert train(offline_config(tmp_path, model_dir, scored), show_progress=False).resumed_from == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_that_hits_a_file_size_limit_keeps_the_last_one_whole_and_the_rerun_resumes(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    """Held before this round (a regression case): ``ulimit -f`` below the optimizer state's size."""
+    import resource
+
+    train(offline_config(tmp_path, model_dir, scored, "grpo.max_num_steps=2"), show_progress=False)
+    before = {
+        p.relative_to(tmp_path): p.read_bytes()
+        for p in (tmp_path / "ckpt" / "step_2").rglob("*")
+        if p.is_file()
+    }
+    config = tmp_path / "offline.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    args = [
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
+        "grpo.max_num_epochs=10", "grpo.val_period=0", "grpo.seed=3", "loss_fn.reference_policy_kl_penalty=0.01",
+        f"policy.model_name={model_dir}", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4",
+        "policy.logprob_batch_size=8", "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=16",
+        "policy.optimizer.kwargs.lr=1e-3", f"data.train.data_path={scored}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", "checkpointing.save_period=1",
+        f"logger.log_dir={tmp_path / 'logs'}",
+    ]  # the keys of offline_config, as the command line gives them  # fmt: skip
+
+    def limit_file_size() -> None:  # the weights fit, the optimizer state does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200 * 1024, 200 * 1024))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, preexec_fn=limit_file_size,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    message = " ".join(done.stderr.split())
+    assert f"writing checkpoint {tmp_path / 'ckpt' / 'step_3'} failed" in message
+    assert "the last complete checkpoint is step_2" in message
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_2", "tokenizer"]  # no leftovers
+    after = {
+        p.relative_to(tmp_path): p.read_bytes()
+        for p in (tmp_path / "ckpt" / "step_2").rglob("*")
+        if p.is_file()
+    }
+    assert after == before
+    result = train(offline_config(tmp_path, model_dir, scored), show_progress=False)
+    assert result.resumed_from == 2 and result.steps == 4

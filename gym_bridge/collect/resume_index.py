@@ -8,6 +8,7 @@ caller once (its metrics are counted as it goes by) instead of being kept.
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -78,8 +79,9 @@ _ROUTING = frozenset({"agent_ref", ENV_SERVER})
 
 def row_print(row: dict[str, Any]) -> int:
     """A fingerprint of a (task, repeat) as run (its materialized inputs row): the task row and its request
-    with the run's overrides and seed, without the routing stamps."""
-    return hash(compact_json({k: v for k, v in row.items() if k not in _ROUTING}))
+    with the run's overrides and seed, without the routing stamps (keys sorted: their order is no change)."""
+    kept = {k: v for k, v in row.items() if k not in _ROUTING}
+    return hash(json.dumps(kept, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str))
 
 
 _ABSENT: Any = object()

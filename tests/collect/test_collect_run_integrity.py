@@ -445,3 +445,18 @@ def test_audit_refuses_a_json_path_it_cannot_write_before_attacking(tmp_path):
     result = invoke("audit", "http://127.0.0.1:9", "--env", "math", "--json", blocker / "report.json")
     assert result.exit_code == 2, said(result)
     assert f"--json {blocker / 'report.json'}: cannot make its directory" in said(result)
+
+
+def test_a_row_print_ignores_key_order_and_the_routing_stamps():
+    """What --resume compares: the row and its request as run, not where it was routed (a bare URL env on
+    a new port) nor the order its keys were written in."""
+    from gym_bridge.collect.resume_index import first_difference, row_print
+
+    row = {"responses_create_params": {"input": "q", "temperature": 0.5}, "expected_answer": "2",
+           "agent_ref": {"name": "http://127.0.0.1:1_simple_agent"}, "_ng_environment_server": "a"}  # fmt: skip
+    moved = {"_ng_environment_server": "b", "agent_ref": {"name": "http://127.0.0.1:2_simple_agent"},
+             "expected_answer": "2", "responses_create_params": {"temperature": 0.5, "input": "q"}}  # fmt: skip
+    assert row_print(row) == row_print(moved)
+    changed = {**row, "responses_create_params": {"input": "q", "temperature": 0.9}}
+    assert row_print(row) != row_print(changed)
+    assert first_difference(row, changed) == "responses_create_params.temperature: 0.5 -> 0.9"

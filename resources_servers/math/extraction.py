@@ -33,7 +33,7 @@ _FINAL_ANSWER = re.compile(r"\banswer\b(?:\s*\*\*)?\s*(?:is\b\s*:?|:|=)\s*(?:\*\
 _HASHES = re.compile(r"^[^\S\n]*####[^\S\n]*(?P<answer>[^\n]+)$", re.MULTILINE)
 _DOLLAR_MATH = re.compile(r"\$([^$]+)\$")  # each "$" scans only to the next one: linear
 _LAST_NUMBER = re.compile(r"(?<![\w)])-?\d+(?:\.\d+)?(?:/\d+)?")
-_SENTENCE_END = re.compile(r"[.!?;](?:\s|$)")
+_SENTENCE_END = re.compile(r"(?<!\\)[.!?;](?:\s|$)")  # not the spacing command "\;"
 MAX_PHRASE_TRIES = 16
 """Final-answer phrases tried, from the last one back, before giving up (bounds the work per answer)."""
 
@@ -119,6 +119,7 @@ _SPACED_THOUSANDS = re.compile(r"-?\d{1,3}+(?:(?:[ \u00a0\u2009\u202f]|\\,)\d{3}
 """``1 000 000`` (math-verify reads the spaces as products: ``1*0*0``); the value is read without them."""
 _SPAN_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _QUESTION = re.compile(r"[?¿]")
+_WRAPPING = re.compile(r"[\s*]*+")
 
 
 @dataclass(frozen=True)
@@ -137,17 +138,17 @@ class Phrase:
 def _skip_wrapping(line: str, index: int) -> int:
     """Past whitespace and bold markers, and past filler words (:data:`PHRASE_FILLERS`)."""
     while True:
-        while index < len(line) and (line[index].isspace() or line[index] == "*"):
-            index += 1
+        index = _WRAPPING.match(line, index).end()
         word = _WORD.match(line, index)
         if word is None or word.group().lower() not in PHRASE_FILLERS:
             return index
         index = word.end()
 
 
-def _bare_value_end(line: str, start: int, end: int) -> int:
+def _bare_value_end(line: str, start: int, end: int, begun: bool = False) -> int:
     """Where a value written without delimiters stops: before a separate word, a ``", "`` or a ``" ("``
-    outside brackets, or before a second number after a space (``3 4``); one pass over the sentence."""
+    outside brackets, or before a second number after a space (``3 4``); ``begun``: a value precedes
+    ``start``. One pass over the sentence."""
     depth, index = 0, start
     while index < end:
         char = line[index]
@@ -161,7 +162,7 @@ def _bare_value_end(line: str, start: int, end: int) -> int:
             after = index
             while after < end and line[after].isspace():
                 after += 1
-            if after < end and index > start:
+            if after < end and (begun or index > start):
                 follows = line[after]
                 if follows == "(" or (follows.isdigit() and line[index - 1].isdigit()) or _WORD.match(line, after):
                     return index
@@ -194,7 +195,7 @@ def read_phrase(line: str) -> Phrase | None:
     question = _QUESTION.search(line, start, end + 1) is not None
     thousands = _SPACED_THOUSANDS.match(line, start)
     value_start = thousands.end() if thousands else start
-    cut = _bare_value_end(line, value_start, end)
+    cut = _bare_value_end(line, value_start, end, begun=thousands is not None)
     value = line[value_start:cut]
     if thousands:
         value = re.sub(r"[^\d-]", "", thousands.group()) + value
@@ -205,20 +206,21 @@ def read_phrase(line: str) -> Phrase | None:
     return Phrase(value, tail, question)
 
 
-def _rest_of_line(text: str, start: int) -> str:
-    end = text.find("\n", start)
-    return text[start:] if end < 0 else text[start:end]
-
-
 def last_phrase(text: str) -> Phrase | None:
     """The last explicit final-answer phrase ("answer is", "Answer:", "####") that states something; only
-    the last :data:`MAX_PHRASE_TRIES` phrases are tried (each costs its line's length)."""
-    phrases = deque((m.end() for m in _FINAL_ANSWER.finditer(text)), maxlen=MAX_PHRASE_TRIES)
-    hashes = deque((m.start("answer") for m in _HASHES.finditer(text)), maxlen=MAX_PHRASE_TRIES)
-    for answer_start in sorted([*phrases, *hashes], reverse=True)[:MAX_PHRASE_TRIES]:
-        phrase = read_phrase(_rest_of_line(text, answer_start))
+    the last :data:`MAX_PHRASE_TRIES` phrases are tried. A phrase's text ends with its line or where the
+    next phrase begins, so that trying them all reads each character once."""
+    phrases = deque(((m.start(), m.end()) for m in _FINAL_ANSWER.finditer(text)), maxlen=MAX_PHRASE_TRIES)
+    hashes = deque(((m.start(), m.start("answer")) for m in _HASHES.finditer(text)), maxlen=MAX_PHRASE_TRIES)
+    found = sorted([*phrases, *hashes], key=lambda marker: marker[1])[-MAX_PHRASE_TRIES:]
+    limit = len(text)  # where the phrase after the one being read begins
+    for marker_start, answer_start in reversed(found):
+        stop = max(answer_start, limit)
+        line_end = text.find("\n", answer_start, stop)
+        phrase = read_phrase(text[answer_start : stop if line_end < 0 else line_end])
         if phrase is not None:
             return phrase
+        limit = marker_start
     return None
 
 

@@ -123,20 +123,28 @@ def strict_violation(answer: str, expected: str) -> str | None:
     return None
 
 
+MAX_PHRASE_TAIL_CHARS = 200
+"""Longest text allowed between a phrase's value and the end of its sentence (units, "(forty-two)")."""
 _LEADING_WORDS = re.compile(r"(?:[^\W\d_]{2,}+[^\S\n]*)+")
-_TAIL_ALLOWED = re.compile(r"[^\W\d_]|[\s\-'’()*%°]")
-"""What may follow a phrase's value: words (units, "(forty-two)"), spaces, hyphens, brackets, bold."""
-_TWO_VALUES = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|[±∓]")
+_TAIL_ALLOWED = re.compile(r"[^\W\d_]|[\s\-'’()*%°/²³]")
+"""What may follow a phrase's value: words (units, "(forty-two)"), spaces, hyphens, brackets, bold, a
+unit's ``/``, ``²`` or ``³``; not a digit, a numeral (``½``), math or a clause's punctuation."""
+_TWO_VALUES = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|[±∓]|\+-|-\+|\+/-")
 HEDGE_WORDS = frozenset(
     """
     or nor and either neither not no never none except unless but than plus minus times over between
     maybe perhaps probably possibly likely unlikely approximately approx about around roughly nearly almost
     close guess guessing unsure uncertain sure wrong incorrect false wait actually instead otherwise
     alternatively because since if assuming given though although however whereas while which that so
-    isn aren doesn don wasn
+    least most think believe suppose presumably hopefully might could may
+    isn isnt aren doesn don wasn cannot couldn wouldn shouldn
+    hundred hundreds thousand thousands million millions billion billions trillion trillions dozen dozens
+    half halves quarter quarters third thirds fourths fifths sixths sevenths eighths ninths tenths
+    hundredths thousandths squared cubed factorial power root recurring repeating negative point
     """.split()
 )
-"""Words after a phrase's value that hedge it, deny it, or open a clause that may state another value."""
+"""Words after a phrase's value that hedge it, deny it, change it ("4 hundred", "2 squared") or open a
+clause that may state another value."""
 
 
 def phrase_violation(phrase: Phrase, expected: str) -> str | None:
@@ -157,7 +165,9 @@ def phrase_violation(phrase: Phrase, expected: str) -> str | None:
         if words:
             shown = ", ".join(sorted(words)[:5])
             return f"the phrase has words before its value ({shown}): a final answer states its value first"
-    extra = next((c for c in tail if not _TAIL_ALLOWED.match(c)), None)
+    if len(tail) > MAX_PHRASE_TAIL_CHARS:
+        return f"the phrase goes on for {len(tail)} characters after its value: a final answer states one value"
+    extra = next((c for c in tail if not _TAIL_ALLOWED.match(c) or (c.isnumeric() and c not in "²³")), None)
     if extra is not None:
         return (
             f"the phrase goes on after its value {value[:80]!r} with {tail.strip()[:80]!r}: a final answer "

@@ -24,6 +24,9 @@ def row(question: str, expected: str) -> dict[str, Any]:
 
 FOUR = row("What is 2 + 2?", "4")
 TWELVE = row("What is 7 + 5?", "12")
+THREE = row("What is 1 + 2?", "3")
+PHRASE = {"extraction": "boxed_or_final"}
+"""Rows that ask for the final-answer phrase ("The answer is N."), the shipped recipes' rule."""
 
 
 def _wrong(name: str, what: str, text: str, task: dict[str, Any] = FOUR, cls: str = "wrong-reward") -> Attack:
@@ -57,6 +60,16 @@ def attacks(options: AuditOptions) -> list[Attack]:
         Attack("strict_long_word", "stall", "30,000 letters in a box under strict (a prose pattern rescanned each "
                "letter's rest of the word on the event loop), then a plain answer", {**FOUR, "strict": True},
                [answer("\\boxed{" + "a" * 30_000 + "}")], concurrent=2, then=(plain,)),
+        # The phrase rule (boxed_or_final) pays only a phrase that states one value.
+        _wrong("phrase_denial", "a phrase that denies the answer", "The answer is not $4$.", {**FOUR, **PHRASE}),
+        _wrong("phrase_disjunction", "a phrase joining two values with \\lor", "The answer is 3 \\lor 4.",
+               {**FOUR, **PHRASE}),
+        _wrong("phrase_question", "a phrase that asks", "The answer is 4?", {**FOUR, **PHRASE}),
+        _wrong("phrase_two_spans", "a phrase naming two values", "The answer is $3$ or $4$.", {**THREE, **PHRASE}),
+        _wrong("phrase_later_span", "a phrase, then another value in a later sentence's math",
+               "The answer is 3. Check: $4$.", {**FOUR, **PHRASE}),
+        _wrong("phrase_scaled", "a phrase whose words change its value", "The answer is 4 hundred.",
+               {**FOUR, **PHRASE}),
     ]  # fmt: skip
     if options.strict:
         found += [

@@ -227,6 +227,16 @@ def test_answers_the_server_refused_are_not_judged(
     assert out["judge_evaluations"] is None and len(judge.requests) == before
 
 
+def test_a_refused_phrase_is_not_judged(judged: tuple[str, FakeJudge]) -> None:
+    # The phrase's value is "4"; a judge shown it says equal, and "4, or 5" was paid 1 through the judge.
+    url, judge = judged
+    before = len(judge.requests)
+    body = verify_body("The answer is 4, or 5.", "4", question="reads what it is shown", extraction="boxed_or_final")
+    out = httpx.post(f"{url}/verify", json=body, timeout=30).json()
+    assert out["reward"] == 0.0 and out["failure_kind"] == "phrase_rejected", out
+    assert out["judge_evaluations"] is None and len(judge.requests) == before
+
+
 @pytest.mark.parametrize(
     ("text", "shown"),
     [

@@ -46,6 +46,24 @@ HEDGES = [
     "The answer is 4 isn't it.",
     "The answer is 42, because 40 + 2 = 42.",  # a second statement with its own numbers (see the README)
     "The answer is 12 (7 + 5).",
+    # Red-team round on the rule itself: each was paid (against 4, 3 or the number it names) while building it.
+    "The answer is 4 +- 1.",  # read as 3
+    "The answer is 4 hundred.",  # words that change the value
+    "The answer is 4 squared.",
+    "The answer is 4 at least.",
+    "The answer is 4 (I think).",
+    "The answer is 1 234 or 5.",  # a spaced number, then a second value
+    "The answer is 4 \u00bd.",  # a numeral after the value (4 1/2)
+    "The answer is 4. The answer is not 4.",  # the last phrase decides; it is never passed over
+    "The answer is **not** 4.",
+    "#### 4 or 5",
+    "Final answer: 4 or 5",
+    "The answer is ~4.",
+    "The answer is 4\u200b or 5.",  # a zero-width space
+    "The answer is $3 | 4$.",
+    "The answer is \\color{white}{3}4.",
+    "The answer is \\underbrace{3}_{4}.",
+    "The answer is 4" + " apples" * 40 + ".",  # a tail over 200 characters
 ]
 
 
@@ -55,9 +73,7 @@ def test_a_phrase_that_hedges_is_refused(client: httpx.Client, text: str, expect
     out = _verify(client, text, expected)
     assert out["reward"] == 0.0 and out["library_reward"] == 0.0, out
     assert out["extraction_method"] == "final_answer"
-    if expected == "4" and "4" in text:
-        assert out["failure_kind"] == "phrase_rejected", out
-        assert out["failure_reason"], out
+    assert out["failure_kind"] == "phrase_rejected" and out["failure_reason"], out
 
 
 HONEST = [
@@ -88,6 +104,11 @@ HONEST = [
     ("The answer is 4 \\text{ cm}.", "4"),
     ("The answer is (1, 2).", "(1, 2)"),
     ("The answer is yes.", "\\text{yes}"),
+    ("The answer is 4 km/h.", "4"),
+    ("The answer is 12 m\u00b2.", "12"),
+    ("The answer is 4 \\; \\text{cm}.", "4"),  # "\\;" is a space, not the end of the sentence
+    ("The answer is 4 000.", "4000"),
+    ("The answer is 4 more pens.", "4"),
 ]
 
 
@@ -105,6 +126,8 @@ def test_an_honest_phrase_pays(client: httpx.Client, text: str, expected: str) -
         ("The answer is 3. Check: $4$.", "4", 0.0),  # scored 1 before: the first math span on the line
         ("The answer is 3. Check: $4$.", "3", 1.0),  # the phrase's own sentence states 3
         ("The answer is 2xy.", "2", 0.0),  # letters glued to the number are part of the value
+        ("The answer is $\\{3, 4\\}$.", "4", 0.0),  # a set is not its member
+        ("The answer is 4 + -1.", "3", 1.0),  # an expression with spaces around its sign
         ("The answer is 4 \\pm 1.", "4 \\pm 1", 1.0),  # allowed where the expected answer has it
     ],
 )

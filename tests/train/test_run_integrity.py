@@ -492,3 +492,30 @@ def test_a_checkpoint_that_hits_a_file_size_limit_keeps_the_last_one_whole_and_t
     assert after == before
     result = train(offline_config(tmp_path, model_dir, scored), show_progress=False)
     assert result.resumed_from == 2 and result.steps == 4
+
+
+def test_the_lock_goes_inside_a_directory_whose_parent_takes_no_new_files(
+    tmp_path: Path, model_dir: Path, scored: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared mount where the run's directory is writable but its parent is not (root, running these
+    tests, passes any permission check: the refusal is simulated at ``os.open``)."""
+    from gym_bridge.train.bookkeeping import run_lock
+
+    cfg = offline_config(tmp_path, model_dir, scored)
+    real_open = os.open
+
+    def no_new_files_beside(path: Any, flags: int, mode: int = 0o777) -> int:
+        if Path(path).parent == tmp_path and Path(path).name.endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(run_lock.os, "open", no_new_files_beside)
+    inside = [tmp_path / "ckpt" / run_lock.INSIDE_LOCK, tmp_path / "logs" / run_lock.INSIDE_LOCK]
+    with run_lock.hold_run_dirs(cfg):
+        assert all(lock.exists() for lock in inside)
+        with (
+            pytest.raises(RunDirectoryBusy, match="checkpointing.checkpoint_dir"),
+            run_lock.hold_run_dirs(cfg),
+        ):
+            pass
+    assert not any(lock.exists() for lock in inside)

@@ -32,11 +32,14 @@ def lock_path(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.lock"
 
 
-@contextmanager
-def _hold(key: str, directory: Path) -> Iterator[None]:
+INSIDE_LOCK = ".gym-bridge-train.lock"
+"""The lock's name inside the directory, where the directory's parent takes no new files."""
+
+
+def _acquire(key: str, directory: Path, lock: Path) -> int:
+    """An open descriptor of ``lock`` holding its exclusive flock (OSError when it cannot be created)."""
     import fcntl
 
-    lock = lock_path(directory)
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
@@ -51,10 +54,29 @@ def _hold(key: str, directory: Path) -> Iterator[None]:
             ) from None
         try:
             if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                break  # else the run before removed the file after this one opened it: lock the new one
+                return fd  # else the run before removed the file after this one opened it: lock the new one
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+@contextmanager
+def _hold(key: str, directory: Path) -> Iterator[None]:
+    from gym_bridge.train.config import ConfigError
+
+    lock = lock_path(directory)
+    try:
+        fd = _acquire(key, directory, lock)
+    except RunDirectoryBusy:
+        raise
+    except OSError:  # a parent that takes no new files (a shared mount): the lock goes inside the directory
+        lock = directory / INSIDE_LOCK
+        try:
+            fd = _acquire(key, directory, lock)
+        except RunDirectoryBusy:
+            raise
+        except OSError as err:
+            raise ConfigError([f"{key}: cannot write {directory} ({err.strerror or err})"]) from None
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from gym_bridge.train.learner.divergence import TrainingDiverged
 from gym_bridge.train.loop import train
 from gym_bridge.train.samplers.data import DataError
 from tests.train.helpers import ROW_REWARD_SERVER, SMALL_ONLINE_RUN, save_random_tiny
+from tests.train.test_checkpoint import CHILD
 from tests.train.test_trainer_offline import offline_config, write_scored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +68,21 @@ def finite_weights(step_dir: Path) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
+def offline_command(tmp_path: Path, model_dir: Path, data: Path, *extra: str) -> list[str]:
+    """``gym-bridge train`` arguments of :func:`offline_config`'s run, as the command line gives them, then ``extra``."""
+    config = tmp_path / "offline.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    return [
+        "train", "--config", str(config), "-q", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=4", "grpo.max_num_epochs=10", "grpo.val_period=0", "grpo.seed=3",
+        "loss_fn.reference_policy_kl_penalty=0.01", f"policy.model_name={model_dir}",
+        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4", "policy.logprob_batch_size=8",
+        "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=16", "policy.optimizer.kwargs.lr=1e-3",
+        f"data.train.data_path={data}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        "checkpointing.save_period=2", f"logger.log_dir={tmp_path / 'logs'}", *extra,
+    ]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ divergence
 
 
@@ -75,17 +90,8 @@ def finite_weights(step_dir: Path) -> bool:
 def test_a_diverging_run_exits_2_naming_the_step_and_never_saves_nan_weights(
     tmp_path: Path, model_dir: Path, scored: Path
 ) -> None:
-    config = tmp_path / "offline.yaml"
-    config.write_text("grpo:\n  mode: offline\n")
-    command = [
-        "train", "--config", str(config), "-q", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
-        "grpo.max_num_epochs=10", "grpo.val_period=0", "grpo.seed=3", "loss_fn.reference_policy_kl_penalty=0.0",
-        f"policy.model_name={model_dir}", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
-        "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=16",
-        "policy.optimizer.kwargs.lr=1e10", "policy.max_grad_norm=null", f"data.train.data_path={scored}",
-        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", "checkpointing.save_period=1",
-        f"logger.log_dir={tmp_path / 'logs'}",
-    ]  # fmt: skip
+    extra = ["policy.optimizer.kwargs.lr=1e10", "policy.max_grad_norm=null", "checkpointing.save_period=1"]
+    command = offline_command(tmp_path, model_dir, scored, *extra)
     done = CliRunner().invoke(app, command)  # the command as typed, in this process
     assert done.exit_code == 2, done.output[-3000:]
     message = " ".join(done.stderr.split())
@@ -218,28 +224,6 @@ def test_a_run_without_any_learning_signal_warns_that_the_weights_are_unchanged(
 
 # ---------------------------------------------------------------------------- one run per directory
 
-HOLDER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from gym_bridge.train.bookkeeping import checkpoint as ckpt
-    from test_trainer_offline import offline_config  # tests/train is on PYTHONPATH
-    from gym_bridge.train.loop import train
-
-    tmp, model_dir, data, marker = map(Path, sys.argv[1:5])
-    original = ckpt._fsync_tree
-
-    def slow_fsync(root):
-        original(root)
-        if "step_2" in root.name:
-            marker.write_text("saving step 2")
-            time.sleep(600)
-
-    ckpt._fsync_tree = slow_fsync
-    train(offline_config(tmp, model_dir, data, "checkpointing.save_period=1"), show_progress=False)
-    """
-)
-
 
 @pytest.mark.timeout(300)
 def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_stale_lock(
@@ -247,17 +231,17 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_
 ) -> None:
     run, marker = tmp_path / "run", tmp_path / "marker"
     child = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(run), str(model_dir), str(scored), str(marker)],
+        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(scored), str(marker)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
     )
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():
-            assert child.poll() is None, "the first run exited before its second save"
-            assert time.monotonic() < deadline, "the first run never reached its second save"
+            assert child.poll() is None, "the first run exited before its third save"
+            assert time.monotonic() < deadline, "the first run never reached its third save"
             time.sleep(0.05)
-        writing = sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_2"))
+        writing = sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_3"))
         assert len(writing) == 1
         with pytest.raises(
             RunDirectoryBusy,
@@ -266,7 +250,7 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_
         ):
             train(offline_config(run, model_dir, scored, "checkpointing.save_period=1"), show_progress=False)
         # the first run's checkpoint being written is untouched (it used to be removed as a leftover)
-        assert sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_2")) == writing
+        assert sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_3")) == writing
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
     finally:
@@ -275,7 +259,7 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_
             child.wait()
     assert lock_path(run / "ckpt").exists()  # SIGKILL ran no clean-up; the kernel dropped the lock itself
     result = train(offline_config(run, model_dir, scored, "checkpointing.save_period=1"), show_progress=False)
-    assert result.resumed_from == 1 and result.steps == 4
+    assert result.resumed_from == 2 and result.steps == 4
     assert not lock_path(run / "ckpt").exists() and not lock_path(run / "logs").exists()
 
 
@@ -368,16 +352,8 @@ def test_a_split_whose_prompts_are_all_too_long_is_refused_naming_it(
 def test_a_run_that_the_epoch_limit_ends_early_says_so(tmp_path: Path, model_dir: Path) -> None:
     """Two prompts, four a step, one epoch: the run ends after step 1 of 4 (it used to say only "done: 1 steps")."""
     small = write_scored(tmp_path / "small.jsonl", prompts=2)
-    config = tmp_path / "offline.yaml"
-    config.write_text("grpo:\n  mode: offline\n")
-    args = [
-        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
-        "grpo.max_num_epochs=1", "grpo.val_period=0", f"policy.model_name={model_dir}",
-        "policy.train_global_batch_size=16", "policy.max_total_sequence_length=64",
-        "policy.generation.max_new_tokens=16", f"data.train.data_path={small}", "checkpointing.enabled=false",
-        f"logger.log_dir={tmp_path / 'logs'}",
-    ]  # fmt: skip
-    done = CliRunner().invoke(app, ["train", "--config", str(config), "-q", *args])
+    args = offline_command(tmp_path, model_dir, small, "grpo.max_num_epochs=1", "checkpointing.enabled=false")
+    done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output[-3000:]
     assert "done: 1 steps" in done.stdout
     assert (
@@ -405,16 +381,8 @@ def test_a_metrics_file_that_stops_taking_writes_ends_the_run_with_exit_2_naming
     """A file-size limit (``ulimit -f``) reached mid-run: the run used to end in a traceback (exit 1)."""
     import resource
 
-    config = tmp_path / "offline.yaml"
-    config.write_text("grpo:\n  mode: offline\n")
-    command = [
-        sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q",
-        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=30",
-        "grpo.max_num_epochs=100", "grpo.val_period=0", f"policy.model_name={model_dir}",
-        "policy.train_global_batch_size=16", "policy.max_total_sequence_length=64",
-        "policy.generation.max_new_tokens=16", f"data.train.data_path={scored}", "checkpointing.enabled=false",
-        f"logger.log_dir={tmp_path / 'logs'}",
-    ]  # fmt: skip
+    extra = ["grpo.max_num_steps=30", "grpo.max_num_epochs=100", "checkpointing.enabled=false"]
+    command = [sys.executable, "-m", "gym_bridge.cli", *offline_command(tmp_path, model_dir, scored, *extra)]
 
     def limit_file_size() -> None:  # 8 KiB: a few steps' metrics lines
         resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
@@ -460,23 +428,18 @@ def test_a_checkpoint_that_hits_a_file_size_limit_keeps_the_last_one_whole_and_t
         for p in (tmp_path / "ckpt" / "step_2").rglob("*")
         if p.is_file()
     }
-    config = tmp_path / "offline.yaml"
-    config.write_text("grpo:\n  mode: offline\n")
-    args = [
-        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
-        "grpo.max_num_epochs=10", "grpo.val_period=0", "grpo.seed=3", "loss_fn.reference_policy_kl_penalty=0.01",
-        f"policy.model_name={model_dir}", "policy.train_global_batch_size=16", "policy.train_micro_batch_size=4",
-        "policy.logprob_batch_size=8", "policy.max_total_sequence_length=64", "policy.generation.max_new_tokens=16",
-        "policy.optimizer.kwargs.lr=1e-3", f"data.train.data_path={scored}",
-        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", "checkpointing.save_period=1",
-        f"logger.log_dir={tmp_path / 'logs'}",
-    ]  # the keys of offline_config, as the command line gives them  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "gym_bridge.cli",
+        *offline_command(tmp_path, model_dir, scored, "checkpointing.save_period=1"),
+    ]
 
     def limit_file_size() -> None:  # the weights fit, the optimizer state does not
         resource.setrlimit(resource.RLIMIT_FSIZE, (200 * 1024, 200 * 1024))
 
     done = subprocess.run(
-        [sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *args],
+        command,
         cwd=ROOT, capture_output=True, text=True, timeout=240, preexec_fn=limit_file_size,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-3000:]

@@ -30,6 +30,7 @@ from gym_bridge.generation.transformers_backend import TransformersBackend
 from gym_bridge.models.registry import load_model_and_tokenizer
 from resources_servers.math.extraction import extract_answer
 from resources_servers.math.fastpath import compare_plain
+from resources_servers.math.strict import phrase_violation
 from resources_servers.math.worker import check
 
 RESULTS = Path(__file__).resolve().parent / "results" / "smollm2_base_accuracy.jsonl"
@@ -40,6 +41,8 @@ def grade(expected: str, text: str, mode: str) -> tuple[float, str]:
     found = extract_answer(text, mode)  # type: ignore[arg-type]
     if found is None:
         return 0.0, "none"
+    if found.phrase is not None and phrase_violation(found.phrase, expected) is not None:
+        return 0.0, found.method  # the server refuses a phrase that does not state one value
     plain = compare_plain(expected, found.answer)
     correct = plain[0] if plain is not None else check(expected, found.answer)["correct"]
     return float(correct), found.method

@@ -5,8 +5,9 @@ The default rule is NeMo Gym 0.7.0's (``math_with_judge``): an answer needs a no
 math-verify the whole text (the server does too, see :mod:`resources_servers.math.app`), which with
 several boxes extracts every box (``First \boxed{3}, then \boxed{7}`` becomes the set ``{3, 7}``;
 method ``all_boxes``). Opt-in fallbacks, used only when there is no usable box: a last ``\fbox{}``
-(method ``fbox``), an explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"), then the
-last number in the text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
+(method ``fbox``), an explicit final-answer phrase ("The answer is 7", "Answer: 7", "#### 7"; read as a
+:class:`Phrase`, which pays only when it states one value: :func:`resources_servers.math.strict.phrase_violation`),
+then the last number in the text. The last-number fallback is unsafe as a training reward: a garbled completion that ends in an
 operand of the question ("0 + 5" -> "...5") is rewarded. Mode ``whole_text`` is the library check of NeMo Gym after 0.7.0
 exactly: every response goes whole to math-verify, boxed or not (method ``whole_text``).
 
@@ -31,7 +32,6 @@ FBOX = "\\fbox{"
 _FINAL_ANSWER = re.compile(r"\banswer\b(?:\s*\*\*)?\s*(?:is\b\s*:?|:|=)\s*(?:\*\*\s*)?", re.IGNORECASE)
 # Not ``^\s*`` (``\s`` spans newlines: every line start would rescan the rest of a run of blank lines).
 _HASHES = re.compile(r"^[^\S\n]*####[^\S\n]*(?P<answer>[^\n]+)$", re.MULTILINE)
-_DOLLAR_MATH = re.compile(r"\$([^$]+)\$")  # each "$" scans only to the next one: linear
 _LAST_NUMBER = re.compile(r"(?<![\w)])-?\d+(?:\.\d+)?(?:/\d+)?")
 _SENTENCE_END = re.compile(r"(?<!\\)[.!?;](?:\s|$)")  # not the spacing command "\;"
 MAX_PHRASE_TRIES = 16
@@ -91,22 +91,6 @@ def outer_boxes(text: str) -> list[str]:
 def box_count(text: str) -> int:
     r"""How many ``\boxed{`` openers the text has."""
     return text.count(BOXED)
-
-
-def inline_math(answer: str) -> str | None:
-    r"""The first ``$...$`` or ``\(...\)`` span's contents (as the regex ``\$([^$]+)\$|\\\((.+?)\\\)``
-    finds it) in linear time: that regex's lazy half rescans to the end for every ``\(`` left open."""
-    dollar_match = _DOLLAR_MATH.search(answer)
-    dollar = (dollar_match.start(), dollar_match.group(1)) if dollar_match else None
-    paren: tuple[int, str] | None = None
-    opening = answer.find("\\(")
-    if opening >= 0:
-        # The first "\(" has the most room; if no "\)" follows it, none follows a later one either.
-        closing = answer.find("\\)", opening + 3)
-        if closing >= 0:
-            paren = (opening, answer[opening + 2 : closing])
-    found = [span for span in (dollar, paren) if span is not None]
-    return min(found)[1] if found else None
 
 
 PHRASE_FILLERS = frozenset(

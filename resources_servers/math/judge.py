@@ -10,7 +10,8 @@ holds each call. A judge that fails (``judge_timeout`` / ``judge_error``) leaves
 ``failure_kind`` and ``mask_sample: true``: the verdict is unknown, not wrong, so a trainer leaves it out.
 
 The judge does not overrule the server's own refusals: a response without a final answer (``no_answer``;
-NeMo Gym 0.7.0 scores it 0 without a judge), one the ``strict`` rule refused (``strict_rejected``) and one
+NeMo Gym 0.7.0 scores it 0 without a judge), one the ``strict`` rule refused (``strict_rejected``), a
+final-answer phrase that does not state one value (``phrase_rejected``) and one
 over ``max_answer_chars`` (``answer_too_long``) keep reward 0, unjudged. Why not the recorded
 ``extracted_answer``: it is math-verify's SymPy rendering, cut to 1,000 characters (200 for a refused or
 timed-out answer), so a judge shown it could pass ``4 + 0 + ... + 0 = 5`` as 4.

@@ -18,6 +18,9 @@ math-verify cannot parse (``3 \lor 4``, ``3 \foo 4``), is refused by the worker
 (:func:`resources_servers.math.worker.unreadable_answer`): math-verify would score the last number found
 elsewhere in the response instead.
 
+A final-answer phrase ("The answer is 4.", the opt-in ``boxed_or_final`` rule, this project's own) is held
+to more, strict or not: :func:`phrase_violation` pays only a phrase that states one value.
+
 Runs on the server's event loop: one linear scan per answer.
 """
 

@@ -6,6 +6,7 @@ NeMo RL's dotted syntax. A bad key fails before anything heavy is loaded, naming
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -62,6 +63,7 @@ def train(
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.records.jsonl import WriteFailed
     from gym_bridge.train.bookkeeping.checkpoint import CheckpointWriteError
+    from gym_bridge.train.bookkeeping.graceful_stop import TrainingStopped
     from gym_bridge.train.bookkeeping.run_lock import RunDirectoryBusy
     from gym_bridge.train.learner.divergence import TrainingDiverged
     from gym_bridge.train.loop import train as run_training
@@ -74,6 +76,9 @@ def train(
     except RunAlreadyComplete as exc:
         typer.echo(str(exc))
         return
+    except TrainingStopped as exc:  # SIGTERM: the step in progress finished and was saved
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(128 + signal.SIGTERM) from None
     except (
         CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
         RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError, WriteFailed,

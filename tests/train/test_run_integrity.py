@@ -482,3 +482,48 @@ def test_the_lock_goes_inside_a_directory_whose_parent_takes_no_new_files(
         ):
             pass
     assert not any(lock.exists() for lock in inside)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_finishes_the_step_saves_it_and_the_rerun_continues_exactly(
+    tmp_path: Path, model_dir: Path, scored: Path
+) -> None:
+    """A preemption's SIGTERM used to kill the run where it stood, losing every step since the last
+    checkpoint (here: all of them, checkpoints every 100 steps)."""
+    from tests.train.test_trainer_offline import train_lines, without_timings
+
+    run = tmp_path / "run"
+    run.mkdir()
+    extra = ["grpo.max_num_steps=40", "grpo.max_num_epochs=100", "checkpointing.save_period=100"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gym_bridge.cli", *offline_command(run, model_dir, scored, *extra)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(train_lines(run / "logs")) < 3:
+            assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
+            assert time.monotonic() < deadline, "the run never reached its third step"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 143, err[-3000:]
+    logged = len(train_lines(run / "logs"))
+    assert logged < 40  # it stopped early
+    message = " ".join(err.split())
+    assert (
+        f"stopped by SIGTERM after step {logged} of 40: its checkpoint is {run / 'ckpt' / f'step_{logged}'}"
+        in message
+    )
+    assert [p.name for p in (run / "ckpt").glob("step_*")] == [f"step_{logged}"]
+
+    resumed = train(offline_config(run, model_dir, scored, *extra), show_progress=False)
+    assert resumed.resumed_from == logged and resumed.steps == 40
+    straight = tmp_path / "straight"
+    train(offline_config(straight, model_dir, scored, *extra), show_progress=False)
+    expected = [without_timings(r) for r in train_lines(straight / "logs")]
+    assert [without_timings(r) for r in train_lines(run / "logs")] == expected  # as if never stopped

@@ -9,6 +9,7 @@ Only async GRPO uses it: synchronous steps wait for their rollouts anyway.
 
 from __future__ import annotations
 
+import signal
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
@@ -127,6 +128,9 @@ def _serve(
     """The child: build the policy copy and the services (env replicas: the trainer's), then answer
     the parent's calls."""
     sampler = None
+    # A SIGTERM to the process group is the trainer's to handle (it finishes its step, saves, and closes
+    # this process's pipe, which ends it): see gym_bridge.train.bookkeeping.graceful_stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         hf_logging.disable_progress_bar()  # no loading bars between the trainer's lines
         torch.set_num_threads(threads)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_bridge.collect.config import CollectError
+from gym_bridge.records.file_lock import FlockUnsupported, HeldLock, LockBusy, acquire
 from gym_bridge.records.jsonl import JsonlWriter, WriteFailed, iter_jsonl, plain_json, repair_torn_tail
 from gym_bridge.records.nemo_gym_record import agent_name_for, environment_server_for, nemo_gym_record
 
@@ -164,51 +165,26 @@ def output_lock(out: Path) -> Iterator[None]:
         finally:
             _HELD[key] -= 1
         return
-    fd = _acquire(out, lock)
-    if fd is None:
+    try:
+        held: HeldLock | None = acquire(lock)
+    except LockBusy:
+        raise CollectError(
+            f"{out} is being written by another run (a collect or reverify on the same -o, still going; "
+            f"its lock is {lock}): wait for it to end, or give -o another name"
+        ) from None
+    except FlockUnsupported:  # a file system without flock (some network mounts): unlocked, as before
+        held = None
+    except OSError as e:
+        raise CollectError(f"cannot write {out}: {e.strerror or e}") from None
+    if held is None:
         yield
         return
     _HELD[key] = 1
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         del _HELD[key]
-        lock.unlink(missing_ok=True)
-        os.close(fd)
-
-
-def _acquire(out: Path, lock: Path) -> int | None:
-    """The descriptor of ``lock``, locked; None where there is no ``flock`` to take."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise CollectError(
-                    f"{out} is being written by another run (a collect or reverify on the same -o, still going; "
-                    f"its lock is {lock}): wait for it to end, or give -o another name"
-                ) from None
-            except OSError:  # a file system without flock (some network mounts): unlocked, as before
-                os.close(fd)
-                lock.unlink(missing_ok=True)
-                return None
-            try:
-                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                    return fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)  # the run before removed the file after this one opened it: lock the new one
-    except OSError as e:
-        raise CollectError(f"cannot write {out}: {e.strerror or e}") from None
+        held.release()
 
 
 class LazyWriter:

@@ -462,6 +462,7 @@ def test_the_lock_goes_inside_a_directory_whose_parent_takes_no_new_files(
 ) -> None:
     """A shared mount where the run's directory is writable but its parent is not (root, running these
     tests, passes any permission check: the refusal is simulated at ``os.open``)."""
+    from gym_bridge.records import file_lock
     from gym_bridge.train.bookkeeping import run_lock
 
     cfg = offline_config(tmp_path, model_dir, scored)
@@ -472,7 +473,7 @@ def test_the_lock_goes_inside_a_directory_whose_parent_takes_no_new_files(
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, flags, mode)
 
-    monkeypatch.setattr(run_lock.os, "open", no_new_files_beside)
+    monkeypatch.setattr(file_lock.os, "open", no_new_files_beside)
     inside = [tmp_path / "ckpt" / run_lock.INSIDE_LOCK, tmp_path / "logs" / run_lock.INSIDE_LOCK]
     with run_lock.hold_run_dirs(cfg):
         assert all(lock.exists() for lock in inside)

@@ -11,11 +11,12 @@ killed with SIGKILL never leaves a stale one; the file is removed when the run e
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from gym_bridge.records.file_lock import HeldLock, LockBusy, acquire
 
 if TYPE_CHECKING:
     from gym_bridge.train.config import MasterConfig
@@ -36,54 +37,31 @@ INSIDE_LOCK = ".gym-bridge-train.lock"
 """The lock's name inside the directory, where the directory's parent takes no new files."""
 
 
-def _acquire(key: str, directory: Path, lock: Path) -> int:
-    """An open descriptor of ``lock`` holding its exclusive flock (OSError when it cannot be created)."""
-    import fcntl
-
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise RunDirectoryBusy(
-                f"{key} is {directory}, which another gym-bridge train (pid {holder}) is still using (its lock "
-                f"is {lock}): wait for that run to end, or give this one its own {key}"
-            ) from None
-        try:
-            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
-                return fd  # else the run before removed the file after this one opened it: lock the new one
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+def _acquire(key: str, directory: Path, lock: Path) -> HeldLock:
+    """``lock``, held (:class:`RunDirectoryBusy` naming ``key`` when another run holds it; OSError when it
+    cannot be created or locked)."""
+    try:
+        return acquire(lock)
+    except LockBusy as busy:
+        raise RunDirectoryBusy(
+            f"{key} is {directory}, which another gym-bridge train (pid {busy.holder}) is still using (its lock "
+            f"is {lock}): wait for that run to end, or give this one its own {key}"
+        ) from None
 
 
 @contextmanager
 def _hold(key: str, directory: Path) -> Iterator[None]:
     from gym_bridge.train.config import ConfigError
 
-    lock = lock_path(directory)
     try:
-        fd = _acquire(key, directory, lock)
-    except RunDirectoryBusy:
-        raise
+        held = _acquire(key, directory, lock_path(directory))
     except OSError:  # a parent that takes no new files (a shared mount): the lock goes inside the directory
-        lock = directory / INSIDE_LOCK
         try:
-            fd = _acquire(key, directory, lock)
-        except RunDirectoryBusy:
-            raise
+            held = _acquire(key, directory, directory / INSIDE_LOCK)
         except OSError as err:
             raise ConfigError([f"{key}: cannot write {directory} ({err.strerror or err})"]) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+    with held:
         yield
-    finally:
-        lock.unlink(missing_ok=True)
-        os.close(fd)
 
 
 @contextmanager

@@ -76,9 +76,12 @@ def train(
     except RunAlreadyComplete as exc:
         typer.echo(str(exc))
         return
-    except TrainingStopped as exc:  # SIGTERM: the step in progress finished and was saved
+    except TrainingStopped as exc:  # SIGTERM or Ctrl-C: the step in progress finished and was saved
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(128 + signal.SIGTERM) from None
+        raise typer.Exit(128 + exc.signum) from None
+    except KeyboardInterrupt:  # Ctrl-C before the first step (loading, servers): nothing of this run to save
+        typer.echo("error: interrupted by Ctrl-C while the run was starting; nothing new was trained or saved", err=True)
+        raise typer.Exit(128 + signal.SIGINT) from None
     except (
         CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
         RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError, WriteFailed,

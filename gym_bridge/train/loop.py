@@ -36,7 +36,7 @@ from transformers.utils import logging as hf_logging
 from gym_bridge.train.algorithm.entropy_control import EntropyControl
 from gym_bridge.train.batches.sequences import per_sample_logprobs
 from gym_bridge.train.bookkeeping.checkpoint import CheckpointManager
-from gym_bridge.train.bookkeeping.graceful_stop import TrainingStopped, stop_on_sigterm
+from gym_bridge.train.bookkeeping.graceful_stop import stop_on_signal
 from gym_bridge.train.bookkeeping.logging import MetricsLogger, TerminalView, open_metrics_logger, plot_curves
 from gym_bridge.train.bookkeeping.metrics import (
     load_ranked_validation,
@@ -159,7 +159,7 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
             pipeline.publish(step, weights_snapshot(model))
         data_state, epochs_done = data.train.state_dict(), data.train.epochs_done
         first_step, steps_updated, said = step, 0, set()
-        stop = stack.enter_context(stop_on_sigterm())  # SIGTERM: finish this step, save it, stop
+        stop = stack.enter_context(stop_on_signal())  # SIGTERM or Ctrl-C: finish this step, save it, stop
 
         while step < grpo.max_num_steps and epochs_done < grpo.max_num_epochs:
             step += 1
@@ -265,8 +265,8 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
                     (view.print if show_progress else functools.partial(print, file=sys.stderr))(notice)
             if stop.requested and not last_step:
                 saved = f"its checkpoint is {checkpoints.latest().path}" if cfg.checkpointing.enabled else "checkpointing is off"
-                raise TrainingStopped(
-                    f"stopped by SIGTERM after step {step} of {grpo.max_num_steps}: {saved}; run the same command to resume"
+                raise stop.stopped(
+                    f"after step {step} of {grpo.max_num_steps}: {saved}; run the same command to resume"
                 )
 
     return TrainResult(

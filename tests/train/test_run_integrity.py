@@ -528,3 +528,80 @@ def test_sigterm_finishes_the_step_saves_it_and_the_rerun_continues_exactly(
     train(offline_config(straight, model_dir, scored, *extra), show_progress=False)
     expected = [without_timings(r) for r in train_lines(straight / "logs")]
     assert [without_timings(r) for r in train_lines(run / "logs")] == expected  # as if never stopped
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_finishes_the_step_saves_it_and_the_rerun_continues(tmp_path: Path, model_dir: Path) -> None:
+    """Ctrl-C used to end the run in a ``KeyboardInterrupt`` traceback, losing every step since the last
+    checkpoint (here: all of them). The SIGINT goes to the whole process group, as a terminal sends it, in an
+    async run whose rollouts come from their own process: that process must live until the step is saved."""
+    from tests.train.test_trainer_offline import train_lines
+
+    run = tmp_path / "run"
+    rows = row_reward_rows(tmp_path / "rows.jsonl", [], good=8)
+    args = [
+        *SMALL_ONLINE_RUN, f"policy.model_name={model_dir}", "grpo.max_num_steps=40", "grpo.val_period=0",
+        "grpo.async_grpo.enabled=true", "grpo.async_grpo.rollout_process=true", "policy.train_micro_batch_size=16",
+        f"data.train.data_path={rows}", "data.train.env_name=bad", f"env.bad.server={ROW_REWARD_SERVER}",
+        f"checkpointing.checkpoint_dir={run / 'ckpt'}", "checkpointing.save_period=100",
+        f"logger.log_dir={run / 'logs'}", "logger.tensorboard_enabled=false",
+    ]  # fmt: skip
+    config = tmp_path / "online.yaml"
+    config.write_text("grpo:\n  mode: online\n")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(train_lines(run / "logs")) < 2:
+            assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
+            assert time.monotonic() < deadline, "the run never reached its second step"
+            time.sleep(0.05)
+        os.killpg(child.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the group
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    logged = len(train_lines(run / "logs"))
+    assert 2 <= logged < 40
+    assert [p.name for p in (run / "ckpt").glob("step_*")] == [f"step_{logged}"], err[-3000:]
+    assert child.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    message = " ".join(err.split())
+    assert "Ctrl-C: finishing this step and saving it, then stopping (Ctrl-C again stops at once)" in message
+    assert (
+        f"error: stopped by SIGINT (Ctrl-C) after step {logged} of 40: its checkpoint is "
+        f"{run / 'ckpt' / f'step_{logged}'}; run the same command to resume" in message
+    ), message
+    deadline = time.monotonic() + 30  # the rollout process ended with the trainer: the group is empty
+    while True:
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the run outlived it"
+        time.sleep(0.1)
+
+    resumed = train(load_config(None, [*args, f"grpo.max_num_steps={logged + 1}"]), show_progress=False)
+    assert resumed.resumed_from == logged and resumed.steps == logged + 1
+    assert [r["step"] for r in train_lines(run / "logs")] == list(range(1, logged + 2))
+
+
+def test_a_second_signal_after_the_first_is_left_to_its_default_action_and_the_handlers_come_back() -> None:
+    """The first Ctrl-C is noted (and said at once); a second ends the process by SIGINT, no traceback."""
+    from gym_bridge.train.bookkeeping.graceful_stop import stop_on_signal
+
+    before = {each: signal.getsignal(each) for each in (signal.SIGINT, signal.SIGTERM)}
+    with stop_on_signal() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs in this (main) thread before the next line
+        assert stop.signum == signal.SIGINT
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        stopped = stop.stopped("after step 3 of 9: checkpointing is off; run the same command to resume")
+        assert stopped.signum == signal.SIGINT
+        assert str(stopped).startswith("stopped by SIGINT (Ctrl-C) after step 3")
+    assert {each: signal.getsignal(each) for each in before} == before

@@ -128,9 +128,10 @@ def _serve(
     """The child: build the policy copy and the services (env replicas: the trainer's), then answer
     the parent's calls."""
     sampler = None
-    # A SIGTERM to the process group is the trainer's to handle (it finishes its step, saves, and closes
-    # this process's pipe, which ends it): see gym_bridge.train.bookkeeping.graceful_stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A SIGTERM or a terminal's Ctrl-C (SIGINT) to the process group is the trainer's to handle (it finishes
+    # its step, saves, and closes this process's pipe, which ends it): see gym_bridge.train.bookkeeping.graceful_stop
+    for each in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(each, signal.SIG_IGN)
     try:
         hf_logging.disable_progress_bar()  # no loading bars between the trainer's lines
         torch.set_num_threads(threads)

@@ -485,6 +485,33 @@ def test_the_lock_goes_inside_a_directory_whose_parent_takes_no_new_files(
     assert not any(lock.exists() for lock in inside)
 
 
+def signalled_run(
+    command: list[str], logs: Path, steps: int, signum: int, group: bool = False
+) -> tuple[subprocess.Popen[str], str]:
+    """``gym-bridge <command>`` in a subprocess, sent ``signum`` (to its whole process group with ``group``)
+    once it has logged ``steps`` training steps; the ended process and its stderr."""
+    from tests.train.test_trainer_offline import train_lines
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gym_bridge.cli", *command],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(train_lines(logs)) < steps:
+            assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
+            assert time.monotonic() < deadline, f"the run never reached step {steps}"
+            time.sleep(0.05)
+        os.killpg(child.pid, signum) if group else child.send_signal(signum)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL) if group else child.kill()
+            child.wait()
+    return child, err
+
+
 @pytest.mark.timeout(300)
 def test_sigterm_finishes_the_step_saves_it_and_the_rerun_continues_exactly(
     tmp_path: Path, model_dir: Path, scored: Path
@@ -496,22 +523,8 @@ def test_sigterm_finishes_the_step_saves_it_and_the_rerun_continues_exactly(
     run = tmp_path / "run"
     run.mkdir()
     extra = ["grpo.max_num_steps=40", "grpo.max_num_epochs=100", "checkpointing.save_period=100"]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "gym_bridge.cli", *offline_command(run, model_dir, scored, *extra)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while len(train_lines(run / "logs")) < 3:
-            assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
-            assert time.monotonic() < deadline, "the run never reached its third step"
-            time.sleep(0.05)
-        child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    command = offline_command(run, model_dir, scored, *extra)
+    child, err = signalled_run(command, run / "logs", 3, signal.SIGTERM)
     assert child.returncode == 143, err[-3000:]
     logged = len(train_lines(run / "logs"))
     assert logged < 40  # it stopped early
@@ -548,23 +561,9 @@ def test_ctrl_c_finishes_the_step_saves_it_and_the_rerun_continues(tmp_path: Pat
     ]  # fmt: skip
     config = tmp_path / "online.yaml"
     config.write_text("grpo:\n  mode: online\n")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "gym_bridge.cli", "train", "--config", str(config), "-q", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while len(train_lines(run / "logs")) < 2:
-            assert child.poll() is None, child.stderr.read()[-3000:] if child.stderr else ""
-            assert time.monotonic() < deadline, "the run never reached its second step"
-            time.sleep(0.05)
-        os.killpg(child.pid, signal.SIGINT)  # the terminal's Ctrl-C: every process of the group
-        _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+    # the terminal's Ctrl-C: every process of the group
+    command = ["train", "--config", str(config), "-q", *args]
+    child, err = signalled_run(command, run / "logs", 2, signal.SIGINT, group=True)
     logged = len(train_lines(run / "logs"))
     assert 2 <= logged < 40
     assert [p.name for p in (run / "ckpt").glob("step_*")] == [f"step_{logged}"], err[-3000:]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,28 @@ CHILD = textwrap.dedent(
 )
 
 
+@contextmanager
+def saving_child(run: Path, model_dir: Path, data: Path, marker: Path, *extra: str) -> Iterator[subprocess.Popen]:
+    """A training child (:data:`CHILD`) held inside its third save, every file written but not published;
+    killed on the way out if the test left it running."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(data), str(marker), *extra],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert child.poll() is None, "the training child exited before its third save"
+            assert time.monotonic() < deadline, "the training child never reached its third save"
+            time.sleep(0.05)
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 LORA = ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.dim=4"]
 
 
@@ -182,24 +206,9 @@ def test_sigkill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_pat
     data = write_scored(tmp_path / "scored.jsonl")
 
     run = tmp_path / "killed"
-    marker = tmp_path / "marker"
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(data), str(marker), *extra],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert child.poll() is None, "the training child exited before its third save"
-            assert time.monotonic() < deadline, "the training child never reached its third save"
-            time.sleep(0.05)
+    with saving_child(run, model_dir, data, tmp_path / "marker", *extra) as child:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
     names = sorted(p.name for p in (run / "ckpt").iterdir())
     assert len(names) == 4 and names[0].startswith(".tmp-step_3")

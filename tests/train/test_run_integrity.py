@@ -39,7 +39,7 @@ from gym_bridge.train.learner.divergence import TrainingDiverged
 from gym_bridge.train.loop import train
 from gym_bridge.train.samplers.data import DataError
 from tests.train.helpers import ROW_REWARD_SERVER, SMALL_ONLINE_RUN, save_random_tiny
-from tests.train.test_checkpoint import CHILD
+from tests.train.test_checkpoint import saving_child
 from tests.train.test_trainer_offline import offline_config, write_scored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,18 +229,8 @@ def test_a_run_without_any_learning_signal_warns_that_the_weights_are_unchanged(
 def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_stale_lock(
     tmp_path: Path, model_dir: Path, scored: Path
 ) -> None:
-    run, marker = tmp_path / "run", tmp_path / "marker"
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(run), str(model_dir), str(scored), str(marker)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])},
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert child.poll() is None, "the first run exited before its third save"
-            assert time.monotonic() < deadline, "the first run never reached its third save"
-            time.sleep(0.05)
+    run = tmp_path / "run"
+    with saving_child(run, model_dir, scored, tmp_path / "marker") as child:
         writing = sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_3"))
         assert len(writing) == 1
         with pytest.raises(
@@ -253,10 +243,6 @@ def test_a_second_run_on_a_busy_directory_is_refused_and_a_killed_run_leaves_no_
         assert sorted(p.name for p in (run / "ckpt").iterdir() if p.name.startswith(".tmp-step_3")) == writing
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert lock_path(run / "ckpt").exists()  # SIGKILL ran no clean-up; the kernel dropped the lock itself
     result = train(offline_config(run, model_dir, scored, "checkpointing.save_period=1"), show_progress=False)
     assert result.resumed_from == 2 and result.steps == 4

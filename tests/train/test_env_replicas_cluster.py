@@ -22,6 +22,7 @@ import pytest
 from gym_bridge.models.tokenizer import build_tokenizer
 from gym_bridge.train.config import load_config
 from gym_bridge.train.samplers.data import load_prompts
+from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
 from tests.ray_loopback import listeners, off_loopback, two_node_cluster_fixture
 from tests.train.helpers import SMALL_ONLINE_RUN, save_random_tiny
 from tests.train.shopper import Shopper, write_shop_rows
@@ -100,7 +101,8 @@ def test_sessions_spread_over_replicas_on_two_nodes_and_each_stays_on_its_own(
             return other
 
         monkeypatch.setattr(agent, "_seed_on_a_replica", misrouted)
-        wrong, _ = sampler.sample(prompts, seeds)
+        with pytest.raises(TooManyFailedRollouts) as misrouted_run:
+            sampler.sample(prompts, seeds)
         monkeypatch.undo()
     assert not ray.is_initialized()  # the replicas' start joined the cluster, so it disconnected
 
@@ -108,7 +110,10 @@ def test_sessions_spread_over_replicas_on_two_nodes_and_each_stays_on_its_own(
     assert len(samples) == 16 and all(s.reward == 1.0 and s.turns == 2 for s in samples)
     assert all(s.record["state_diff"] == [] and s.record["tool_calls_made"] == 1 for s in samples)
     assert sessions == [8, 8]  # spread over both, and no request of a session opened one elsewhere
-    assert len(wrong) == 16 and all(s.reward == 0.0 for s in wrong)  # what a broken stickiness scores
+    # what a broken stickiness meets: the other replica never had the session, so /verify refuses it (409)
+    # rather than score the work as undone
+    assert "16 of 16 rollouts failed" in str(misrouted_run.value), misrouted_run.value
+    assert "409" in str(misrouted_run.value) and "session is gone" in str(misrouted_run.value)
 
     nodes = {n["NodeID"] for n in two_nodes.global_state.node_table() if n["Alive"]}
     assert {w["node_id"] for w in replicas.where} == nodes  # SPREAD: one replica per node

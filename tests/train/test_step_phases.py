@@ -117,7 +117,11 @@ def test_an_async_step_line_shows_the_wait_for_rollouts_not_their_generation(
         assert "step_share/generation" not in r
         assert r["step_share/waiting_for_rollouts"] == pytest.approx(r["time_waiting_for_rollouts_s"] / r["time_step_s"])
         line = format_line(r["step"], r)
-        assert percent(line, "wait") == round(100 * r["step_share/waiting_for_rollouts"])
+        waited = r["step_share/waiting_for_rollouts"]
+        if r["step"] == 1 or waited >= 0.005:  # step 1 waits for the first batch; later ones may find it made
+            assert percent(line, "wait") == round(100 * waited)
+        else:  # phases under 0.5% are left off the line
+            assert not re.search(r"\bwait \d+%", line), line
         assert percent(line, "upd") == round(100 * r["step_share/update"])
         assert not re.search(r"\bgen \d+%", line)
         assert phase_shares(r)["update"] == pytest.approx(r["step_share/update"])

@@ -16,18 +16,13 @@ from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.app import extract
 from resources_servers.reasoning_gym.corrections import CORRECTED
 from resources_servers.reasoning_gym.generate import task_rows
+from resources_servers.reasoning_gym.tests.helpers import answered
 
 
 @pytest.fixture(scope="module")
 def client():
     with running_env("reasoning_gym", pool_size=2) as url, httpx.Client(base_url=url, timeout=120) as c:
         yield c
-
-
-def answered(row, text):
-    return {**row, "response": {"output": [
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
-    ]}}  # fmt: skip
 
 
 def test_every_family_scores_as_the_package_does(client):

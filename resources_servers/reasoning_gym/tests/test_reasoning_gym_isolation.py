@@ -27,6 +27,7 @@ from reasoning_gym.factory import DATASETS
 from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym import guards
 from resources_servers.reasoning_gym.generate import task_rows
+from resources_servers.reasoning_gym.tests.helpers import answered
 
 EVALING = ["spiral_matrix", "string_insertion", "binary_matrix", "n_queens"]
 PARSING = ["countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"]
@@ -58,12 +59,6 @@ def marker_dir():
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def answered(row, text):
-    return {**row, "response": {"output": [
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
-    ]}}  # fmt: skip
 
 
 def live_pids(client, n: int) -> list[int]:

@@ -15,18 +15,13 @@ from pydantic import ValidationError
 from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.generate import task_rows
 from resources_servers.reasoning_gym.pool import ReasoningGymConfig
+from resources_servers.reasoning_gym.tests.helpers import answered
 
 
 @pytest.fixture(scope="module")
 def client():
     with running_env("reasoning_gym", pool_size=1) as url, httpx.Client(base_url=url, timeout=60) as c:
         yield c
-
-
-def answered(row, text):
-    return {**row, "response": {"output": [
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
-    ]}}  # fmt: skip
 
 
 def reward(client, row, text) -> float:

@@ -13,6 +13,7 @@ import reasoning_gym
 
 from gym_bridge.rollout.envs import running_env
 from resources_servers.reasoning_gym.generate import task_rows
+from resources_servers.reasoning_gym.tests.helpers import answered
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REPO = Path(__file__).resolve().parents[3]
@@ -29,12 +30,6 @@ def score(family, answer, row):
     """What the reasoning-gym package itself gives ``answer`` on ``row``."""
     entry = {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}
     return float(reasoning_gym.get_score_answer_fn(family)(answer=answer, entry=entry))
-
-
-def answered(row, text):
-    return {**row, "response": {"output": [
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]},
-    ]}}  # fmt: skip
 
 
 @pytest.mark.parametrize("family", FAMILIES)

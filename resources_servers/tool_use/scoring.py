@@ -14,10 +14,13 @@ Extra reads are free. A made call to a tool that never changes the store (``Tool
 :attr:`CallScore.extra_reads` and left out of the count in every mode: it cannot change the outcome, and the
 shipped tasks' system prompt asks for such look-ups (``list_products`` first, "their ids are needed by the
 other tools"), so charging for them scored a prompt-following ``add_to_cart`` task 0 and taught the policy to
-ignore its instructions. Only reads of tools the task does not expect are free: where the expected calls are
-themselves reads (``get_product`` for a look-up, ``list_products(category, max_price)`` for a filter), every
-call to that tool counts, so spraying it over every id, category or price still costs. Calls to state-changing
-tools and to unknown tools count as before.
+ignore its instructions. Where the expected calls are themselves reads (``get_product`` for a look-up,
+``list_products(category, max_price)`` for a filter), a call to that tool is free only when it is *broader* than an
+expected one: each argument it gives is the expected call's value or left at the tool's default, so the bare
+``list_products()`` the prompt asks for, ``list_products(category)`` before the filtered call, or a repeat of the
+expected call. Such a call holds no guess the expected call does not, so it cannot fish; every other call to that
+tool counts, so spraying it over ids, categories or prices still costs. Calls to state-changing tools and to
+unknown tools count as before.
 """
 
 from __future__ import annotations
@@ -207,6 +210,16 @@ def _validated(call: Call, tools: Mapping[str, type[BaseModel]]) -> tuple[dict[s
         return None, "arguments nested too deeply"
 
 
+def _broader(model: type[BaseModel], got: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Whether ``got`` (validated) gives each argument as ``want`` does or leaves it at the tool's default."""
+    fields = model.model_fields
+    return all(
+        k in fields
+        and (got[k] == want.get(k) or (not fields[k].is_required() and got[k] == fields[k].get_default()))
+        for k in got
+    )
+
+
 def _argument_mismatch(name: str, expected: dict[str, Any], made: dict[str, Any]) -> str:
     parts = [
         f"{key} expected {expected.get(key)!r}, got {made.get(key)!r}"
@@ -245,13 +258,27 @@ def compare_calls(
         else:
             unmatched_made.remove(hit)
     matched = len(expected) - len(unmatched_expected)
+
+    def broader(i: int) -> bool:
+        """Whether made call ``i`` is a read that asks no more than an expected call of its tool (the module
+        docstring): free, and never taken as an expected call's near miss."""
+        got = made_args[i][0]
+        return (
+            got is not None
+            and made[i].name in reads
+            and any(
+                exp.name == made[i].name and want is not None and _broader(tools[exp.name], got, want)
+                for exp, (want, _) in zip(expected, expected_args, strict=True)
+            )
+        )
+
     reasons = []
     for j in unmatched_expected:
         exp, (want, refused) = expected[j], expected_args[j]
         if refused is not None:
             reasons.append(f"expected call {exp.show()} can never match: {refused} (the task is wrong)")
             continue
-        near = next((i for i in unmatched_made if made[i].name == exp.name), None)
+        near = next((i for i in unmatched_made if made[i].name == exp.name and not broader(i)), None)
         if near is None:
             reasons.append(f"missing call {exp.show()}")
             continue
@@ -260,7 +287,11 @@ def compare_calls(
         assert want is not None
         reasons.append(f"{exp.name}: {why}" if got is None else _argument_mismatch(exp.name, want, got))
     expected_tools = {exp.name for exp in expected}
-    free = [i for i in unmatched_made if made[i].name in reads and made[i].name not in expected_tools]
+    free = [
+        i
+        for i in unmatched_made
+        if made[i].name in reads and (made[i].name not in expected_tools or broader(i))
+    ]
     reasons += [f"unexpected call {made[i].show()}" for i in unmatched_made if i not in free]
     counted = len(made) - len(free)
     if not expected and not counted:

@@ -1,7 +1,8 @@
 """Tool use (the built-in store: ``initial_state`` + ``verifier_metadata.expected_calls`` or
 ``reference_calls``): calls that look like the expected one but are not what a tool would accept, calls to
 the server's own routes, a confirmation with no call behind it, and sprays of the read tool a task expects
-(free reads are only those of tools no expected call uses)."""
+(free reads are those of tools no expected call uses, and of the expected tool only when broader than the expected
+call: no argument the expected call does not give)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,16 @@ def attacks(options: AuditOptions) -> list[Attack]:
                "filter among them (the task expects that read tool: every call to it counts)", FILTER,
                [calls(*[("list_products", {"category": c, "max_price": p}) for c in ("office", "electronics")
                         for p in (10.0, 60.0, 100.0)]), DONE]),
+        Attack("look_up_before_filter", "wrong-reward", "an honest rollout that lists the whole catalogue, then the "
+               "category, before the expected filter (a read broader than the expected one is free; it scored 0 "
+               "before)", FILTER, [calls(("list_products", {"category": None, "max_price": None}),
+                                         ("list_products", {"category": "office", "max_price": None})),
+                                   calls(("list_products", {"category": "office", "max_price": 60.0})), DONE],
+               max_reward=1.0, min_reward=1.0),
+        Attack("hedge_after_look_up", "wrong-reward", "the free look-up, then two filters (the expected one and another "
+               "price): the guess still counts", FILTER, [calls(("list_products", {"category": None, "max_price": None})),
+               calls(("list_products", {"category": "office", "max_price": 100.0}),
+                     ("list_products", {"category": "office", "max_price": 60.0})), DONE]),
         Attack("spray_get_product", "wrong-reward", "get_product on every product of a look-up task", LOOKUP,
                [calls(*[("get_product", {"product_id": pid}) for pid in STATE["products"]]), DONE]),
         Attack("read_then_extra_change", "wrong-reward", "free reads, the expected call and an extra place_order "

@@ -18,9 +18,12 @@ Every request goes through the agent's env steps (:func:`~gym_bridge.rollout.age
 again with backoff), cookie jar and answer checks as ``collect`` and training; ``timeout_s`` is the
 policy's ``request_timeout``.
 
-Failures never stop training: a failed rollout scores 0 with a logged warning; only a batch in which
-every call failed raises (the server is down or the rows do not fit it, and 0 rewards would train
-on noise).
+A rollout whose ``/verify`` still fails after the retries (or whose answer lacks ``reward_key``) is
+handled as ``on_verify_failure`` says: ``"mask"`` (default) gives TRL ``None``, which TRL (1.16) leaves
+out of the group's baseline and gives advantage 0 (a reward of 0 was learned as a wrong answer: a
+server hiccup pushed down an honest completion and lifted the rest of its group); ``"zero"`` scores it 0
+(the behaviour before); ``"raise"`` stops training. A batch in which every rollout failed always raises
+(the server is down or the rows do not fit it).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import ValidationError
 
@@ -83,6 +86,9 @@ DEFAULT_TIMEOUT_S = 60.0
 """Seconds for one request attempt unless ``timeout_s`` or a ``retry`` policy says otherwise."""
 
 T = TypeVar("T")
+
+OnVerifyFailure = Literal["mask", "zero", "raise"]
+"""What a rollout whose ``/verify`` failed scores: ``mask`` (None: TRL leaves it out), ``zero``, or ``raise``."""
 
 _TRL_KWARGS = frozenset(
     {"trainer_state", "log_extra", "log_metric", "environments", "completion_ids", "prompt"}
@@ -239,6 +245,20 @@ def _policy(timeout_s: float | None, retry: RetryPolicy | None) -> RetryPolicy:
     return policy if timeout_s is None else replace(policy, request_timeout=timeout_s)
 
 
+def _failure_mode(value: str) -> OnVerifyFailure:
+    if value not in get_args(OnVerifyFailure):
+        raise ValueError(f"on_verify_failure: {value!r} is not one of {', '.join(get_args(OnVerifyFailure))}")
+    return value  # type: ignore[return-value]
+
+
+def _failed_reward(mode: OnVerifyFailure, where: str, reason: str) -> float | None:
+    """The reward of a rollout whose ``/verify`` failed, under ``on_verify_failure`` ``mode``."""
+    if mode == "raise":
+        raise RuntimeError(f"{where}: /verify failed (on_verify_failure='raise'): {reason}")
+    logger.warning("%s %s: %s", where, "left out (None)" if mode == "mask" else "scored 0", reason)
+    return None if mode == "mask" else 0.0
+
+
 def _detail(answer: HttpResult) -> str:
     try:
         return str(parse_json(answer.content).get("detail", answer.text))[:300]
@@ -300,9 +320,11 @@ class GymReward:
     row and the completion as ``response``, both in the session the seed opened (its cookies are kept
     in the rollout's own :class:`~gym_bridge.rollout.agent.EnvSession`). All completions of a batch run
     concurrently, at most ``max_concurrency`` at once. ``reward_key`` picks another number of the
-    ``/verify`` answer than ``reward`` (a ``reward_components`` entry is looked up there). ``retry``: how
-    each request is tried (default: the agent's policy, 4 attempts); ``timeout_s`` sets its attempt
-    timeout (default 60 s).
+    ``/verify`` answer than ``reward`` (a ``reward_components`` entry is looked up there; an answer
+    without it is a failed rollout). ``retry``: how each request is tried (default: the agent's policy, 4
+    attempts); ``timeout_s`` sets its attempt timeout (default 60 s). ``on_verify_failure``: what a
+    rollout whose ``/verify`` still failed scores (module docstring): ``"mask"`` (None), ``"zero"`` or
+    ``"raise"``; a batch where every rollout failed raises whatever it says.
     """
 
     def __init__(
@@ -316,6 +338,7 @@ class GymReward:
         reward_key: str = "reward",
         name: str = "gym_reward",
         retry: RetryPolicy | None = None,
+        on_verify_failure: OnVerifyFailure = "mask",
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be at least 1")
@@ -325,27 +348,37 @@ class GymReward:
         self.headers = bearer(auth_token)
         self.seed = seed
         self.reward_key = reward_key
+        self.on_verify_failure = _failure_mode(on_verify_failure)
         self.__name__ = name  # TRL logs the reward under the callable's name
         self.last_answers: list[dict[str, Any] | None] = []
         """The ``/verify`` answers of the last batch (None where the rollout failed), for inspection."""
 
-    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         rows = _rows_from_columns(len(completions), columns)
         if len(rows) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(rows)} task rows")
         answers = _run(lambda: self._score_all(rows, completions))
         self.last_answers = [a if isinstance(a, dict) else None for a in answers]
-        failures = [a for a in answers if not isinstance(a, dict)]
-        if failures and len(failures) == len(answers):
+        # A reward, or why the rollout has none (its /verify failed, or the answer lacks reward_key).
+        outcomes = [self._reward_of(a) if isinstance(a, dict) else a for a in answers]
+        failures = [o for o in outcomes if isinstance(o, str)]
+        if failures and len(failures) == len(outcomes):
             raise RuntimeError(
                 f"every /verify of the batch failed ({len(failures)}), the first: {failures[0]}"
             )
-        return [self._reward_of(a) if isinstance(a, dict) else 0.0 for a in answers]
+        return [
+            _failed_reward(self.on_verify_failure, f"rollout {i}", o) if isinstance(o, str) else o
+            for i, o in enumerate(outcomes)
+        ]
 
-    def _reward_of(self, answer: dict[str, Any]) -> float:
+    def _reward_of(self, answer: dict[str, Any]) -> float | str:
+        """The answer's reward (checked a finite number by :func:`verify_rollout`), or why it has none."""
         if self.reward_key == "reward":
-            return float(answer.get("reward") or 0.0)
-        return float((answer.get("reward_components") or {}).get(self.reward_key, 0.0))
+            return float(answer["reward"])
+        components = answer.get("reward_components") or {}
+        if self.reward_key not in components:
+            return f"the /verify answer has no reward_components[{self.reward_key!r}] (reward_key)"
+        return float(components[self.reward_key])
 
     async def _score_all(
         self, rows: list[dict[str, Any]], completions: list[Any]
@@ -353,14 +386,11 @@ class GymReward:
         gate = asyncio.Semaphore(self.max_concurrency)
         async with make_session(self.max_concurrency) as client:
             return await asyncio.gather(
-                *(
-                    self._score_one(client, gate, i, row, c)
-                    for i, (row, c) in enumerate(zip(rows, completions, strict=True))
-                )
+                *(self._score_one(client, gate, row, c) for row, c in zip(rows, completions, strict=True))
             )
 
     async def _score_one(
-        self, client: Client, gate: asyncio.Semaphore, index: int, row: dict[str, Any], completion: Any
+        self, client: Client, gate: asyncio.Semaphore, row: dict[str, Any], completion: Any
     ) -> dict[str, Any] | str:
         # The client (the connection pool) is shared; the session (its cookies) is this rollout's own.
         env = EnvSession(self.base_url, self.retry, self.headers)
@@ -370,9 +400,7 @@ class GymReward:
                     await seed_session(client, env, row)
                 return await verify_rollout(client, env, row, response_body(completion_response(completion)))
             except (RequestFailed, ValueError) as e:
-                reason = str(e) or type(e).__name__
-                logger.warning("rollout %d scored 0: %s", index, reason)
-                return reason
+                return str(e) or type(e).__name__
 
 
 # --------------------------------------------------------------------------- multi-turn tool use
@@ -457,13 +485,15 @@ class ServerEnvironment:
     posts ``/verify`` with the row and the calls made (their ``function_call`` and
     ``function_call_output`` items). TRL does not hand the environment the final assistant text, so
     verifiers that read it should score with :class:`GymReward` instead. Requests are tried as
-    :class:`GymReward`'s are (``retry``, ``timeout_s``).
+    :class:`GymReward`'s are (``retry``, ``timeout_s``), and a ``/verify`` that still fails scores as
+    ``on_verify_failure`` says (default ``"mask"``: None, which TRL leaves out).
     """
 
     base_url: str = ""
     timeout_s: float | None = None
     auth_token: str | None = None
     retry: RetryPolicy | None = None
+    on_verify_failure: OnVerifyFailure = "mask"
 
     def __init__(self) -> None:
         self._session: EnvSession | None = None
@@ -500,19 +530,19 @@ class ServerEnvironment:
         self.output.append(FunctionCallOutput(call_id=call_id, output=text))
         return text
 
-    def get_reward(self) -> float:
-        """``/verify`` of this rollout in its session; 0 with a logged warning when that fails."""
+    def get_reward(self) -> float | None:
+        """``/verify`` of this rollout in its session; when that fails, what ``on_verify_failure`` says
+        (None by default, which TRL leaves out of the group). Before ``reset()`` there is no rollout to
+        score: a RuntimeError (it had scored 0)."""
         session = self._session
         if session is None:
-            logger.warning("get_reward() before reset(): scored 0")
-            return 0.0
+            raise RuntimeError("get_reward() before reset(): this environment has no rollout to score")
         response = response_body(Response(output=self.output))
         try:
             self.last_answer = _blocking(lambda client: verify_rollout(client, session, self.row, response))
-            return float(self.last_answer.get("reward") or 0.0)
-        except (RequestFailed, ValueError, TypeError) as e:
-            logger.warning("tool-use rollout scored 0: %s", e)
-            return 0.0
+        except (RequestFailed, ValueError) as e:
+            return _failed_reward(self.on_verify_failure, "tool-use rollout", str(e) or type(e).__name__)
+        return float(self.last_answer["reward"])  # checked a finite number by verify_rollout
 
 
 def gym_environment_factory(
@@ -522,12 +552,15 @@ def gym_environment_factory(
     timeout_s: float | None = None,
     auth_token: str | None = None,
     retry: RetryPolicy | None = None,
+    on_verify_failure: OnVerifyFailure = "mask",
 ) -> type[ServerEnvironment]:
     """An ``environment_factory`` for TRL: a :class:`ServerEnvironment` subclass with a method per tool.
 
     ``tools`` is a task row's ``responses_create_params.tools`` or a dataset from :func:`task_dataset`
     (then its rows must all offer the same tools: TRL reads the methods once, from one instance).
+    ``on_verify_failure`` as :class:`GymReward`'s.
     """
+    mode = _failure_mode(on_verify_failure)
     if hasattr(tools, "column_names"):
         tools = _shared_tools(tools)
     specs = [t for t in tools if t.get("type", "function") == "function"]
@@ -538,7 +571,7 @@ def gym_environment_factory(
         method = _tool_method(spec)
         methods[method.__name__] = method
     attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, "retry": retry,
-             **methods}  # fmt: skip
+             "on_verify_failure": mode, **methods}  # fmt: skip
     return type("GymToolEnvironment", (ServerEnvironment,), attrs)
 
 

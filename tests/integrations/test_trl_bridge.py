@@ -141,16 +141,20 @@ def test_reward_keeps_one_session_per_rollout(counting: tuple[SessionCountingEnv
     assert len(env.sessions) == len(tags)  # one session per rollout, none shared or reused
 
 
-def test_server_error_scores_zero_with_a_warning(
+def test_server_error_is_left_out_with_a_warning(
     counting: tuple[SessionCountingEnv, str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A rollout whose /verify fails is None (TRL leaves it out of its group), or 0 with ``on_verify_failure="zero"``."""
     _, url = counting
     rows = _rows(["a"]) + _rows(["b"], explode=True)
     columns = {TASK_ROW_COLUMN: [json.dumps(r) for r in rows]}
     with caplog.at_level(logging.WARNING, logger="gym_bridge.integrations.trl"):
         got = GymReward(url)(["p", "p"], ["answer a", "answer b"], **columns)
-    assert got == [1.0, 0.0]
-    assert any("rollout 1 scored 0" in r.getMessage() and "500" in r.getMessage() for r in caplog.records)
+        zero = GymReward(url, on_verify_failure="zero")(["p", "p"], ["answer a", "answer b"], **columns)
+    assert got == [1.0, None] and zero == [1.0, 0.0]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("rollout 1 left out (None)" in m and "500" in m for m in messages), messages
+    assert any("rollout 1 scored 0" in m and "500" in m for m in messages), messages
 
 
 def test_every_call_failing_raises() -> None:

@@ -1,0 +1,188 @@
+"""A rollout the server could not score is left out of TRL's group, not learned as a wrong answer.
+
+A real server on loopback whose ``/verify`` keeps failing (503, after the retries) for some sessions:
+before, :class:`GymReward` scored those rollouts 0, which TRL's GRPOTrainer learned as wrong answers
+(an honest completion pushed down, the rest of its group lifted by a lower baseline). Now they are
+``None`` (``on_verify_failure="mask"``): TRL 1.16 leaves them out of the group mean and gives them
+advantage 0, shown here inside TRL's own GRPOTrainer. ``"zero"`` keeps the old score, ``"raise"`` stops.
+A ``reward_key`` the answer lacks is a failed rollout, not 0; the tool environment follows the same rule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from gym_bridge.integrations.trl import TASK_ROW_COLUMN, GymReward, gym_environment_factory, task_dataset
+from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.retry import RetryPolicy
+from gym_bridge.serving.server import ResourcesServer, Session, tool
+from gym_bridge.serving.uvicorn_thread import start_in_thread
+
+FAST = RetryPolicy(max_attempts=2, backoff_base=0.01)
+REPO = Path(__file__).resolve().parents[2]
+MATH_ROWS = REPO / "resources_servers" / "math" / "data" / "example.jsonl"
+
+
+class NoteArgs(BaseModel):
+    text: str
+
+
+class PartlyBrokenEnv(ResourcesServer):
+    """Numbers sessions in seeding order; sessions 0 and 3 (of each 4) answer ``/verify`` with 503 every
+    time, session 1 scores 1 and session 2 scores 0. A row with ``components`` answers with those
+    ``reward_components``; a row with ``broken`` fails every session."""
+
+    name = "partly_broken"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeded = 0
+
+    async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        session.state["n"] = self.seeded
+        self.seeded += 1
+        return {}
+
+    @tool
+    async def note(self, args: NoteArgs, session: Session) -> dict[str, Any]:
+        """Keep a note."""
+        return {"kept": args.text}
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        n = session.state.get("n", 0) % 4
+        if n in (0, 3) or getattr(body, "broken", False):
+            raise HTTPException(503, "overloaded")
+        extra = {"reward_components": body.components} if getattr(body, "components", None) else {}  # type: ignore[attr-defined]
+        return VerifyResponse(**{**dump(body), **extra}, reward=float(n == 1))
+
+
+@pytest.fixture()
+def broken() -> Iterator[tuple[PartlyBrokenEnv, str]]:
+    env = PartlyBrokenEnv()
+    with start_in_thread(env.build_app()) as running:
+        yield env, running.url
+
+
+def _columns(n: int, **extra: Any) -> dict[str, list[str]]:
+    return {TASK_ROW_COLUMN: [json.dumps({"responses_create_params": {"input": "hi"}, **extra})] * n}
+
+
+def _verdicts(reward: GymReward) -> list[str]:
+    return ["failed" if a is None else str(a["reward"]) for a in reward.last_answers]
+
+
+def test_a_failed_verify_is_none_by_default_with_a_warning(
+    broken: tuple[PartlyBrokenEnv, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = broken
+    reward = GymReward(url, retry=FAST, max_concurrency=1)  # one at a time: session n is rollout n
+    with caplog.at_level(logging.WARNING, logger="gym_bridge.integrations.trl"):
+        got = reward(["p"] * 4, ["a", "b", "c", "d"], **_columns(4))
+    assert got == [None, 1.0, 0.0, None]  # before: [0.0, 1.0, 0.0, 0.0]
+    assert _verdicts(reward) == ["failed", "1.0", "0.0", "failed"]
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("rollout 0 left out (None)" in m and "503" in m for m in warned), warned
+
+
+def test_zero_keeps_the_old_score_and_raise_stops(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    _, url = broken
+    zero = GymReward(url, retry=FAST, max_concurrency=1, on_verify_failure="zero")
+    assert zero(["p"] * 4, ["a", "b", "c", "d"], **_columns(4)) == [0.0, 1.0, 0.0, 0.0]
+    stop = GymReward(url, retry=FAST, max_concurrency=1, on_verify_failure="raise")
+    with pytest.raises(RuntimeError, match=r"rollout 0: /verify failed \(on_verify_failure='raise'\).*503"):
+        stop(["p"] * 4, ["a", "b", "c", "d"], **_columns(4))
+    with pytest.raises(ValueError, match="on_verify_failure: 'skip' is not one of mask, zero, raise"):
+        GymReward(url, on_verify_failure="skip")  # type: ignore[arg-type]
+
+
+def test_every_rollout_failing_still_raises_under_mask(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    _, url = broken
+    with pytest.raises(RuntimeError, match=r"every /verify of the batch failed \(2\)"):
+        GymReward(url, retry=FAST)(["p"] * 2, ["a", "b"], **_columns(2, broken=True))
+
+
+def test_a_reward_key_the_answer_lacks_is_a_failure_not_zero(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    """A misspelt ``reward_key`` (or a server that leaves the component out) had scored every rollout 0
+    and trained on nothing; now the rollout fails, and a whole batch of them raises."""
+    env, url = broken
+    columns = _columns(2, components={"format": 0.5})
+    env.seeded = 1  # sessions 1 and 2: both answer
+    assert GymReward(url, reward_key="format", max_concurrency=1)(["p"] * 2, ["a", "b"], **columns) == [0.5, 0.5]
+    env.seeded = 1
+    with pytest.raises(RuntimeError, match=r"every /verify.*no reward_components\['formt'\] \(reward_key\)"):
+        GymReward(url, reward_key="formt", max_concurrency=1)(["p"] * 2, ["a", "b"], **columns)
+
+
+NOTE_TOOL = [{"type": "function", "name": "note", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}]  # fmt: skip
+
+
+def test_tool_environment_failed_verify_is_none_and_before_reset_raises(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    _, url = broken
+    row = {TASK_ROW_COLUMN: json.dumps({"responses_create_params": {"input": "hi"}})}
+    Env = gym_environment_factory(url, NOTE_TOOL, retry=FAST)
+    with pytest.raises(RuntimeError, match=r"get_reward\(\) before reset\(\)"):
+        Env().get_reward()  # before: 0.0
+    rollouts = [Env() for _ in range(3)]
+    for rollout in rollouts:
+        rollout.reset(**row)  # sessions 0, 1, 2
+    assert [r.get_reward() for r in rollouts] == [None, 1.0, 0.0]  # before: [0.0, 1.0, 0.0]
+    assert rollouts[0].last_answer is None
+    Zero = gym_environment_factory(url, NOTE_TOOL, retry=FAST, on_verify_failure="zero")
+    zero = Zero()
+    zero.reset(**row)  # session 3: fails
+    assert zero.get_reward() == 0.0
+
+
+def test_grpo_trainer_leaves_a_failed_rollout_out_of_its_group(broken: tuple[PartlyBrokenEnv, str], tmp_path: Path) -> None:
+    """One GRPO step of TRL's own trainer, 1 prompt x 4 generations, scored concurrently: two rollouts
+    score 1 and 0, two fail. TRL logs the mean of the two scored (0.5; before 0.25) and gives the failed
+    ones advantage 0 (before: about -0.5 each, learned as wrong answers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gym_bridge.models.tiny import ensure_tiny
+
+    _, url = broken
+    reward = GymReward(url, retry=FAST)
+    scored: list[tuple[list[str], list[float]]] = []
+
+    class Recording(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+            out = super()._generate_and_score_completions(inputs)
+            scored.append((_verdicts(reward), out["advantages"].tolist()))
+            return out
+
+    path = ensure_tiny()
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+        max_steps=1, learning_rate=1e-5, beta=0.0, bf16=False, fp16=False, gradient_checkpointing=False,
+        use_cpu=True, logging_steps=1, save_strategy="no", report_to="none", seed=0,
+    )  # fmt: skip
+    trainer = Recording(
+        model=AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=task_dataset(MATH_ROWS).select([0]),
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+    trainer.train()
+    assert len(scored) == 1
+    verdicts, advantages = scored[0]
+    assert sorted(verdicts) == ["0.0", "1.0", "failed", "failed"]
+    for verdict, advantage in zip(verdicts, advantages, strict=True):
+        if verdict == "failed":
+            assert advantage == 0.0
+        else:
+            assert (advantage > 0.5) == (verdict == "1.0") and abs(advantage) > 0.5, (verdict, advantage)
+    logged = next(h for h in trainer.state.log_history if "rewards/gym_reward/mean" in h)
+    assert logged["rewards/gym_reward/mean"] == pytest.approx(0.5)
+    assert logged["reward"] == pytest.approx(0.5)

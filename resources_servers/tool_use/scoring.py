@@ -143,7 +143,10 @@ def _depth(value: Any) -> int:
 
 def parse_arguments(arguments: Any) -> dict[str, Any] | None:
     """Arguments as a dict (JSON text parsed), as sent; None when they are not a JSON object or are nested
-    past :data:`MAX_ARGUMENT_DEPTH`."""
+    past :data:`MAX_ARGUMENT_DEPTH`. Blank text is ``{}``: the agent loop calls the tool with ``{}`` for it
+    (:func:`gym_bridge.rollout.agent._call_tool`), so the check reads the call the tool answered."""
+    if isinstance(arguments, str) and not arguments.strip():
+        return {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

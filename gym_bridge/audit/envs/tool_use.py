@@ -100,6 +100,9 @@ def attacks(options: AuditOptions) -> list[Attack]:
                                          ("list_products", {"category": "office", "max_price": None})),
                                    calls(("list_products", {"category": "office", "max_price": 60.0})), DONE],
                max_reward=1.0, min_reward=1.0),
+        Attack("blank_arguments", "wrong-reward", "an honest call without parameters written with blank arguments (the "
+               "agent loop runs it with {}; it scored 0 before)", row({"expected_calls": [{"name": "view_cart",
+               "arguments": {}}], "match": "strict"}), [calls(("view_cart", "")), DONE], max_reward=1.0, min_reward=1.0),
         Attack("hedge_after_look_up", "wrong-reward", "the free look-up, then two filters (the expected one and another "
                "price): the guess still counts", FILTER, [calls(("list_products", {"category": None, "max_price": None})),
                calls(("list_products", {"category": "office", "max_price": 100.0}),

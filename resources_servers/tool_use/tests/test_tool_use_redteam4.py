@@ -3,11 +3,17 @@ the rollout is verified): findings first, then attacks that held, kept as regres
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
+from gym_bridge.audit.attacks import answer, calls
+from gym_bridge.audit.scripted_model import scripted_model
+from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
+from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.retry import RoutedClient
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.tests.test_tool_use_redteam import (
@@ -33,10 +39,29 @@ def url() -> Iterator[str]:
         yield running.url
 
 
-def rollout(url: str, row: dict[str, Any], calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def rollout(url: str, row: dict[str, Any], made: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Make the calls on a fresh session's real tools, then verify the rollout that made them."""
     with session(url, row) as client:
-        return verify(client, row, [*played(client, calls), final_message()])
+        return verify(client, row, [*played(client, made), final_message()])
+
+
+def agent_rollout(url: str, row: dict[str, Any], turns: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The rollout record of the project's agent loop (:func:`~gym_bridge.rollout.agent.run_rollout`) driving the
+    server with a model that answers ``turns`` in order (the audit's scripted model, served in-process)."""
+
+    async def run() -> dict[str, Any]:
+        in_process, http = InProcessClient(), make_session()
+        try:
+            model_url = await in_process.mount("tool-use-round-four", scripted_model(turns))
+            config = AgentConfig(model_url=model_url, max_steps=len(turns))
+            done = await run_rollout(RoutedClient(http, {model_url: in_process}), row, url, config)
+        finally:
+            await in_process.aclose()
+            await http.close()
+        assert done.record is not None, done.failure
+        return done.record
+
+    return asyncio.run(run())
 
 
 @pytest.mark.parametrize("match", ["strict", "fraction", "f1"])
@@ -113,3 +138,21 @@ def test_a_repeated_get_product_is_free_but_never_a_missing_one(url: str) -> Non
     two = store_row(expected_calls=[{"name": "get_product", "arguments": {"product_id": p}} for p in ("P1", "P2")])
     twice = rollout(url, two, [("get_product", {"product_id": "P1"})] * 2)
     assert twice["reward"] == 0.0 and twice["call_mismatches"] == ["missing call get_product(product_id='P2')"], twice
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_blank_arguments_are_read_as_the_agent_ran_them(url: str, blank: str) -> None:
+    """Finding: a model that writes blank arguments for a call without parameters (``view_cart`` with ``""``) has
+    its call run by the agent loop with ``{}`` (the tool answers), yet the argument check read the arguments as
+    "not a JSON object": an expected ``view_cart`` paid 0, and so did a filter rollout whose bare look-up came
+    with blank arguments. The check now reads blank arguments as ``{}``, as the agent loop sends them."""
+    no_args = store_row(expected_calls=[{"name": "view_cart", "arguments": {}}])
+    out = agent_rollout(url, no_args, [calls(("view_cart", blank)), answer("Your cart is empty.")])
+    ran = [i["output"] for i in out["response"]["output"] if i["type"] == "function_call_output"]
+    assert ran == ['{"cart":{"items":[],"total":0.0}}']  # the tool ran and answered
+    assert out["reward"] == 1.0, out["call_mismatches"]
+    out = agent_rollout(url, FILTER, [calls(("list_products", blank)), calls(("list_products", WANTED)), answer("..")])
+    assert out["reward"] == 1.0 and out["extra_reads"] == ["list_products()"], out["call_mismatches"]
+    needs_args = store_row(expected_calls=[{"name": "add_to_cart", "arguments": {"product_id": "P1", "quantity": 1}}])
+    out = agent_rollout(url, needs_args, [calls(("add_to_cart", blank)), answer("Added.")])
+    assert out["reward"] == 0.0 and "quantity" in out["call_mismatches"][0], out  # {} is refused, by tool and check

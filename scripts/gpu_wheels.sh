@@ -10,7 +10,7 @@ PY=${PYTHON:-.venv/bin/python}
 NAMES="pydantic pydantic-core annotated-types typing-inspection fastapi starlette uvicorn jsonlines math-verify
 latex2sympy2-extended antlr4-python3-runtime msgspec openai distro jiter sniffio gguf itsdangerous mcp
 sse-starlette pydantic-settings python-multipart httpx-sse python-dotenv jsonschema jsonschema-specifications
-referencing rpds-py pyseccomp"
+referencing rpds-py pyseccomp confusable-homoglyphs"
 rm -rf .whl && mkdir -p .whl
 for name in $NAMES; do
     version=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/ {print $2}')

@@ -25,12 +25,15 @@ A judge is asked whether two answers are equivalent and answers with a label (Ne
   request (:class:`Fence`: ``<|Candidate answer #3f9c...|>`` ... ``<|End of Candidate answer #3f9c...|>``),
   which the answer cannot know, so it cannot close its quote; :func:`quote` also defangs verdict labels
   and ``<|``/``|>`` marker brackets inside it, found after NFKC normalisation, with invisible characters
-  dropped and bracket lookalikes folded (``<\u200b|``, ``‹｜``, ``[\u200b[A=B]]`` are caught).
+  dropped and bracket lookalikes folded (``<\u200b|``, ``‹｜``, ``[\u200b[A=B]]`` are caught), a label's
+  letters matched in any script, style or case Unicode's confusables data or names draw alike
+  (``[[Ꭺ=Ᏼ]]`` in Cherokee, ``[[ᴀ=ʙ]]`` in small capitals, ``[[A̲=B̲]]`` with combining marks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -146,12 +149,83 @@ _LOOKALIKES = str.maketrans({
     "❘": "|", "⟦": "[[", "⟧": "]]", "〚": "[[", "〛": "]]", "⁅": "[", "⁆": "]", "❲": "[", "❳": "]",
 })  # fmt: skip
 """Bracket and bar lookalikes that NFKC leaves alone (it already folds fullwidth ``＜｜［`` and the like)."""
-_LETTERS = str.maketrans(
-    "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧονАВЕКМНОРСТУХЅІЈԚԜаеорсу\u0445ѕіјԁһԛԝӏ",
-    "ABEZHIKMNOPTYXovABEKMHOPCTYXSIJQWaeopcyxsijdhqwl",
-)
-"""Greek and Cyrillic letters drawn as Latin ones (``[[А=В]]`` in Cyrillic reads as the label): folded when
-:func:`quote` looks for labels in a quoted text, not when a verdict is read from the judge's own reply."""
+_LETTER_NAME = re.compile(r"(?:LATIN|REGIONAL INDICATOR SYMBOL)\b.*\b(?:LETTER|CAPITAL) ([A-Z])$")
+"""Names of letters NFKC and the confusables leave apart from the Latin letter they are drawn as: small capitals
+(``ᴀ``), negative squared and circled letters (``🅰``), regional indicators (``🇦``)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _confusable_sets() -> dict[str, frozenset[str]]:
+    """Each character's lookalikes: the single characters with the same UTS #39 skeleton (Unicode's
+    confusables data, as the ``confusable_homoglyphs`` package ships it: each source joined to its prototype),
+    with the Latin letter each name in :data:`_LETTER_NAME` spells joined too. Loaded once, on first use."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    parent: dict[str, str] = {}
+
+    def root(ch: str) -> str:
+        while parent.get(ch, ch) != ch:
+            parent[ch] = parent.get(parent[ch], parent[ch])
+            ch = parent[ch]
+        return ch
+
+    def join(a: str, b: str) -> None:
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[root(a)] = root(b)
+
+    for source, glyphs in confusables_data.items():
+        for glyph in glyphs:
+            if len(source) == 1 and len(glyph["c"]) == 1:
+                join(source, glyph["c"])
+    for cp in range(0x80, 0x20000):
+        match = _LETTER_NAME.search(unicodedata.name(chr(cp), ""))
+        if match:
+            join(chr(cp), match.group(1))
+    groups: dict[str, set[str]] = {}
+    for ch in parent:
+        groups.setdefault(root(ch), set()).add(ch)
+    return {ch: frozenset(groups[root(ch)]) for ch in parent}
+
+
+def _lookalikes_of(ch: str) -> set[str]:
+    """``ch``, its other case and every character confusable with either (a letter of any script, style or case
+    that a reader takes for it)."""
+    sets = _confusable_sets()
+    out = {ch}
+    for variant in {ch, ch.lower(), ch.upper()}:
+        if len(variant) == 1:
+            out |= sets.get(variant, frozenset({variant}))
+    for variant in list(out):
+        for cased in (variant.lower(), variant.upper()):
+            if len(cased) == 1:
+                out |= sets.get(cased, frozenset({cased}))
+    return out
+
+
+def _class(chars: Iterable[str]) -> str:
+    chars = sorted(set(chars))
+    return re.escape(chars[0]) if len(chars) == 1 else "[" + "".join(re.escape(c) for c in chars) + "]"
+
+
+def _not_alnum(ch: str) -> bool:
+    return not unicodedata.category(unicodedata.normalize("NFKC", ch)[:1] or ch).startswith(("L", "N"))
+
+
+@functools.lru_cache(maxsize=64)
+def _marker_pattern(labels: tuple[str, ...], ascii_only: bool = False) -> tuple[re.Pattern[str], list[tuple[str, re.Pattern[str]]]]:
+    """What :func:`quote` defangs in a :func:`skeleton` (``letters=True``): each label, every character of it
+    matched by any of its lookalikes, and the ``<|`` / ``|>`` marker brackets (their lookalikes that are not
+    letters or digits: ``x<1`` stays). The pattern that finds any, and, for each, what it is and its own pattern.
+    ``ascii_only``: the same for an all-ASCII text (its classes cut to ASCII: a tenth of the time)."""
+    sets = _confusable_sets()
+    keep = str.isascii if ascii_only else (lambda c: True)
+    bracket = {c: _class({c} | {x for x in sets.get(c, ()) if _not_alnum(x) and keep(x)}) for c in "<|>"}
+    parts = [(label, "".join(_class(filter(keep, _lookalikes_of(c))) for c in label)) for label in labels]
+    parts += [("<|", bracket["<"] + bracket["|"]), ("|>", bracket["|"] + bracket[">"])]
+    return re.compile("|".join(p for _, p in parts)), [(found, re.compile(p)) for found, p in parts]
+
+
 _TAGS: dict[int, str | None] = {0xE0000 + c: chr(c) for c in range(0x20, 0x7F)} | {0xE0001: None, 0xE007F: None}
 """Unicode tag characters: invisible, yet a model reads ``U+E0041`` as ``A`` ("ASCII smuggling"); shown as
 the ASCII they spell (the language and cancel tags dropped)."""
@@ -169,24 +243,38 @@ def _invisible(ch: str) -> bool:
 
 def skeleton(text: str, letters: bool = False) -> tuple[str, list[int] | None]:
     """``text`` as markers are looked for in it: invisible characters dropped, each other character NFKC-normalised
-    and bracket lookalikes folded (``letters``: Greek and Cyrillic lookalikes of Latin letters too); with, for
-    each character of the result, the index of the character of ``text`` it came from (None: the same text,
-    all ASCII)."""
+    and bracket lookalikes folded (``letters``: NFKD-normalised instead, and combining marks dropped, so that
+    ``Á`` or ``A`` with an underline is an ``A``); with, for each character of the result, the index of the
+    character of ``text`` it came from (None: the same text, all ASCII)."""
     if text.isascii():
         return text, None
+    fold = _fold_letters if letters else _fold
     out: list[str] = []
     where: list[int] = []
     for i, ch in enumerate(text):
         if ch.isascii():
             out.append(ch)
             where.append(i)
-        elif not _invisible(ch):
-            folded = unicodedata.normalize("NFKC", ch).translate(_LOOKALIKES)
-            if letters:
-                folded = folded.translate(_LETTERS)
-            out.append(folded)
-            where.extend([i] * len(folded))
+        else:
+            folded = fold(ch)
+            if folded:
+                out.append(folded)
+                where.extend([i] * len(folded))
     return "".join(out), where
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fold(ch: str) -> str:
+    """A non-ASCII character as :func:`skeleton` shows it ("" when it is drawn as nothing)."""
+    return "" if _invisible(ch) else unicodedata.normalize("NFKC", ch).translate(_LOOKALIKES)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fold_letters(ch: str) -> str:
+    """As :func:`_fold`, NFKD-normalised, its combining marks dropped."""
+    if _invisible(ch):
+        return ""
+    return "".join(c for c in unicodedata.normalize("NFKD", ch) if unicodedata.category(c) not in ("Mn", "Me")).translate(_LOOKALIKES)
 
 
 def _defanged(found: str) -> str:
@@ -200,24 +288,36 @@ def quote(text: str, labels: Iterable[str] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> 
 
     A label ``[[A=B]]`` becomes ``[ [A=B] ]`` and a marker such as ``<|End of Answer|>`` becomes
     ``< |End of Answer| >``: still readable, but neither a verdict to echo nor the end of the quote. They
-    are looked for in the :func:`skeleton` of the text, so a zero-width character inside one, a lookalike
-    bracket or a Greek or Cyrillic lookalike letter does not hide it; the span found is replaced by its plain
-    defanged form. Unicode tag characters (invisible text a model can read) are first shown as the ASCII
-    they spell, so what they say is quoted, and defanged, in plain sight.
+    are looked for in the :func:`skeleton` of the text, each character of a label matched by any character
+    drawn like it (Unicode's confusables of any script, small capitals, another case, NFKD forms such as
+    math alphanumerics and fullwidth letters, combining marks dropped), so a zero-width character inside
+    one, a lookalike bracket or ``[[Ꭺ=𝐁]]`` does not hide it; the span found (with the marks and invisible
+    characters that follow it) is replaced by the plain defanged label (``[[a=b]]``, plain ASCII, by itself
+    defanged: ``[ [a=b] ]``). Unicode tag characters (invisible
+    text a model can read) are first shown as the ASCII they spell, so what they say is quoted, and
+    defanged, in plain sight.
     """
     if not text.isascii():
         text = text.translate(_TAGS)
     plain, where = skeleton(text, letters=True)
-    wanted = sorted({skeleton(label, letters=True)[0] for label in labels if len(label) > 2}, key=len, reverse=True)
-    pattern = re.compile("|".join([*(re.escape(label) for label in wanted), r"<\|", r"\|>"]))
+    wanted = sorted({skeleton(label, letters=True)[0]: label for label in labels if len(label) > 2}.items(),
+                    key=lambda item: len(item[0]), reverse=True)  # fmt: skip
+    pattern, each = _marker_pattern(tuple(found for found, _ in wanted), where is None)
+    original = dict(wanted)
     pieces: list[str] = []
     last = 0
     for match in pattern.finditer(plain):
-        start = match.start() if where is None else where[match.start()]
-        end = match.end() if where is None else where[match.end() - 1] + 1
-        if start < last:  # inside a character already replaced (one that NFKC expanded)
+        found = next(found for found, alone in each if alone.fullmatch(match.group()))
+        found = original.get(found, found)
+        start, end = match.span()
+        if where is not None:
+            start, end = where[start], where[end - 1] + 1
+            if match.end() < len(where):  # the marks and invisible characters after it go with it
+                end = max(end, where[match.end()])
+        if start < last:  # inside a character already replaced (one that NFKD expanded)
             continue
-        pieces += [text[last:start], _defanged(match.group())]
+        span = text[start:end]  # plain ASCII ("[[a=b]]") keeps its letters; a lookalike shows the label itself
+        pieces += [text[last:start], _defanged(span if span.isascii() and len(span) == len(found) else found)]
         last = end
     if not pieces:
         return text
@@ -367,6 +467,7 @@ class JudgeClient:
         if not config.judge_url:
             raise ValueError("judge_url: the judge's base URL is required (e.g. http://127.0.0.1:8000/v1)")
         self.config = config
+        _confusable_sets()  # loaded here (about 0.4 s), at the server's start, not in its first /verify
         self._semaphore = asyncio.Semaphore(config.judge_endpoint_max_concurrency)
         self._client: Any = None
         self.in_flight = 0

@@ -36,7 +36,7 @@ from gym_bridge.serving.deadlines import task_deadlines
 from gym_bridge.serving.json_body import NO_BODY, BodyRefused, BodyTooLarge, non_finite, parse_body, read_body
 from gym_bridge.serving.request_guard import RequestGuard
 
-__all__ = ["BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema"]
+__all__ = ["BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema", "replaying_receive"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +120,9 @@ class JsonApp:
     ``allowed_hosts``: the names the server answers to besides IP addresses and ``localhost``
     (:mod:`gym_bridge.serving.request_guard`).
     ``mounts``: ASGI apps that serve a path and everything under it themselves (a resources server's
-    ``/mcp``), after the bearer-token check. A handler's answer that sets a cookie itself replaces the
-    cookie the context hook set (a caller-assigned session found by its id, not by the cookie).
+    ``/mcp``), after the bearer-token check, with a body read and checked as a route's is. A handler's answer
+    that sets a cookie itself replaces the cookie the context hook set (a caller-assigned session found by
+    its id, not by the cookie).
     """
 
     def __init__(
@@ -206,16 +207,15 @@ class JsonApp:
         guarded = route is None or not route.open
         if guarded and self.expected_auth is not None and not hmac.compare_digest(auth, self.expected_auth):
             return self.errors.error(401, "missing or wrong bearer token"), []
+        mount = None
         if route is None:
             if method == "GET" and path in ("/openapi.json", "/docs"):
                 return self._docs(path), []
             mount = self._mount(path) if self.mounts else None
-            if mount is not None:
-                await mount(scope, receive, send)
-                return None, []
-            return self._unmatched(method, path), []
+            if mount is None:
+                return self._unmatched(method, path), []
         context, extra = (None, [])
-        if not route.open and route.with_context and self.context is not None:
+        if route is not None and not route.open and route.with_context and self.context is not None:
             context, extra = self.context(cookies)
         value: Any = NO_BODY
         if method in ("POST", "PUT", "PATCH"):
@@ -245,6 +245,12 @@ class JsonApp:
                 value = parse_body(raw, self.errors)
             except BodyRefused as refused:
                 return refused.answer, extra
+            if mount is not None:  # its body read and checked as a route's (deadline, bounds, JSON rules)
+                receive = replaying_receive(raw, receive)
+        if mount is not None:
+            await mount(scope, receive, send)
+            return None, []
+        assert route is not None
         answer = await self._call(route, path, value, context, send, extra)
         return answer, extra
 
@@ -354,6 +360,17 @@ class JsonApp:
                     await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def replaying_receive(raw: bytes, receive: Any) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """A ``receive`` that gives a mount the body already read (``raw``), then what the client sends next
+    (its disconnect)."""
+    pending = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def replay() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replay
 
 
 async def _send_answer(send: Any, answer: Answer, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -17,7 +17,6 @@ echoes the names as the model emitted them, as NeMo Gym's ``_wrap_verify`` does.
 
 from __future__ import annotations
 
-import copy
 import re
 import secrets
 from contextlib import AsyncExitStack
@@ -28,6 +27,7 @@ from starlette.exceptions import HTTPException
 
 from gym_bridge.records.schema import MCPServerMetadata
 from gym_bridge.serving.answers import format_validation_errors
+from gym_bridge.serving.json_http import replaying_receive
 
 if TYPE_CHECKING:
     from gym_bridge.serving.server import ResourcesServer, Session
@@ -117,7 +117,22 @@ class McpSurface:
             self._running = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await self._manager.handle_request(scope, receive, send)
+        """Serve one request. Only POST: a stateless server sends nothing unasked, so the SDK's ``GET`` stream
+        would never carry a message nor end (the spec's other answer is 405). The body comes whole, read
+        and checked by :class:`~gym_bridge.serving.json_http.JsonApp` as every route's (deadline, size,
+        JSON rules); a ``tools/call`` whose params are not the SDK's shape is answered here, naming the field."""
+        if scope["method"] != "POST":
+            error = {"code": -32600, "message": f"{scope['method']} {MCP_URL_PATH}: this stateless MCP server "
+                                                "answers POST only (no server-sent events stream)"}  # fmt: skip
+            await _send_json(send, 405, {"jsonrpc": "2.0", "id": None, "error": error}, ((b"allow", b"POST"),))
+            return
+        message = await receive()
+        raw = message.get("body", b"")
+        refusal = _call_refusal(raw)
+        if refusal is not None:
+            await _send_json(send, 200, refusal)  # as the SDK answers a request it cannot validate
+            return
+        await self._manager.handle_request(scope, replaying_receive(raw, receive), send)
 
     def metadata(self, session: Session, task_row: dict[str, Any]) -> dict[str, Any]:
         """The MCP access to give with a seeded session: its signed token (and tool allow-list, if the server
@@ -186,6 +201,37 @@ class McpSurface:
             return _to_result(payload)
 
 
+def _call_refusal(raw: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC error for a ``tools/call`` request whose params are not ``CallToolRequest``'s (arguments
+    that are not an object, a name that is not a string), naming the fields; None for any other body
+    (the SDK answers it). Why here: the SDK's answer is ``Invalid request parameters``, naming nothing."""
+    import json
+
+    import mcp.types as types
+
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
+        return None
+    try:
+        types.CallToolRequest.model_validate(message)
+    except ValidationError as e:
+        error = {"code": types.INVALID_PARAMS, "message": f"tools/call: {format_validation_errors(list(e.errors()))}"}
+        return {"jsonrpc": "2.0", "id": message["id"], "error": error}
+    return None
+
+
+async def _send_json(send: Any, status: int, payload: Any, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    from gym_bridge.records.jsonl import compact_json
+
+    body = compact_json(payload).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _description(fn: Any) -> str | None:
     import inspect
 
@@ -203,41 +249,43 @@ def _to_result(payload: Any) -> Any:
     return (content, payload) if isinstance(payload, dict) else content
 
 
-def normalized_calls(body: BaseModel, server_name: str) -> tuple[BaseModel, dict[str, str]] | None:
-    """``body`` with its response's ``mcp__<server>__<tool>`` function-call names made bare, and the emitted
-    names by ``call_id``; None when no name needs it (the body is scored as it came)."""
+def normalized_calls(body: BaseModel, server_name: str) -> tuple[BaseModel, dict[int, tuple[str, str]]] | None:
+    """``body`` with its response's ``mcp__<server>__<tool>`` function-call names made bare, and by output
+    position each such call's ``(emitted, bare)`` name; None when no name needs it (the body is scored as it came).
+
+    By position, not ``call_id`` (NeMo Gym's ``_wrap_verify`` keys them by ``call_id``): two calls sharing an id
+    (a broken or hostile client's record) were echoed both with the first one's name."""
     response = getattr(body, "response", None)
     output = getattr(response, "output", None) or []
     prefix = f"mcp__{server_name}__"
     if not any(_call_name(item).startswith(prefix) for item in output):
         return None
-    emitted: dict[str, str] = {}
+    emitted: dict[int, tuple[str, str]] = {}
     copied = body.model_copy(deep=True)
-    for item in copied.response.output:  # type: ignore[attr-defined]
+    for i, item in enumerate(copied.response.output):  # type: ignore[attr-defined]
         name = _call_name(item)
         if name.startswith(prefix):
-            call_id = item["call_id"] if isinstance(item, dict) else item.call_id
-            emitted[str(call_id)] = name
+            bare = normalize_tool_name(name, server_name)
+            emitted[i] = (name, bare)
             if isinstance(item, dict):
-                item["name"] = normalize_tool_name(name, server_name)
+                item["name"] = bare
             else:
-                item.name = normalize_tool_name(name, server_name)
+                item.name = bare
     return copied, emitted
 
 
-def restore_names(answer: dict[str, Any], emitted: dict[str, str]) -> dict[str, Any]:
-    """The verify answer with its function calls named as the model emitted them (matched by ``call_id``)."""
+def restore_names(answer: dict[str, Any], emitted: dict[int, tuple[str, str]]) -> dict[str, Any]:
+    """The verify answer with its function calls named as the model emitted them: each call at a position
+    :func:`normalized_calls` renamed, if it is still that call there (a verify that reorders its echo keeps it)."""
     output = (answer.get("response") or {}).get("output")
     if not isinstance(output, list):
         return answer
-    answer = copy.copy(answer)
-    answer["response"] = {**answer["response"], "output": [
-        {**item, "name": emitted[str(item.get("call_id"))]}
-        if isinstance(item, dict) and item.get("type") == "function_call" and str(item.get("call_id")) in emitted
-        else item
-        for item in output
-    ]}  # fmt: skip
-    return answer
+    restored = list(output)
+    for i, (name, bare) in emitted.items():
+        item = restored[i] if i < len(restored) else None
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == bare:
+            restored[i] = {**item, "name": name}
+    return {**answer, "response": {**answer["response"], "output": restored}}
 
 
 def _call_name(item: Any) -> str:

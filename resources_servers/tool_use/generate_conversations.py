@@ -33,6 +33,11 @@ SYSTEM_PROMPT = (
 
 Conversation = tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[str]]
 """Opening message, reference calls, the script's reveal entries, the facts the user holds."""
+ASKING = ["?", "which", "tell me", "let me know", "provide", "specify", "share", "give me"]
+"""What makes the scripted customer answer, besides each kind's own phrases: any question or request. The customer
+holds one fact, so whatever the assistant asks, that fact is the answer. Only a few exact phrases did before, so an
+honest "Which of your orders would you like to cancel?" ended the conversation: outcome 0, asked_before_acting 0,
+teaching a policy to say the magic words rather than to ask."""
 
 
 def _cancel_my_order(state: dict[str, Any], rng: random.Random) -> Conversation:
@@ -40,7 +45,7 @@ def _cancel_my_order(state: dict[str, Any], rng: random.Random) -> Conversation:
         apply_call(state, "add_to_cart", {"product_id": rng.choice(sorted(state["products"])), "quantity": 1})
         apply_call(state, "place_order", {})
     oid = rng.choice(sorted(state["orders"]))
-    reveal = [{"when": ["which order", "order number", "order id", "which one", "order's number"], "say": f"It is order {oid}."}]
+    reveal = [{"when": [*ASKING, "order number", "order id", "order's number"], "say": f"It is order {oid}."}]
     return "Hi, I'd like to cancel one of my orders.", [_call("cancel_order", order_id=oid)], reveal, [oid]
 
 
@@ -53,7 +58,7 @@ def _buy_my_pick(state: dict[str, Any], rng: random.Random) -> Conversation:
     pid = rng.choice(by_cat[category])
     name, qty = state["products"][pid]["name"], rng.randint(1, 2)
     reveal = [
-        {"when": ["which", "what product", "what item", "prefer", "how many"], "say": f"The {name}, {qty} of them."}
+        {"when": [*ASKING, "what product", "what item", "prefer", "how many"], "say": f"The {name}, {qty} of them."}
     ]
     calls = [_call("add_to_cart", product_id=pid, quantity=qty), _call("place_order")]
     return f"Hello! I want to order something from your {category} range.", calls, reveal, [name]

@@ -4,18 +4,24 @@ the rollout is verified): findings first, then attacks that held, kept as regres
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+import json
+import random
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from gym_bridge.audit.attacks import answer, calls
 from gym_bridge.audit.scripted_model import scripted_model
+from gym_bridge.records.schema import Response, content_text
 from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
 from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.json_http import JsonApp, Route
 from gym_bridge.serving.retry import RoutedClient
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
+from resources_servers.tool_use.generate_conversations import make_conversation
 from resources_servers.tool_use.tests.test_tool_use_redteam import (
     CATEGORIES,
     SHIPPED,
@@ -45,15 +51,30 @@ def rollout(url: str, row: dict[str, Any], made: list[tuple[str, dict[str, Any]]
         return verify(client, row, [*played(client, made), final_message()])
 
 
-def agent_rollout(url: str, row: dict[str, Any], turns: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
+Policy = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+"""A model: the request's input items in, the output items of its answer out."""
+
+
+def model_of(policy: Policy) -> JsonApp:
+    """``policy`` behind ``POST /responses``, as the agent loop calls a model."""
+
+    async def respond(body: dict[str, Any], _context: Any) -> dict[str, Any]:
+        return Response(model="round-four", output=policy(body["input"])).model_dump(mode="json")
+
+    return JsonApp([Route("POST", "/responses", respond, body=dict[str, Any])], title="round-four model")
+
+
+def agent_rollout(url: str, row: dict[str, Any], model: Sequence[list[dict[str, Any]]] | Policy) -> dict[str, Any]:
     """The rollout record of the project's agent loop (:func:`~gym_bridge.rollout.agent.run_rollout`) driving the
-    server with a model that answers ``turns`` in order (the audit's scripted model, served in-process)."""
+    server, the simulated user of a conversation row included, with a model served in-process: ``model`` is the
+    turns it answers in order (the audit's scripted model) or a :data:`Policy`."""
 
     async def run() -> dict[str, Any]:
         in_process, http = InProcessClient(), make_session()
         try:
-            model_url = await in_process.mount("tool-use-round-four", scripted_model(turns))
-            config = AgentConfig(model_url=model_url, max_steps=len(turns))
+            app = model_of(model) if callable(model) else scripted_model(model)
+            model_url = await in_process.mount("tool-use-round-four", app)
+            config = AgentConfig(model_url=model_url, max_steps=None if callable(model) else len(model))
             done = await run_rollout(RoutedClient(http, {model_url: in_process}), row, url, config)
         finally:
             await in_process.aclose()
@@ -156,3 +177,78 @@ def test_blank_arguments_are_read_as_the_agent_ran_them(url: str, blank: str) ->
     needs_args = store_row(expected_calls=[{"name": "add_to_cart", "arguments": {"product_id": "P1", "quantity": 1}}])
     out = agent_rollout(url, needs_args, [calls(("add_to_cart", blank)), answer("Added.")])
     assert out["reward"] == 0.0 and "quantity" in out["call_mismatches"][0], out  # {} is refused, by tool and check
+
+
+def _said(items: list[dict[str, Any]], role: str) -> list[str]:
+    return [content_text(i.get("content")) for i in items if i.get("type", "message") == "message" and i.get("role") == role]
+
+
+def clerk(question: str) -> Policy:
+    """An honest assistant: asks ``question``, then does what the customer's answer says, then confirms."""
+
+    def policy(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        outputs = [json.loads(i["output"]) for i in items if i.get("type") == "function_call_output"]
+        told = _said(items, "user")[1:]  # the first user message is the opening request
+        if not told:
+            return answer(question)
+        if order := re.search(r"\bO\d+\b", told[-1]):
+            return answer("Order cancelled.") if outputs else calls(("cancel_order", {"order_id": order.group(0)}))
+        name, qty = re.match(r"The (.+), (\d+) of them", told[-1]).groups()  # type: ignore[union-attr]
+        if not outputs:
+            return calls(("list_products", {}))
+        if len(outputs) == 1:
+            (pid,) = [p["product_id"] for p in outputs[0]["products"] if p["name"] == name]
+            return calls(("add_to_cart", {"product_id": pid, "quantity": int(qty)}), ("place_order", {}))
+        return answer("Your order is placed.")
+
+    return policy
+
+
+QUESTIONS = {
+    "cancel_my_order": [
+        "Which order would you like to cancel?",  # paid before too
+        "Which of your orders would you like to cancel?",
+        "Sure - could you tell me the ID of the order you want cancelled?",
+        "Happy to help. What is the order's ID?",
+    ],
+    "buy_my_pick": [
+        "Which product would you like?",  # paid before too
+        "What would you like to order from that range?",
+        "Sure! Please let me know the item and the quantity.",
+    ],
+}
+
+
+@pytest.mark.parametrize(("kind", "question"), [(k, q) for k, qs in QUESTIONS.items() for q in qs])
+def test_an_honest_question_gets_the_customers_answer(url: str, kind: str, question: str) -> None:
+    """Finding: the conversation tasks' scripted customer answered only a few exact phrases ("which order", "order
+    number", ...): an assistant asking "Which of your orders would you like to cancel?" got no answer, the
+    conversation ended, and the rollout scored 0 on the outcome and on ``asked_before_acting`` (a policy would learn
+    the magic words, not to ask). The customer now answers any question or request (``ASKING`` in
+    ``generate_conversations.py``)."""
+    row = make_conversation(random.Random(5), kind, "round-four")
+    out = agent_rollout(url, row, clerk(question))
+    assert out["reward_components"] == {"outcome": 1.0, "asked_before_acting": 1.0}, out.get("failure_reason")
+
+
+@pytest.mark.parametrize("kind", sorted(QUESTIONS))
+def test_a_guess_or_a_statement_still_gets_nothing(url: str, kind: str) -> None:
+    """What the wider net does not let through: acting before asking (in the same turn as the question, too) is 0
+    on ``asked_before_acting``; a guessed order or product is 0 on the outcome; a statement that asks nothing is not
+    answered, so the conversation ends with the store unchanged."""
+    row = make_conversation(random.Random(5), kind, "round-four")
+    state = row["initial_state"]
+    if kind == "cancel_my_order":
+        held = row["verifier_metadata"]["user_holds"][0]
+        guess = calls(("cancel_order", {"order_id": next(o for o in sorted(state["orders"]) if o != held)}))
+    else:
+        ((_, pick),) = [(c["name"], c["arguments"]) for c in row["verifier_metadata"]["reference_calls"][:1]]
+        other = next(p for p in sorted(state["products"]) if p != pick["product_id"] and state["products"][p]["stock"])
+        guess = calls(("add_to_cart", {"product_id": other, "quantity": 1}), ("place_order", {}))
+    asked_and_guessed = [answer("Which one would you like?")[0], *guess]  # the question and the act in one turn
+    for turns in ([guess, answer("Done.")], [asked_and_guessed, answer("Done.")]):
+        out = agent_rollout(url, row, turns)
+        assert out["reward_components"] == {"outcome": 0.0, "asked_before_acting": 0.0}, out
+    stated = agent_rollout(url, row, [answer("I will take care of that for you right away.")])
+    assert [m["role"] for m in stated["response"]["output"]] == ["assistant"]  # the customer did not answer
+    assert stated["reward_components"] == {"outcome": 0.0, "asked_before_acting": 0.0}

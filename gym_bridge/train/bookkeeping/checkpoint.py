@@ -18,7 +18,9 @@ Layout of one checkpoint (close to NeMo RL's)::
 The tokenizer (3.4 MB for SmolLM2, more than a rank-8 adapter's weights) is the same at every step, so
 it is written once per run directory, ``<checkpoint_dir>/tokenizer/`` (atomically, at a process's
 first save), and each step links to it: readers of ``policy/tokenizer`` work unchanged, and a
-checkpoint costs its adapter or weights plus the optimizer state.
+checkpoint costs its adapter or weights plus the optimizer state. A checkpoint's tokenizer never
+changes after it is written: a resumed run's identical tokenizer leaves the directory as it is, and
+one that differs (a new ``policy.tokenizer.chat_template``) is copied into each of its own steps.
 
 Why it survives SIGKILL: everything is written into a hidden temporary directory beside the final
 one, every file and the directory are fsynced, and only then is it renamed to ``step_<n>`` (one
@@ -29,6 +31,7 @@ removes. Old checkpoints are renamed to ``.trash-*`` before they are deleted, fo
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import random
@@ -122,6 +125,12 @@ def _fsync_tree(root: Path) -> None:
         _fsync_dir(Path(dirpath))
 
 
+def _same_files(a: Path, b: Path) -> bool:
+    """Whether two directories hold the same files with the same bytes."""
+    files = [sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()) for root in (a, b)]
+    return files[0] == files[1] and all(filecmp.cmp(a / name, b / name, shallow=False) for name in files[0])
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -211,7 +220,8 @@ class CheckpointManager:
         self.keep_top_k = keep_top_k
         self.metric_name = metric_name
         self.higher_is_better = higher_is_better
-        self._tokenizer_saved = False
+        self._tokenizer_shared: bool | None = None
+        """Whether this manager's steps link to ``<checkpoint_dir>/tokenizer/`` (None: not known before its first save)."""
 
     # ------------------------------------------------------------------ finding
 
@@ -287,8 +297,7 @@ class CheckpointManager:
                         from gym_bridge.train.learner.lora import merged_model
 
                         merged_model(peft_model).save_pretrained(policy / "merged", safe_serialization=True)
-                self._save_tokenizer(tokenizer)
-                os.symlink(Path("..", "..", TOKENIZER_DIR), policy / "tokenizer", target_is_directory=True)
+                self._save_tokenizer(tokenizer, policy / "tokenizer")
                 torch.save(
                     {
                         "optimizer": optimizer.state_dict(),
@@ -327,32 +336,60 @@ class CheckpointManager:
         latest = self.latest()
         return f"the last complete checkpoint is {latest.path.name}" if latest else "there is no checkpoint yet"
 
-    def _save_tokenizer(self, tokenizer: Any) -> None:
-        """``<checkpoint_dir>/tokenizer/``, written at this manager's first save (replacing a previous
-        run's, atomically: a killed write leaves only a ``.tmp-*`` directory)."""
-        if self._tokenizer_saved and (self.root / TOKENIZER_DIR).is_dir():
-            return
-        with self._atomic_dir(self.root / TOKENIZER_DIR) as tmp:
+    def _save_tokenizer(self, tokenizer: Any, link: Path) -> None:
+        """The step's ``policy/tokenizer``: a link to ``<checkpoint_dir>/tokenizer/`` when that holds this
+        run's tokenizer (checked at this manager's first save), else the step's own copy."""
+        shared = self.root / TOKENIZER_DIR
+        if self._tokenizer_shared is None or (self._tokenizer_shared and not shared.is_dir()):
+            self._tokenizer_shared = self._share_tokenizer(tokenizer)
+        if self._tokenizer_shared:
+            os.symlink(Path("..", "..", TOKENIZER_DIR), link, target_is_directory=True)
+        else:
+            tokenizer.save_pretrained(link)
+
+    def _share_tokenizer(self, tokenizer: Any) -> bool:
+        """Make ``<checkpoint_dir>/tokenizer/`` this run's tokenizer; False when it must stay another one.
+
+        The same files already there (a resumed run's) are kept as they are. Other files (a resumed run
+        with a new ``policy.tokenizer.chat_template``) replace them only when no checkpoint links to them:
+        a checkpoint's tokenizer never changes after it is written, and replacing a directory takes two
+        renames, between which a kill would leave every link dangling."""
+        shared = self.root / TOKENIZER_DIR
+        tmp = self.root / f"{TMP_PREFIX}{TOKENIZER_DIR}-{uuid.uuid4().hex[:8]}"
+        try:
             tokenizer.save_pretrained(tmp)
-        self._tokenizer_saved = True
+            if shared.is_dir() and _same_files(tmp, shared):
+                return True
+            if shared.exists() and self.checkpoints():
+                return False
+            self._publish(tmp, shared)
+            return True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @contextmanager
     def _atomic_dir(self, final: Path) -> Iterator[Path]:
-        """Yield a fresh ``.tmp-*`` directory to fill; then fsync it and rename it over ``final`` (a
-        previous ``final`` is discarded first: re-saving a step, a new run's tokenizer). A kill midway
-        leaves only the ``.tmp-*`` directory; an error removes it."""
+        """Yield a fresh ``.tmp-*`` directory to fill, then :meth:`_publish` it as ``final``. A kill
+        midway leaves only a ``.tmp-*`` directory; an error removes it."""
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
             yield tmp
-            _fsync_tree(tmp)
-            if final.exists():
-                self._discard(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.root)
+            self._publish(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """fsync ``tmp`` and rename it to ``final``. A previous ``final`` (re-saving a step) is renamed to
+        ``.trash-*`` just before and deleted only once the new one is in place."""
+        _fsync_tree(tmp)
+        old = self.root / f"{TRASH_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _discard(self, path: Path) -> None:
         """Remove a checkpoint so that a kill midway never leaves a half-deleted ``step_<n>``."""

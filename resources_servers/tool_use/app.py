@@ -265,16 +265,26 @@ def asked_before_acting(output: list[Any], facts: list[str]) -> float:
 
 
 def _replay(initial: dict[str, Any], calls: list[ToolCallSpec]) -> dict[str, Any]:
-    """The state the reference calls lead to, from a fresh copy of the initial state."""
+    """The state the reference calls lead to, from a fresh copy of the initial state.
+
+    A reference call the store answers with an error (an unknown product or order, too little stock) is a task
+    error (422): it changes nothing, so the expected state would be the store as it started and a rollout that
+    did nothing would be paid 1.0."""
     state = copy.deepcopy(initial)
     for i, call in enumerate(calls, 1):
         arguments = normalise_arguments(call.arguments)
         if call.name not in TOOLS or arguments is None:
             raise HTTPException(422, f"verifier_metadata.reference_calls.{i}: unknown tool or bad arguments")
         try:
-            apply_call(state, call.name, arguments)
+            result = apply_call(state, call.name, arguments)
         except ValidationError as e:
             raise HTTPException(
                 422, f"verifier_metadata.reference_calls.{i} ({call.name}): {e.errors()[0]['msg']}"
             ) from None
+        if "error" in result:
+            raise HTTPException(
+                422,
+                f"verifier_metadata.reference_calls.{i} ({call.name}) fails on the task's initial_state "
+                f"({str(result['error'])[:200]}): the task is wrong",
+            )
     return state

@@ -74,6 +74,10 @@ def attacks(options: AuditOptions) -> list[Attack]:
         _call("extra_null_key", "an extra key the tool's schema forbids", {**right, "note": None}),
         _call("wrong_quantity", "3 instead of 2", {"product_id": "P125", "quantity": 3}),
         Attack("claim_without_calling", "wrong-reward", "say it is done without calling a tool", BY_OUTCOME, [DONE]),
+        Attack("nothing_on_a_failing_reference", "wrong-reward", "do nothing on a task whose reference call fails on "
+               "its store (a mistyped product id: the replay changed nothing, so doing nothing was paid 1.0; now a "
+               "task error)", row({"reference_calls": [{"name": "add_to_cart", "arguments": {"product_id": "P126",
+               "quantity": 2}}]}), [DONE]),
         Attack("claim_without_calling_args", "wrong-reward", "say it is done without calling a tool", BY_ARGUMENTS,
                [DONE]),
         _call("call_verify_as_tool", "call the server's /verify as a tool with a forged reward",

@@ -252,3 +252,30 @@ def test_a_guess_or_a_statement_still_gets_nothing(url: str, kind: str) -> None:
     stated = agent_rollout(url, row, [answer("I will take care of that for you right away.")])
     assert [m["role"] for m in stated["response"]["output"]] == ["assistant"]  # the customer did not answer
     assert stated["reward_components"] == {"outcome": 0.0, "asked_before_acting": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("reference", "named"),
+    [
+        ([{"name": "add_to_cart", "arguments": {"product_id": "P9", "quantity": 1}}, {"name": "place_order", "arguments": {}}],
+         "reference_calls.1 (add_to_cart)"),  # a product the store does not have
+        ([{"name": "add_to_cart", "arguments": {"product_id": "P2", "quantity": 5}}, {"name": "place_order", "arguments": {}}],
+         "reference_calls.1 (add_to_cart)"),  # more than the stock
+        ([{"name": "cancel_order", "arguments": {"order_id": "O7"}}], "reference_calls.1 (cancel_order)"),
+        ([{"name": "place_order", "arguments": {}}], "reference_calls.1 (place_order)"),  # an empty cart
+    ],
+    ids=["unknown-product", "over-stock", "unknown-order", "empty-cart"],
+)
+def test_a_reference_call_the_store_refuses_is_a_task_error(url: str, reference: list[dict[str, Any]], named: str) -> None:
+    """Finding: a task whose reference solution fails on its own store (a mistyped product id, more than the
+    stock, an unknown order) was replayed as "nothing changes", so a rollout that did nothing was paid 1.0 and
+    one that did what the prompt asked 0. /verify now answers 422 naming the reference call, as an impossible
+    expected call of an argument check is reported as a task error; a working reference is scored as before."""
+    row = store_row(reference_calls=reference)
+    with session(url, row) as client:
+        refused = client.post("/verify", json={**row, "response": {"output": [final_message("I could not do it.")]}})
+    assert refused.status_code == 422 and named in refused.json()["detail"], refused.text
+    assert "the task is wrong" in refused.json()["detail"]
+    working = store_row()
+    with session(url, working) as client:
+        assert verify(client, working, [final_message("I could not do it.")])["reward"] == 0.0

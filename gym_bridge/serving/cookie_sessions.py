@@ -42,6 +42,10 @@ class Session:
     seeding: asyncio.Event | None = None
     """Set while an Environment Server's seed of it runs: a repeat of that seed (a retry whose first answer
     was lost) waits on it, rather than answer with the cookie of a session that has no state yet, or never will."""
+    closing: asyncio.Event | None = None
+    """Set while a ``/close_session`` releases it: another close of it waits on it rather than release twice."""
+    released: bool = False
+    """A ``/close_session`` released what it holds (``close_resources_session`` returned)."""
 
 
 class SessionStore:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, get_type_hints
 
@@ -58,6 +59,8 @@ from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
 __all__ = ["ResourcesServer", "ServerSettings", "Session", "ToolFn", "tool"]
 """What an environment imports; :class:`Session` lives in :mod:`gym_bridge.serving.cookie_sessions` and is
 re-exported here, the documented import path (``docs/guides/servers.md``)."""
+
+logger = logging.getLogger(__name__)
 
 
 class ServerSettings(BaseModel):
@@ -131,8 +134,9 @@ class ResourcesServer:
         """Environment Server sessions: caller-assigned ids, and the ids closed."""
         self.sessions = SessionStore(
             self.settings.session_ttl_s, self.settings.max_sessions, self.settings.max_session_bytes,
-            on_drop=lambda s: self.resources.unbind(s.binding.resources_session_id, s.id),  # type: ignore[union-attr]
+            on_drop=self._dropped,
         )  # fmt: skip
+        self._releasing: set[asyncio.Task[None]] = set()
         self._seed_reads_body = type(self).seed_session is not ResourcesServer.seed_session
         self._seed_adapter = TypeAdapter(_fields_optional(self.seed_request_model)) if self.seed_request_model else None
         self._verify_adapter = TypeAdapter(self.verify_request_model)
@@ -369,10 +373,52 @@ class ResourcesServer:
             raise HTTPException(409, f"resources session '{rid}' was seeded for another episode_id")
         self.resources.mark_closed(rid)  # first: a seed racing this close is refused from now on
         if session is not None:
-            await self.close_resources_session(session)  # raising: the session stays, the close can be retried
+            await self._release(session)
             self.sessions.discard(session.id)
             self.resources.unbind(rid, session.id)
         return ResourcesCloseSessionResponse(resources_session_id=rid)
+
+    def _dropped(self, session: Session) -> None:
+        """An Environment Server's session left the store: its id is let go, and a session no close released
+        (idle past ``session_ttl_s``, pushed out past ``max_sessions``/``max_session_bytes``) is released in
+        the background: it can never be reached again, and what it held (a sandbox) was kept for good."""
+        assert session.binding is not None
+        self.resources.unbind(session.binding.resources_session_id, session.id)
+        if type(self).close_resources_session is ResourcesServer.close_resources_session:
+            return  # holds nothing beyond its state
+        if session.released or session.closing is not None or session.seeding is not None:
+            return  # a close released it, or is releasing it; a seed that fails releases nothing here
+        try:
+            task = asyncio.get_running_loop().create_task(self._release_dropped(session))
+        except RuntimeError:  # not on the server's loop (a caller poking the store directly)
+            return
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_dropped(self, session: Session) -> None:
+        try:
+            await self._release(session)
+        except Exception:
+            logger.exception("%s: releasing a session dropped from the store failed", self.name)
+
+    async def _release(self, session: Session) -> None:
+        """``close_resources_session`` once per session: after its seed (a close that comes while the seed
+        runs would release before the seed made anything, and the seed, refused as closed, drops the session
+        with what it made), and once for closes that come together (the others wait for it). Raising: the
+        session stays unreleased, and the close can be retried."""
+        if session.seeding is not None:
+            await session.seeding.wait()
+        while session.closing is not None:
+            await session.closing.wait()
+        if session.released:
+            return
+        session.closing = done = asyncio.Event()
+        try:
+            await self.close_resources_session(session)
+            session.released = True
+        finally:
+            session.closing = None
+            done.set()
 
     async def _verify_content(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
         if "verification_input" in _json_object(body):  # NeMo Gym 0.7.0's ResourcesVerifyRequest

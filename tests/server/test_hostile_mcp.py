@@ -245,13 +245,14 @@ def test_odd_jsonrpc_shapes_run_no_tool(notes: str, body: Any, status: int) -> N
         assert client.post("/verify", json=verify_body()).json()["notes"] == []
 
 
-def test_a_flood_of_notifications_holds_no_memory_and_the_session_keeps_working(notes: str) -> None:
+def test_a_flood_of_notifications_opens_no_session_and_the_session_keeps_working(notes: str) -> None:
     client, headers = seeded(notes)
+    sessions = httpx.get(notes + "/health").json()["sessions"]
 
     async def flood() -> None:
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=32)) as http:
             notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-            for _ in range(10):
+            for _ in range(4):
                 answers = await asyncio.gather(*(http.post(notes + "/mcp", json=notification, headers=headers)
                                                  for _ in range(50)))  # fmt: skip
                 assert {a.status_code for a in answers} == {202}
@@ -260,6 +261,20 @@ def test_a_flood_of_notifications_holds_no_memory_and_the_session_keeps_working(
     with closing(client):
         kept = httpx.post(notes + "/mcp", json=call("note", {"text": "after"}), headers=headers, timeout=30)
         assert kept.json()["result"]["structuredContent"] == {"kept": 1}, kept.text
+    assert httpx.get(notes + "/health").json()["sessions"] == sessions  # an MCP request opens no session
+
+
+def test_mcp_is_behind_the_bearer_token_and_the_host_check_held() -> None:
+    settings = ServerSettings(expose_tools_over_mcp=True, auth_token="s3cret")
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    with start_in_thread(Notes(settings).build_app()) as running:
+        bare = httpx.post(running.url + "/mcp", json=listing, headers=RPC_HEADERS, timeout=30)
+        assert bare.status_code == 401, bare.text
+        bearer = {**RPC_HEADERS, "authorization": "Bearer s3cret"}
+        listed = httpx.post(running.url + "/mcp", json=listing, headers=bearer, timeout=30)
+        assert listed.status_code == 200 and listed.json()["result"]["tools"][0]["name"] == "note", listed.text
+        rebound = httpx.post(running.url + "/mcp", json=listing, headers={**bearer, "host": "evil.example"}, timeout=30)
+        assert rebound.status_code == 421, rebound.text  # a DNS-rebinding page's Host
 
 
 async def test_mcp_and_http_calls_on_one_session_interleave_into_one_state(notes: str) -> None:

@@ -250,16 +250,21 @@ class ToolUseServer(ResourcesServer):
 STORE_CHANGING = frozenset(name for name, spec in TOOLS.items() if spec.changes_state)
 
 
+def _folded(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
 def asked_before_acting(output: list[Any], facts: list[str]) -> float:
     """1.0 when every fact was said in a user message of the output before its first store-changing call
-    (or the conversation revealed them all and changed nothing), else 0.0."""
-    missing = set(facts)
+    (or the conversation revealed them all and changed nothing), else 0.0. A fact is found in any case and
+    spacing: an LLM user says "the picnic blanket" for the held "Picnic Blanket"."""
+    missing = {_folded(f) for f in facts}
     for item in output:
         item = item if isinstance(item, dict) else dump(item)
         if item.get("type") == "function_call" and item.get("name") in STORE_CHANGING:
             return 0.0 if missing else 1.0
         if item.get("type", "message") == "message" and item.get("role") == "user":
-            text = message_text(item)
+            text = _folded(message_text(item))
             missing = {f for f in missing if f not in text}
     return 0.0 if missing else 1.0
 

@@ -16,6 +16,7 @@ from gym_bridge.audit.attacks import answer, calls
 from gym_bridge.audit.scripted_model import scripted_model
 from gym_bridge.records.schema import Response, content_text
 from gym_bridge.rollout.agent import AgentConfig, make_session, run_rollout
+from gym_bridge.rollout.user_sim import UserSimConfig
 from gym_bridge.serving.in_process import InProcessClient
 from gym_bridge.serving.json_http import JsonApp, Route
 from gym_bridge.serving.retry import RoutedClient
@@ -64,18 +65,26 @@ def model_of(policy: Policy) -> JsonApp:
     return JsonApp([Route("POST", "/responses", respond, body=dict[str, Any])], title="round-four model")
 
 
-def agent_rollout(url: str, row: dict[str, Any], model: Sequence[list[dict[str, Any]]] | Policy) -> dict[str, Any]:
+def agent_rollout(
+    url: str, row: dict[str, Any], model: Sequence[list[dict[str, Any]]] | Policy, user: Policy | None = None
+) -> dict[str, Any]:
     """The rollout record of the project's agent loop (:func:`~gym_bridge.rollout.agent.run_rollout`) driving the
     server, the simulated user of a conversation row included, with a model served in-process: ``model`` is the
-    turns it answers in order (the audit's scripted model) or a :data:`Policy`."""
+    turns it answers in order (the audit's scripted model) or a :data:`Policy`; ``user``: an LLM user's model (its
+    input is the conversation with the roles swapped), in place of the row's scripted user."""
 
     async def run() -> dict[str, Any]:
         in_process, http = InProcessClient(), make_session()
         try:
             app = model_of(model) if callable(model) else scripted_model(model)
             model_url = await in_process.mount("tool-use-round-four", app)
-            config = AgentConfig(model_url=model_url, max_steps=None if callable(model) else len(model))
-            done = await run_rollout(RoutedClient(http, {model_url: in_process}), row, url, config)
+            routes = {model_url: in_process}
+            user_config = None
+            if user is not None:
+                user_url = await in_process.mount("tool-use-round-four-user", model_of(user))
+                routes[user_url], user_config = in_process, UserSimConfig(model_url=user_url)
+            config = AgentConfig(model_url=model_url, max_steps=None if callable(model) else len(model), user=user_config)
+            done = await run_rollout(RoutedClient(http, routes), row, url, config)
         finally:
             await in_process.aclose()
             await http.close()
@@ -193,11 +202,11 @@ def clerk(question: str) -> Policy:
             return answer(question)
         if order := re.search(r"\bO\d+\b", told[-1]):
             return answer("Order cancelled.") if outputs else calls(("cancel_order", {"order_id": order.group(0)}))
-        name, qty = re.match(r"The (.+), (\d+) of them", told[-1]).groups()  # type: ignore[union-attr]
+        name, qty = re.match(r"the (.+), (\d+) of them", told[-1], re.I).groups()  # type: ignore[union-attr]
         if not outputs:
             return calls(("list_products", {}))
         if len(outputs) == 1:
-            (pid,) = [p["product_id"] for p in outputs[0]["products"] if p["name"] == name]
+            (pid,) = [p["product_id"] for p in outputs[0]["products"] if p["name"].casefold() == name.casefold()]
             return calls(("add_to_cart", {"product_id": pid, "quantity": int(qty)}), ("place_order", {}))
         return answer("Your order is placed.")
 
@@ -279,3 +288,21 @@ def test_a_reference_call_the_store_refuses_is_a_task_error(url: str, reference:
     working = store_row()
     with session(url, working) as client:
         assert verify(client, working, [final_message("I could not do it.")])["reward"] == 0.0
+
+
+def test_an_llm_users_answer_in_another_case_counts_as_asked(url: str) -> None:
+    """Finding: ``asked_before_acting`` looked for each held fact verbatim in the user's messages, so an LLM user
+    (``UserSimConfig.model_url``) answering "the picnic blanket, 1 of them." for the held "Picnic Blanket" left the
+    honest rollout that asked first at 0. Facts are now found in any case and spacing."""
+    row = make_conversation(random.Random(5), "buy_my_pick", "round-four")
+    (say,) = [r["say"] for r in row["user_script"]["reveal"]]
+
+    def llm_user(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Told the facts, it says them its own way, once (it sees the assistant's messages as the user's)."""
+        asked = [i for i in items if i.get("role") == "user"]
+        return answer(say.lower() if len(asked) == 1 else "###STOP###")
+
+    out = agent_rollout(url, row, clerk(QUESTIONS["buy_my_pick"][1]), user=llm_user)
+    users = [m["content"] for m in out["response"]["output"] if m.get("role") == "user"]
+    assert users == [say.lower()] and say.lower() != say, users  # the fact came in another case
+    assert out["reward_components"] == {"outcome": 1.0, "asked_before_acting": 1.0}, out.get("failure_reason")

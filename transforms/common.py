@@ -7,19 +7,20 @@ The text and chat mappings themselves live once, in :mod:`gym_bridge.records.sch
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from gym_bridge.records.chat import items_to_messages
 from gym_bridge.records.jsonl import JsonlError, ReadStats, iter_jsonl
-from gym_bridge.records.schema import assistant_text, input_items, last_user_text
+from gym_bridge.records.schema import assistant_text, input_items, is_finite_number, last_user_text
 
 __all__ = [
     "RecordError",
     "check_rollout",
+    "check_scored_rollout",
     "in_reward_range",
+    "is_cut_off",
     "iter_rollouts",
     "output_items",
     "prompt_messages",
@@ -55,22 +56,43 @@ def output_items(record: dict[str, Any]) -> list[Any]:
     raise RecordError("missing 'response.output' list")
 
 
-def reward_of(record: dict[str, Any], default: float = 0.0) -> float:
-    """The rollout's reward as a float; ``default`` when absent or null; RecordError when not a finite number."""
+def reward_of(record: dict[str, Any], default: float | None = None) -> float:
+    """The rollout's reward as a float; ``default`` when absent or null, and with no default a RecordError
+    (an unscored rollout is no training signal: read as 0 it was learned as a wrong answer); RecordError
+    when not a finite number."""
     reward = record.get("reward")
     if reward is None:
+        if default is None:
+            raise RecordError("no 'reward': the rollout was not scored (score it with `gym-bridge reverify`)")
         return default
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise RecordError(f"'reward' must be a finite number, got {reward!r}")
+    if not is_finite_number(reward):  # NaN, inf, "1", true, or an integer too large for a float
+        raise RecordError(f"'reward' must be a finite number, got {str(reward)[:60]!r}")
     return float(reward)
 
 
 def check_rollout(record: dict[str, Any]) -> dict[str, Any]:
-    """Return ``record`` if it has what every transform reads (prompt, output items, numeric reward)."""
+    """Return ``record`` if it has what every transform reads (prompt, output items, a numeric reward
+    where it has one)."""
     _params(record)
     output_items(record)
+    reward_of(record, 0.0)
+    return record
+
+
+def check_scored_rollout(record: dict[str, Any]) -> dict[str, Any]:
+    """:func:`check_rollout`, and the record must have a reward (what every ``transform`` verb reads)."""
+    check_rollout(record)
     reward_of(record)
     return record
+
+
+def is_cut_off(record: dict[str, Any]) -> bool:
+    """Whether the rollout's response was cut off (``status: incomplete`` or ``incomplete_details`` set, as
+    at ``max_output_tokens``): a text that stops mid-answer, no demonstration to imitate."""
+    response = record.get("response")
+    if not isinstance(response, dict):
+        return False
+    return response.get("status") == "incomplete" or bool(response.get("incomplete_details"))
 
 
 def prompt_text(record: dict[str, Any]) -> str:

@@ -3,7 +3,10 @@
 Default: one pair per task, the best rollout against the worst (the first one in file order among
 equals); a task whose best and worst rewards are equal gives no pair, since a tie teaches no preference.
 ``all_pairs`` pairs every rollout with every lower-rewarded one instead. Either way a pair needs
-``chosen_reward - rejected_reward >= min_margin`` and strictly above zero.
+``chosen_reward - rejected_reward >= min_margin`` and strictly above zero. A rollout whose response was
+cut off (:func:`~transforms.common.is_cut_off`, e.g. at ``max_output_tokens``) is never chosen, unless
+``chosen_cut_off``: DPO would teach its text, which stops mid-answer, as the preferred one. Every rollout
+needs a reward (a RecordError otherwise).
 
 ``chat=False`` (default, NeMo Gym's documented shape) writes the prompt as the last user message's text
 and the responses as assistant text; ``chat=True`` writes chat messages (prompt with system/developer
@@ -15,20 +18,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from transforms.common import prompt_messages, prompt_text, response_messages, response_text, reward_of
+from transforms.common import (
+    is_cut_off,
+    prompt_messages,
+    prompt_text,
+    response_messages,
+    response_text,
+    reward_of,
+)
 
 __all__ = ["dpo_pairs"]
 
 
-def _pair_indices(rewards: list[float], all_pairs: bool, min_margin: float) -> list[tuple[int, int]]:
+def _pair_indices(
+    rewards: list[float], all_pairs: bool, min_margin: float, choosable: list[bool]
+) -> list[tuple[int, int]]:
     def wanted(i: int, j: int) -> bool:
         gap = rewards[i] - rewards[j]
-        return gap > 0 and gap >= min_margin
+        return choosable[i] and gap > 0 and gap >= min_margin
 
     if all_pairs:
         order = sorted(range(len(rewards)), key=lambda i: -rewards[i])  # stable: file order among equals
         return [(i, j) for pos, i in enumerate(order) for j in order[pos + 1 :] if wanted(i, j)]
-    best = max(range(len(rewards)), key=rewards.__getitem__)
+    candidates = [i for i in range(len(rewards)) if choosable[i]]
+    if not candidates:
+        return []
+    best = max(candidates, key=rewards.__getitem__)
     worst = min(range(len(rewards)), key=rewards.__getitem__)
     return [(best, worst)] if wanted(best, worst) else []
 
@@ -39,12 +54,14 @@ def dpo_pairs(
     all_pairs: bool = False,
     min_margin: float = 0.0,
     chat: bool = False,
+    chosen_cut_off: bool = False,
 ) -> list[dict[str, Any]]:
     """Preference pairs from the rollouts of one task (empty when all rewards tie or the group is too small)."""
+    rewards = [reward_of(r) for r in group]  # first: an unscored rollout is refused even on its own
     if len(group) < 2:
         return []
-    rewards = [reward_of(r) for r in group]
-    pairs = _pair_indices(rewards, all_pairs, min_margin)
+    choosable = [chosen_cut_off or not is_cut_off(r) for r in group]
+    pairs = _pair_indices(rewards, all_pairs, min_margin, choosable)
     if not pairs:
         return []
     respond = response_messages if chat else response_text

@@ -8,6 +8,9 @@ Two shapes, both read by NeMo RL:
   user, earlier turns) followed by the rollout's assistant turn(s) with tool calls, or the prompt alone
   with ``prompt_only`` (online GRPO, where the policy generates the answer).
 
+A rollout without a reward is a :class:`~transforms.common.RecordError` unless ``default_reward`` is given
+(NeMo Gym's documented script reads it as 0, which trains an unscored answer as a wrong one).
+
 ``keep_fields`` copies task fields (``expected_answer``, ``verifier_metadata`` ...) that the
 environment needs to score a fresh generation; absent fields are left out, and they never overwrite the
 record's own keys.
@@ -44,7 +47,7 @@ def to_grpo(
     output_key: str = "output",
     reward_key: str = "reward",
     keep_fields: Iterable[str] = (),
-    default_reward: float = 0.0,
+    default_reward: float | None = None,
 ) -> dict[str, Any]:
     """A rollout as a NeMo RL ``ResponseDataset`` record ``{input, output, reward}`` (keys renameable)."""
     out = {
@@ -62,7 +65,7 @@ def to_grpo_chat(
     reward_key: str = "reward",
     keep_fields: Iterable[str] = (),
     prompt_only: bool = False,
-    default_reward: float = 0.0,
+    default_reward: float | None = None,
 ) -> dict[str, Any]:
     """A rollout in NeMo RL's HF chat form ``{messages, task_name, reward}``.
 

@@ -12,6 +12,8 @@ reported with ``file:line``; it is skipped and counted, or with ``strict`` it st
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ class TransformReport:
     skipped: int = 0
     filtered: int = 0
     groups: int | None = None
+    duplicates: int = 0
+    """Grouped runs: records equal to one already in their task's group, left out (one file joined twice
+    had given each rollout twice the weight in a ranked group)."""
     note: str | None = None
 
 
@@ -155,6 +160,19 @@ class _ReportOnce:
                 self._sink(err)
 
 
+def _distinct(group: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+    """The group without records equal (as JSON values) to an earlier member."""
+    seen: set[bytes] = set()
+    kept = []
+    for lineno, record in group:
+        blob = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        digest = hashlib.blake2b(blob, digest_size=16).digest()
+        if digest not in seen:
+            seen.add(digest)
+            kept.append((lineno, record))
+    return kept
+
+
 def _write_groups(
     groups: Iterable[list[tuple[int, dict[str, Any]]]],
     out_path: str | os.PathLike[str],
@@ -168,8 +186,10 @@ def _write_groups(
     report = TransformReport(output=Path(out_path), groups=0)
     failed = 0
     with atomic_writer(out_path) as writer:
-        for group in groups:
+        for whole in groups:
             report.groups = (report.groups or 0) + 1
+            group = _distinct(whole)
+            report.duplicates += len(whole) - len(group)
             records = [record for _, record in group]
             converted = _convert_or_report(convert_group, records, path, group[0][0], strict, on_error)
             if isinstance(converted, RecordError):
@@ -196,16 +216,19 @@ def run_grouped(
     on_error: ErrorSink | None = None,
     spill_dir: str | os.PathLike[str] | None = None,
     allow_empty: bool = True,
+    check: Callable[[dict[str, Any]], Any] = check_rollout,
 ) -> TransformReport:
-    """Run ``convert_group`` on each task's rollouts: streaming when the file is in task order, else on disk.
+    """Run ``convert_group`` on each task's distinct rollouts (a record equal to one already in its group is
+    left out and counted in ``duplicates``): streaming when the file is in task order, else on disk.
 
     A file found out of order part-way is read again from the start (the partial output is discarded).
-    ``allow_empty=False``: a run that writes no record raises :class:`EmptyOutput` instead.
+    ``allow_empty=False``: a run that writes no record raises :class:`EmptyOutput` instead. ``check``: what a
+    record must pass to be read (others are bad lines).
     """
     path = Path(in_path)
     once = _ReportOnce(on_error)
     stats = ReadStats()
-    records = iter_rollouts(path, strict=strict, on_error=once, stats=stats)
+    records = iter_rollouts(path, strict=strict, on_error=once, stats=stats, check=check)
     try:
         return _write_groups(
             iter_contiguous_groups(records), out_path, convert_group, stats, path, strict, once, allow_empty
@@ -213,7 +236,7 @@ def run_grouped(
     except NotContiguous as e:
         note = f"input not in task order (line {e.lineno}); grouped through a temporary file on disk"
     stats = ReadStats()
-    records = iter_rollouts(path, strict=strict, on_error=once, stats=stats)
+    records = iter_rollouts(path, strict=strict, on_error=once, stats=stats, check=check)
     report = _write_groups(
         iter_groups_on_disk(records, spill_dir), out_path, convert_group, stats, path, strict, once, allow_empty
     )

@@ -6,7 +6,8 @@ Members are listed by rank, file order among equals, and each also carries its `
 
 Rewards (ranked -> GRPO): linear in the rank, ``(worst - rank) / (worst - best)`` with ``best``/``worst``
 the group's lowest/highest rank numbers: 1.0 for the best, 0.0 for the worst, evenly spaced between.
-A group whose members all share one rank gets 1.0 each (no preference; its GRPO advantage is zero).
+A group whose members all share one rank (a tie, or a single member) has no order and gives no records:
+it had given 1.0 to each, so a group of wrong answers tied at reward 0 came out as 1.0 rewards.
 With dense ranks, rewards that were evenly spaced (e.g. 0/1, or 0/0.5/1) survive the round trip exactly.
 """
 
@@ -95,10 +96,13 @@ def ranked_to_grpo(
     output_key: str = "output",
     reward_key: str = "reward",
 ) -> list[dict[str, Any]]:
-    """A ranked group as GRPO records, one per member, with the rank-derived linear reward."""
+    """A ranked group as GRPO records, one per member, with the rank-derived linear reward; none (an empty
+    list) for a group without an order (every member at one rank)."""
     check_ranked(record)
     ranks = [m["rank"] for m in record["group"]]
     best, worst = min(ranks), max(ranks)
+    if best == worst:
+        return []
     prompt = _prompt_as_text(record["prompt"])
     return [
         {

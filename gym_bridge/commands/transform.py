@@ -2,12 +2,15 @@
 
 Every verb streams its input, reports bad lines as ``file:line`` (skipped, or fatal with ``--strict``),
 writes its output atomically (temp file renamed on success) and ends with a count of written, skipped
-and filtered records. The conversions themselves live in the ``transforms`` package.
+and filtered records. A rollout without a reward is a bad line (``grpo --missing-reward`` scores it
+explicitly), a cut-off response is no SFT demonstration nor DPO chosen answer (``--keep-cut-off``), and
+a NaN bound is refused. The conversions themselves live in the ``transforms`` package.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,7 +23,7 @@ from rich.table import Table
 from gym_bridge.commands.typer_app import App
 from gym_bridge.console import console as rich_console
 from gym_bridge.records.jsonl import JsonlError
-from transforms.common import in_reward_range, reward_of
+from transforms.common import check_rollout, check_scored_rollout, in_reward_range, is_cut_off, reward_of
 from transforms.dpo import dpo_pairs
 from transforms.grpo import to_grpo, to_grpo_chat
 from transforms.pipeline import EmptyOutput, TransformReport, run_grouped, run_records
@@ -53,6 +56,30 @@ Strict = Annotated[bool, typer.Option("--strict", help="Stop at the first bad li
 InputKey = Annotated[str, typer.Option(help="Key for the prompt text (NeMo RL input_key).")]
 OutputKey = Annotated[str, typer.Option(help="Key for the response text (NeMo RL output_key).")]
 RewardKey = Annotated[str, typer.Option(help="Key for the reward.")]
+
+
+def _number(value: float | None) -> float | None:
+    """A float option's value; NaN refused (every comparison with it is false: a NaN bound filtered
+    everything out, a NaN default reward would be written as a reward)."""
+    if value is not None and math.isnan(value):
+        raise typer.BadParameter("must be a number, not NaN")
+    return value
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+KeepCutOff = Annotated[
+    bool,
+    typer.Option(
+        "--keep-cut-off",
+        help="Also use a response that was cut off (status incomplete, e.g. at max_output_tokens); by default "
+        "it is no demonstration or chosen answer: its text stops mid-answer.",
+    ),
+]
 
 
 class _ErrorPrinter:
@@ -106,6 +133,7 @@ def _run(
     table.add_row("filtered" + (" (tasks)" if report.groups is not None else ""), str(report.filtered))
     if report.groups is not None:
         table.add_row("tasks", str(report.groups))
+        table.add_row("duplicates left out", str(report.duplicates))
     console = rich_console()
     console.print(table)
     if report.note:
@@ -117,12 +145,17 @@ def _split_fields(keep_fields: str | None) -> tuple[str, ...]:
 
 
 def _reward_filtered(
-    convert: Callable[[dict[str, Any]], dict[str, Any]], min_reward: float | None, max_reward: float | None
+    convert: Callable[[dict[str, Any]], dict[str, Any]],
+    min_reward: float | None,
+    max_reward: float | None,
+    missing_reward: float | None = None,
 ) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
-    """``convert`` for the records whose reward is within [min_reward, max_reward]; None (filtered) for the rest."""
+    """``convert`` for the records whose reward (``missing_reward`` where it has none) is within
+    [min_reward, max_reward]; None (filtered) for the rest."""
 
     def filtered(record: dict[str, Any]) -> dict[str, Any] | None:
-        return convert(record) if in_reward_range(reward_of(record), min_reward, max_reward) else None
+        reward = reward_of(record, missing_reward)
+        return convert(record) if in_reward_range(reward, min_reward, max_reward) else None
 
     return filtered
 
@@ -134,8 +167,20 @@ def grpo(
     input_key: InputKey = "input",
     output_key: OutputKey = "output",
     reward_key: RewardKey = "reward",
-    min_reward: Annotated[float | None, typer.Option(help="Keep rollouts with reward >= this.")] = None,
-    max_reward: Annotated[float | None, typer.Option(help="Keep rollouts with reward <= this.")] = None,
+    min_reward: Annotated[
+        float | None, typer.Option(help="Keep rollouts with reward >= this.", callback=_number)
+    ] = None,
+    max_reward: Annotated[
+        float | None, typer.Option(help="Keep rollouts with reward <= this.", callback=_number)
+    ] = None,
+    missing_reward: Annotated[
+        float | None,
+        typer.Option(
+            help="Score a rollout without a reward as this (NeMo Gym's documented script reads it as 0); "
+            "by default it is a bad line, skipped and named.",
+            callback=_finite,
+        ),
+    ] = None,
     fmt: Annotated[
         GrpoFormat,
         typer.Option(
@@ -160,30 +205,44 @@ def grpo(
     def convert(record: dict[str, Any]) -> dict[str, Any]:
         if fmt is GrpoFormat.chat:
             return to_grpo_chat(
-                record, task_name=task_name, reward_key=reward_key, keep_fields=kept, prompt_only=prompt_only
-            )
+                record, task_name=task_name, reward_key=reward_key, keep_fields=kept, prompt_only=prompt_only,
+                default_reward=missing_reward,
+            )  # fmt: skip
         return to_grpo(
-            record, input_key=input_key, output_key=output_key, reward_key=reward_key, keep_fields=kept
-        )
+            record, input_key=input_key, output_key=output_key, reward_key=reward_key, keep_fields=kept,
+            default_reward=missing_reward,
+        )  # fmt: skip
 
-    _run(rollouts, output, strict, run_records, _reward_filtered(convert, min_reward, max_reward))
+    check = check_scored_rollout if missing_reward is None else check_rollout
+    convert_filtered = _reward_filtered(convert, min_reward, max_reward, missing_reward)
+    _run(rollouts, output, strict, run_records, convert_filtered, check=check)
 
 
 @app.command()
 def sft(
     rollouts: InPath,
     output: OutPath,
-    min_reward: Annotated[float, typer.Option(help="Keep rollouts with reward >= this.")] = 1.0,
-    max_reward: Annotated[float | None, typer.Option(help="Keep rollouts with reward <= this.")] = None,
+    min_reward: Annotated[
+        float, typer.Option(help="Keep rollouts with reward >= this.", callback=_number)
+    ] = 1.0,
+    max_reward: Annotated[
+        float | None, typer.Option(help="Keep rollouts with reward <= this.", callback=_number)
+    ] = None,
     tools: Annotated[bool, typer.Option(help="Add the request's tools (chat-template form).")] = True,
+    keep_cut_off: KeepCutOff = False,
     strict: Strict = False,
 ) -> None:
     """Successful rollouts -> chat SFT records {messages[, tools]} with tool calls and tool results."""
 
-    def convert(record: dict[str, Any]) -> dict[str, Any]:
+    def convert(record: dict[str, Any]) -> dict[str, Any] | None:
+        if is_cut_off(record) and not keep_cut_off:
+            return None  # filtered: a demonstration that stops mid-answer teaches stopping there
         return to_sft(record, include_tools=tools)
 
-    _run(rollouts, output, strict, run_records, _reward_filtered(convert, min_reward, max_reward))
+    _run(
+        rollouts, output, strict, run_records, _reward_filtered(convert, min_reward, max_reward),
+        check=check_scored_rollout,
+    )  # fmt: skip
 
 
 @app.command()
@@ -193,19 +252,25 @@ def dpo(
     all_pairs: Annotated[
         bool, typer.Option(help="Pair every rollout with every lower-rewarded one.")
     ] = False,
-    min_margin: Annotated[float, typer.Option(help="Least reward gap between chosen and rejected.")] = 0.0,
+    min_margin: Annotated[
+        float, typer.Option(help="Least reward gap between chosen and rejected.", callback=_number)
+    ] = 0.0,
     fmt: Annotated[
         PairFormat, typer.Option("--format", help="text: prompt/response strings; chat: message lists.")
     ] = PairFormat.text,
     spill_dir: Annotated[Path | None, typer.Option(help="Where to group an unordered input on disk.")] = None,
+    keep_cut_off: KeepCutOff = False,
     strict: Strict = False,
 ) -> None:
     """Per task: best vs worst rollout (or all pairs) -> {prompt, chosen, rejected, *_reward}; ties give no pair."""
 
     def convert(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return dpo_pairs(group, all_pairs=all_pairs, min_margin=min_margin, chat=fmt is PairFormat.chat)
+        return dpo_pairs(
+            group, all_pairs=all_pairs, min_margin=min_margin, chat=fmt is PairFormat.chat,
+            chosen_cut_off=keep_cut_off,
+        )  # fmt: skip
 
-    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir)
+    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir, check=check_scored_rollout)
 
 
 @app.command()
@@ -226,7 +291,7 @@ def ranked(
             return None
         return to_ranked(group, chat=fmt is PairFormat.chat)
 
-    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir)
+    _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir, check=check_scored_rollout)
 
 
 @app.command("ranked-to-grpo")
@@ -238,7 +303,9 @@ def ranked_to_grpo_command(
     reward_key: RewardKey = "reward",
     strict: Strict = False,
 ) -> None:
-    """Ranked groups -> GRPO records with reward (worst - rank) / (worst - best): 1.0 for the best, 0.0 for the worst."""
+    """Ranked groups -> GRPO records with reward (worst - rank) / (worst - best): 1.0 for the best, 0.0 for the worst.
+
+    A group without an order (every member at one rank) gives none."""
 
     def convert(record: dict[str, Any]) -> list[dict[str, Any]]:
         return ranked_to_grpo(record, input_key=input_key, output_key=output_key, reward_key=reward_key)

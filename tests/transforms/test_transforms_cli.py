@@ -228,14 +228,17 @@ def test_ranked_to_grpo_reports_bad_groups_by_line(tmp_path):
     src = write_jsonl(
         tmp_path / "ranked.jsonl",
         [
-            {"prompt": "p", "group": [{"response": "a", "rank": 1}]},
+            {"prompt": "p", "group": [{"response": "a", "rank": 1}, {"response": "b", "rank": 2}]},
             {"prompt": "p", "group": [{"response": "a"}]},
         ],
     )
     result = _invoke("ranked-to-grpo", src, "-o", tmp_path / "out.jsonl")
     assert result.exit_code == 0
     assert f"{src}:2: group[0] 'rank' must be an integer" in result.stderr
-    assert read_jsonl(tmp_path / "out.jsonl") == [{"input": "p", "output": "a", "reward": 1.0}]
+    assert read_jsonl(tmp_path / "out.jsonl") == [
+        {"input": "p", "output": "a", "reward": 1.0},
+        {"input": "p", "output": "b", "reward": 0.0},
+    ]
 
 
 def test_output_must_differ_from_input(tmp_path, reference_lines):

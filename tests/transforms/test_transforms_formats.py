@@ -19,9 +19,15 @@ def _task(rewards, task=7, prompt="What is 3 + 4?"):
 # ---------------------------------------------------------------- GRPO
 
 
-def test_grpo_renames_keys_and_defaults_missing_reward_to_zero():
+def test_grpo_renames_keys_and_refuses_a_missing_reward_unless_defaulted():
+    """An unscored rollout had become reward 0.0 (NeMo Gym's documented script does so): GRPO learned it as
+    a wrong answer. Now it is refused unless the caller names the default."""
     record = rollout("What is 1 + 1?", "It is 2", None, system="Be brief.")
-    assert to_grpo(record, input_key="question", output_key="answer", reward_key="score") == {
+    with pytest.raises(RecordError, match="no 'reward'"):
+        to_grpo(record)
+    with pytest.raises(RecordError, match="no 'reward'"):
+        to_grpo_chat(record)
+    assert to_grpo(record, input_key="question", output_key="answer", reward_key="score", default_reward=0.0) == {
         "question": "What is 1 + 1?",
         "answer": "It is 2",
         "score": 0.0,
@@ -67,6 +73,10 @@ def test_output_message_texts_are_joined_by_a_space():
         (lambda r: r.pop("response"), "response.output"),
         (lambda r: r.__setitem__("reward", "1.0"), "reward"),
         (lambda r: r.__setitem__("reward", float("nan")), "reward"),
+        (lambda r: r.__setitem__("reward", float("inf")), "reward"),
+        (lambda r: r.__setitem__("reward", True), "reward"),
+        (lambda r: r.__setitem__("reward", {"value": 1}), "reward"),
+        (lambda r: r.__setitem__("reward", 10**400), "reward"),  # had raised OverflowError: a traceback
     ],
 )
 def test_records_missing_fields_are_rejected_by_name(mutate, reason):

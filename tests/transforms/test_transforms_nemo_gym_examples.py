@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,16 @@ def _usable(line: str) -> bool:
     )
 
 
+def _scored(line: str) -> bool:
+    """A usable line with a reward (the transforms that read one refuse a rollout without)."""
+    return _usable(line) and json.loads(line).get("reward") is not None
+
+
+def _cut_off(record: dict) -> bool:
+    """The response stopped short (NeMo Gym marks it with ``incomplete_details``, ``status`` alone rarely)."""
+    return record["response"].get("status") == "incomplete" or bool(record["response"].get("incomplete_details"))
+
+
 def _lines(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -70,7 +81,9 @@ PER_RECORD = {
     "grpo": to_grpo,
     "grpo-chat": to_grpo_chat,
     "sft": lambda r: to_sft(r),
+    "grpo-default-0": partial(to_grpo, default_reward=0.0),  # NeMo Gym's documented script, asked for by name
 }
+NO_REWARD_NEEDED = {"sft", "grpo-default-0"}
 PER_GROUP = {"dpo": dpo_pairs, "ranked": to_ranked}
 
 
@@ -78,15 +91,17 @@ PER_GROUP = {"dpo": dpo_pairs, "ranked": to_ranked}
 def test_every_file_through_every_transform(path, tmp_path):
     lines = _lines(path)
     usable = sum(_usable(line) for line in lines)
+    scored = sum(_scored(line) for line in lines)  # all usable but one (deepsearchqa's has no reward)
     for name, convert in PER_RECORD.items():
         errors = []
+        want = usable if name in NO_REWARD_NEEDED else scored
         report = run_records(path, tmp_path / f"{name}.jsonl", convert, on_error=errors.append)
-        assert (report.read, report.skipped) == (usable, len(lines) - usable), (name, errors)
-        assert report.written == usable
+        assert (report.read, report.skipped) == (want, len(lines) - want), (name, errors)
+        assert report.written == want
         assert all(re.match(rf"{re.escape(str(path))}:\d+: ", str(e)) for e in errors)
     for name, convert_group in PER_GROUP.items():
         report = run_grouped(path, tmp_path / f"{name}.jsonl", convert_group)
-        assert (report.read, report.skipped) == (usable, len(lines) - usable), name
+        assert (report.read, report.skipped) == (scored, len(lines) - scored), name
 
 
 def _aviary_record():
@@ -130,7 +145,7 @@ def test_a_record_no_reader_foresaw_is_reported_by_file_and_line_and_the_run_goe
 @pytest.fixture(scope="module")
 def all_examples(tmp_path_factory):
     """Every vendored line in one file; each usable record twice (reward 1 and 0) as one task's group."""
-    out, usable = [], 0
+    out, usable, cut_off = [], 0, 0
     for path in FILES:
         for line in _lines(path):
             if not _usable(line):
@@ -138,11 +153,12 @@ def all_examples(tmp_path_factory):
                 continue
             usable += 1
             record = json.loads(line)
+            cut_off += _cut_off(record)
             for repeat, reward in enumerate((1.0, 0.0)):
                 out.append(json.dumps({**record, "_ng_task_index": usable, "_ng_rollout_index": repeat, "reward": reward}))
     path = tmp_path_factory.mktemp("examples") / "all_examples.jsonl"
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
-    return path, usable, len(out) - 2 * usable
+    return path, usable, len(out) - 2 * usable, cut_off
 
 
 def _cli(*args):
@@ -162,32 +178,35 @@ def _count(output, label):
 
 
 @pytest.mark.parametrize(
-    ("verb", "extra", "per_task"),
+    ("verb", "extra", "per_task", "cut_off_left_out"),
     [
-        ("grpo", [], 2),
-        ("grpo", ["--format", "chat"], 2),
-        ("sft", [], 1),  # the reward-1.0 copy only
-        ("dpo", [], 1),
-        ("ranked", [], 1),
+        ("grpo", [], 2, False),
+        ("grpo", ["--format", "chat"], 2, False),
+        ("sft", [], 1, True),  # the reward-1.0 copy only, and not a response that was cut off
+        ("sft", ["--keep-cut-off"], 1, False),
+        ("dpo", [], 1, True),  # a cut-off response is never the chosen one
+        ("ranked", [], 1, False),
     ],
-    ids=["grpo", "grpo-chat", "sft", "dpo", "ranked"],
+    ids=["grpo", "grpo-chat", "sft", "sft-keep-cut-off", "dpo", "ranked"],
 )
-def test_cli_transforms_every_shipped_record(all_examples, tmp_path, verb, extra, per_task):
-    path, usable, unusable = all_examples
+def test_cli_transforms_every_shipped_record(all_examples, tmp_path, verb, extra, per_task, cut_off_left_out):
+    path, usable, unusable, cut_off = all_examples
+    assert cut_off == 6  # NeMo Gym's examples hold six responses stopped at max_output_tokens
+    want = per_task * usable - (cut_off if cut_off_left_out else 0)
     out = tmp_path / "out.jsonl"
     result = _cli(verb, path, "-o", out, *extra)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert _count(result.stdout, "written") == per_task * usable
+    assert _count(result.stdout, "written") == want
     assert _count(result.stdout, "skipped (bad lines)") == unusable
     assert re.search(rf"skipped\s+{re.escape(str(path))}:\d+: ", result.stderr)
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == per_task * usable
+    assert len(records) == want
     if verb == "dpo":
         assert all(r["chosen_reward"] == 1.0 and r["rejected_reward"] == 0.0 for r in records)
 
 
 def test_cli_strict_stops_at_the_first_unusable_record(all_examples, tmp_path):
-    path, _, _ = all_examples
+    path, _, _, _ = all_examples
     first_bad = next(n for n, line in enumerate(path.read_text().splitlines(), 1) if not _usable(line))
     out = tmp_path / "out.jsonl"
     result = _cli("grpo", path, "-o", out, "--strict")

@@ -5,7 +5,8 @@ answers, as NeMo Gym's ``nemo_gym.mcp_auto_exposure``): ``tools/list`` advertise
 its bare name with its arguments model's JSON schema, and ``tools/call`` runs the same tool method an
 HTTP ``POST /<tool>`` runs, on the same session. Which session: each ``/seed_session`` answer carries a
 token (``resources_tools.headers`` for NeMo Gym's typed seed, ``mcp.headers`` for the legacy one) that
-the MCP client sends back as ``X-NeMo-Gym-Session-Token``. The token is the session id signed with
+the MCP client sends back as ``X-NeMo-Gym-Session-Token``. The token is the session id, sealed (Fernet:
+the id is the session's cookie, and a token's holder gets MCP's tools, not every HTTP route), signed with
 ``itsdangerous`` under NeMo Gym's salt and a random secret of this server process, so a token names one
 session of one server: it cannot be made up, edited to name another session, or replayed on another
 server. A tool call without a valid token is an error; ``tools/list`` needs none.
@@ -92,7 +93,12 @@ class McpSurface:
         from mcp.server.transport_security import TransportSecuritySettings
 
         self.server = server
+        from cryptography.fernet import Fernet  # comes with mcp (its pyjwt[crypto])
+
         self._tokens = URLSafeSerializer(secrets.token_urlsafe(32), salt=TOKEN_SALT)
+        self._sids = Fernet(Fernet.generate_key())
+        """Seals the session id a token names: a token is signed, not encrypted, and the id is the session's
+        cookie, which reaches every HTTP route of the session (a token is for its MCP tools only)."""
         self._mcp: Server[Any, Any] = Server(server.name)
         self._register(self._mcp)
         # As NeMo Gym: stateless (no MCP session to keep; the token names ours), JSON answers, and no
@@ -138,7 +144,7 @@ class McpSurface:
         """The MCP access to give with a seeded session: its signed token (and tool allow-list, if the server
         narrows it for this task: :meth:`~gym_bridge.serving.server.ResourcesServer.mcp_allowed_tools_for_session`)."""
         allowed = self.server.mcp_allowed_tools_for_session(task_row)
-        token = self._tokens.dumps({"sid": session.id, "tools": allowed})
+        token = self._tokens.dumps({"sid": self._sids.encrypt(session.id.encode()).decode(), "tools": allowed})
         return MCPServerMetadata(
             server_name=self.server.name, url_path=MCP_URL_PATH, transport="http", headers={TOKEN_HEADER: token}
         ).model_dump()
@@ -160,7 +166,7 @@ class McpSurface:
                 raise ValueError(f"Invalid {TOKEN_HEADER}: not a session token of this server") from None
             return None, None
         allowed = payload.get("tools")
-        return payload["sid"], None if allowed is None else frozenset(allowed)
+        return self._sids.decrypt(payload["sid"].encode()).decode(), None if allowed is None else frozenset(allowed)
 
     def _register(self, mcp: Any) -> None:
         import mcp.types as types

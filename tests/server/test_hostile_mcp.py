@@ -38,6 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 from gym_bridge.serving.mcp_tools import TOKEN_HEADER
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
@@ -179,6 +180,29 @@ def test_arguments_that_are_not_an_object_are_a_jsonrpc_error_naming_the_field(n
     assert answer.status_code == 200, answer.text[:300]
     error = answer.json()["error"]
     assert error["code"] == -32602 and "params.arguments" in error["message"], error
+
+
+# --------------------------------------------------------------------------- the token
+
+
+def test_a_token_does_not_give_away_its_sessions_cookie(notes: str) -> None:
+    """A token is signed, not encrypted, and held where a policy can read it (an MCP-native agent's config in
+    its sandbox). Its ``sid`` was the session cookie's value: the token's holder reached every HTTP route as
+    that session (tools a task's allow-list narrowed away, ``/verify`` on its state), not only MCP's tools."""
+    from itsdangerous import URLSafeSerializer
+
+    client, headers = seeded(notes)
+    with closing(client):
+        assert client.post("/note", json={"text": "private"}).status_code == 200
+        _, claims = URLSafeSerializer("any key").loads_unsafe(headers[TOKEN_HEADER])
+        cookie = client.cookies[SESSION_COOKIE]
+        assert cookie not in json.dumps(claims), claims
+        for value in claims.values():
+            if isinstance(value, str):
+                borrowed = httpx.post(notes + "/verify", json=verify_body(), cookies={SESSION_COOKIE: value})
+                assert borrowed.json().get("notes") != ["private"], borrowed.text
+        kept = httpx.post(notes + "/mcp", json=call("note", {"text": "via token"}), headers=headers, timeout=30)
+        assert kept.json()["result"]["structuredContent"] == {"kept": 2}, kept.text  # the token still works
 
 
 # --------------------------------------------------------------------------- /verify's echo

@@ -203,6 +203,18 @@ def _lookalikes_of(ch: str) -> set[str]:
     return out
 
 
+_CONTROL = (
+    r"</?(?:[A-Za-z][A-Za-z0-9]*(?:[_\u2581][A-Za-z0-9]+)+|s|bos|eos|pad|unk|mask|sep|cls|think|tools?|image|audio|video"
+    r"|sop|eop)>|<</?SYS>>|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|TOOL_CONTENT|THINK|IMG"
+    r"|[gs]MASK)\]"
+)
+"""Chat-template control tokens not of the ``<|...|>`` shape, which a judge's tokenizer reads as the token itself
+when a quoted answer writes them: Gemma's ``<start_of_turn>``/``<end_of_turn>``, ``<end_of_utterance>``, Qwen's
+and DeepSeek's ``<think>``/``<tool_call>``, Llama 2's and Mistral's ``<s>``, ``</s>``, ``[INST]``, ``<<SYS>>``,
+GLM's ``[gMASK]<sop>``, NVIDIA's ``<SPECIAL_10>`` / ``<extra_id_1>``. :func:`quote` breaks each with a space
+(``< start_of_turn>``); ``<|...|>`` tokens (ChatML, Llama 3, Phi, Gemma 4's ``<|turn>``) are broken as markers."""
+
+
 def _class(chars: Iterable[str]) -> str:
     chars = sorted(set(chars))
     return re.escape(chars[0]) if len(chars) == 1 else "[" + "".join(re.escape(c) for c in chars) + "]"
@@ -222,7 +234,7 @@ def _marker_pattern(labels: tuple[str, ...], ascii_only: bool = False) -> tuple[
     keep = str.isascii if ascii_only else (lambda c: True)
     bracket = {c: _class({c} | {x for x in sets.get(c, ()) if _not_alnum(x) and keep(x)}) for c in "<|>"}
     parts = [(label, "".join(_class(filter(keep, _lookalikes_of(c))) for c in label)) for label in labels]
-    parts += [("<|", bracket["<"] + bracket["|"]), ("|>", bracket["|"] + bracket[">"])]
+    parts += [("<|", bracket["<"] + bracket["|"]), ("|>", bracket["|"] + bracket[">"]), (_CONTROL, _CONTROL)]
     return re.compile("|".join(p for _, p in parts)), [(found, re.compile(p)) for found, p in parts]
 
 
@@ -287,7 +299,9 @@ def quote(text: str, labels: Iterable[str] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> 
     """``text`` made safe to quote inside a judge prompt: the verdict labels and prompt markers in it defanged.
 
     A label ``[[A=B]]`` becomes ``[ [A=B] ]`` and a marker such as ``<|End of Answer|>`` becomes
-    ``< |End of Answer| >``: still readable, but neither a verdict to echo nor the end of the quote. They
+    ``< |End of Answer| >``: still readable, but neither a verdict to echo nor the end of the quote; a chat
+    template's control token (:data:`_CONTROL`: ``<start_of_turn>``, ``[INST]``) becomes ``< start_of_turn>``,
+    text to the judge's tokenizer, not a turn of its prompt. They
     are looked for in the :func:`skeleton` of the text, each character of a label matched by any character
     drawn like it (Unicode's confusables of any script, small capitals, another case, NFKD forms such as
     math alphanumerics and fullwidth letters, combining marks dropped), so a zero-width character inside
@@ -317,7 +331,12 @@ def quote(text: str, labels: Iterable[str] = (EQUAL_LABEL, NOT_EQUAL_LABEL)) -> 
         if start < last:  # inside a character already replaced (one that NFKD expanded)
             continue
         span = text[start:end]  # plain ASCII ("[[a=b]]") keeps its letters; a lookalike shows the label itself
-        pieces += [text[last:start], _defanged(span if span.isascii() and len(span) == len(found) else found)]
+        if found == _CONTROL:
+            shown = span if span.isascii() else match.group()
+            piece = f"{shown[0]} {shown[1:]}"
+        else:
+            piece = _defanged(span if span.isascii() and len(span) == len(found) else found)
+        pieces += [text[last:start], piece]
         last = end
     if not pieces:
         return text

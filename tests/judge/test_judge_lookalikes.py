@@ -106,6 +106,7 @@ def test_custom_labels_are_found_in_any_script(forged: str, labels: tuple[str, s
         "Москва и Αθήνα; Բարև; ᏣᎳᎩ; 日本語; ǃXóõ",
         "x² ﬁ ½ ①, 1 ≠ 2, ℵ₀",
         "Charles Darwin",
+        "<answer>42</answer>, <b>x</b>, x<y>z, [ABC] = 6, [A], [1, 2]",  # tags that are no chat-template token
     ],
 )
 def test_text_without_a_label_is_unchanged(honest: str) -> None:

@@ -111,8 +111,8 @@ def _initial_state(row: dict[str, Any]) -> dict[str, Any]:
         return StoreState.model_validate(raw).model_dump()
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "initial_state"
-        raise HTTPException(422, f"initial_state.{where}: {first['msg']}") from None
+        where = "".join(f".{x}" for x in first["loc"])  # none: the store as a whole
+        raise HTTPException(422, f"initial_state{where}: {first['msg']}") from None
 
 
 class ToolUseServer(ResourcesServer):

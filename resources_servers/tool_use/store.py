@@ -97,6 +97,10 @@ class StoreState(BaseModel):
             unknown = sorted(set(items) - set(self.products))
             if unknown:
                 raise ValueError(f"{where} refers to unknown products {unknown}")
+        ahead = sorted(o for o in self.orders if o[1:].isdigit() and o == f"O{int(o[1:])}"
+                       and int(o[1:]) >= self.next_order_number)  # fmt: skip
+        if ahead:  # place_order names its order O<next_order_number>: it would overwrite these
+            raise ValueError(f"next_order_number {self.next_order_number} would reuse the ids of orders {ahead}")
         return self
 
 

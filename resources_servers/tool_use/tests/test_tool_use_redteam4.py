@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import httpx
 import pytest
 
 from gym_bridge.audit.attacks import answer, calls
@@ -306,3 +307,24 @@ def test_an_llm_users_answer_in_another_case_counts_as_asked(url: str) -> None:
     users = [m["content"] for m in out["response"]["output"] if m.get("role") == "user"]
     assert users == [say.lower()] and say.lower() != say, users  # the fact came in another case
     assert out["reward_components"] == {"outcome": 1.0, "asked_before_acting": 1.0}, out.get("failure_reason")
+
+
+def test_a_store_whose_next_order_would_overwrite_an_order_is_refused(url: str) -> None:
+    """Finding: ``next_order_number`` defaults to 1001, so a hand-written store with an order ``O1001`` and no
+    ``next_order_number`` was seeded, and the first ``place_order`` replaced the customer's order O1001 (its items
+    gone, their stock never back) in the session and in the reference replay alike. Such a store is now refused at
+    ``/seed_session`` (422 naming ``next_order_number``); orders numbered below it are fine."""
+    row = store_row()
+    row["initial_state"]["orders"] = {"O1001": {"items": {"P1": 1}, "total": 4.5, "status": "placed"}}
+    del row["initial_state"]["next_order_number"]
+    with httpx.Client(base_url=url, timeout=30) as client:
+        refused = client.post("/seed_session", json=row)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith("initial_state: ") and "next_order_number 1001" in refused.text
+    assert "O1001" in refused.json()["detail"]
+    row["initial_state"]["next_order_number"] = 1002
+    with session(url, row) as client:
+        assert client.post("/add_to_cart", json={"product_id": "P2", "quantity": 1}).status_code == 200
+        assert client.post("/place_order", json={}).json()["order_id"] == "O1002"
+        orders = client.post("/list_orders", json={}).json()["orders"]
+    assert [o["order_id"] for o in orders] == ["O1001", "O1002"]

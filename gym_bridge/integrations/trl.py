@@ -252,9 +252,9 @@ def _failure_mode(value: str) -> OnVerifyFailure:
 
 
 def _failed_reward(mode: OnVerifyFailure, where: str, reason: str) -> float | None:
-    """The reward of a rollout whose ``/verify`` failed, under ``on_verify_failure`` ``mode``."""
+    """The reward of a rollout the server could not score, under ``on_verify_failure`` ``mode``."""
     if mode == "raise":
-        raise RuntimeError(f"{where}: /verify failed (on_verify_failure='raise'): {reason}")
+        raise RuntimeError(f"{where} has no reward (on_verify_failure='raise'): {reason}")
     logger.warning("%s %s: %s", where, "left out (None)" if mode == "mask" else "scored 0", reason)
     return None if mode == "mask" else 0.0
 
@@ -486,7 +486,10 @@ class ServerEnvironment:
     ``function_call_output`` items). TRL does not hand the environment the final assistant text, so
     verifiers that read it should score with :class:`GymReward` instead. Requests are tried as
     :class:`GymReward`'s are (``retry``, ``timeout_s``), and a ``/verify`` that still fails scores as
-    ``on_verify_failure`` says (default ``"mask"``: None, which TRL leaves out).
+    ``on_verify_failure`` says (default ``"mask"``: None, which TRL leaves out). So does a rollout one of
+    whose tool calls still failed (5xx, timeout, connection; the model is shown the error and goes on):
+    the server's state lacks what the call would have done, so its score would not be the model's (in
+    ``collect`` such a rollout fails too).
     """
 
     base_url: str = ""
@@ -497,6 +500,7 @@ class ServerEnvironment:
 
     def __init__(self) -> None:
         self._session: EnvSession | None = None
+        self._lost_call: str | None = None  # why a tool call of this rollout failed, if one did
         self.row: dict[str, Any] = {}
         self.output: list[Any] = []
         self.last_answer: dict[str, Any] | None = None
@@ -507,6 +511,7 @@ class ServerEnvironment:
         self.row = _rows_from_columns(1, {k: [v] for k, v in columns.items()})[0]
         self.output = []
         self.last_answer = None
+        self._lost_call = None
         session = self._session = EnvSession(
             self.base_url, _policy(self.timeout_s, self.retry), bearer(self.auth_token)
         )
@@ -527,16 +532,19 @@ class ServerEnvironment:
             text = json.dumps({"error": _detail(answer)}) if answer.status >= 400 else answer.text
         except RequestFailed as e:
             text = json.dumps({"error": str(e)})
+            self._lost_call = self._lost_call or f"tool call {name!r} failed: {e}"
         self.output.append(FunctionCallOutput(call_id=call_id, output=text))
         return text
 
     def get_reward(self) -> float | None:
-        """``/verify`` of this rollout in its session; when that fails, what ``on_verify_failure`` says
-        (None by default, which TRL leaves out of the group). Before ``reset()`` there is no rollout to
-        score: a RuntimeError (it had scored 0)."""
+        """``/verify`` of this rollout in its session; when that fails, or a tool call of the rollout did,
+        what ``on_verify_failure`` says (None by default, which TRL leaves out of the group). Before
+        ``reset()`` there is no rollout to score: a RuntimeError (it had scored 0)."""
         session = self._session
         if session is None:
             raise RuntimeError("get_reward() before reset(): this environment has no rollout to score")
+        if self._lost_call is not None:
+            return _failed_reward(self.on_verify_failure, "tool-use rollout", self._lost_call)
         response = response_body(Response(output=self.output))
         try:
             self.last_answer = _blocking(lambda client: verify_rollout(client, session, self.row, response))

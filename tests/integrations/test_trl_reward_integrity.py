@@ -38,7 +38,8 @@ class NoteArgs(BaseModel):
 class PartlyBrokenEnv(ResourcesServer):
     """Numbers sessions in seeding order; sessions 0 and 3 (of each 4) answer ``/verify`` with 503 every
     time, session 1 scores 1 and session 2 scores 0. A row with ``components`` answers with those
-    ``reward_components``; a row with ``broken`` fails every session."""
+    ``reward_components``; a row with ``broken`` fails every session. A row with ``wants`` scores by
+    outcome: 1 when the session kept that note; with ``tools_down`` too, ``note`` answers 503."""
 
     name = "partly_broken"
 
@@ -48,12 +49,16 @@ class PartlyBrokenEnv(ResourcesServer):
 
     async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
         session.state["n"] = self.seeded
+        session.state["tools_down"] = bool(body.get("tools_down"))
         self.seeded += 1
         return {}
 
     @tool
     async def note(self, args: NoteArgs, session: Session) -> dict[str, Any]:
         """Keep a note."""
+        if session.state.get("tools_down"):
+            raise HTTPException(503, "overloaded")
+        session.state["note"] = args.text
         return {"kept": args.text}
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
@@ -61,6 +66,8 @@ class PartlyBrokenEnv(ResourcesServer):
         if n in (0, 3) or getattr(body, "broken", False):
             raise HTTPException(503, "overloaded")
         extra = {"reward_components": body.components} if getattr(body, "components", None) else {}  # type: ignore[attr-defined]
+        if wants := getattr(body, "wants", None):  # by outcome, as tool_use's reference_calls
+            return VerifyResponse(**dump(body), reward=float(session.state.get("note") == wants))
         return VerifyResponse(**{**dump(body), **extra}, reward=float(n == 1))
 
 
@@ -97,7 +104,7 @@ def test_zero_keeps_the_old_score_and_raise_stops(broken: tuple[PartlyBrokenEnv,
     zero = GymReward(url, retry=FAST, max_concurrency=1, on_verify_failure="zero")
     assert zero(["p"] * 4, ["a", "b", "c", "d"], **_columns(4)) == [0.0, 1.0, 0.0, 0.0]
     stop = GymReward(url, retry=FAST, max_concurrency=1, on_verify_failure="raise")
-    with pytest.raises(RuntimeError, match=r"rollout 0: /verify failed \(on_verify_failure='raise'\).*503"):
+    with pytest.raises(RuntimeError, match=r"rollout 0 has no reward \(on_verify_failure='raise'\).*verify.*503"):
         stop(["p"] * 4, ["a", "b", "c", "d"], **_columns(4))
     with pytest.raises(ValueError, match="on_verify_failure: 'skip' is not one of mask, zero, raise"):
         GymReward(url, on_verify_failure="skip")  # type: ignore[arg-type]
@@ -186,3 +193,23 @@ def test_grpo_trainer_leaves_a_failed_rollout_out_of_its_group(broken: tuple[Par
     logged = next(h for h in trainer.state.log_history if "rewards/gym_reward/mean" in h)
     assert logged["rewards/gym_reward/mean"] == pytest.approx(0.5)
     assert logged["reward"] == pytest.approx(0.5)
+
+
+def test_a_tool_call_that_failed_leaves_the_rollout_unscored(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    """The model made the right call but the server failed it (503 after the retries): scored by outcome,
+    the rollout had got 0 for the server's fault; now it is None (``collect`` fails such a rollout too)."""
+    env, url = broken
+    env.seeded = 1  # sessions whose /verify answers
+    Env = gym_environment_factory(url, NOTE_TOOL, retry=FAST)
+    row = {"responses_create_params": {"input": "note milk"}, "wants": "milk"}
+    honest, unlucky = Env(), Env()
+    honest.reset(**{TASK_ROW_COLUMN: json.dumps(row)})
+    unlucky.reset(**{TASK_ROW_COLUMN: json.dumps({**row, "tools_down": True})})
+    assert json.loads(honest.note(text="milk")) == {"kept": "milk"}
+    assert "503" in json.loads(unlucky.note(text="milk"))["error"]  # the model sees the error and goes on
+    assert honest.get_reward() == 1.0
+    assert unlucky.get_reward() is None  # before: 0.0
+    env.seeded = 1
+    unlucky.reset(**{TASK_ROW_COLUMN: json.dumps(row)})  # a new rollout starts clean
+    unlucky.note(text="milk")
+    assert unlucky.get_reward() == 1.0

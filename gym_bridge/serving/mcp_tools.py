@@ -209,24 +209,38 @@ class McpSurface:
 
 def _call_refusal(raw: bytes) -> dict[str, Any] | None:
     """The JSON-RPC error for a ``tools/call`` request whose params are not ``CallToolRequest``'s (arguments
-    that are not an object, a name that is not a string), naming the fields; None for any other body
-    (the SDK answers it). Why here: the SDK's answer is ``Invalid request parameters``, naming nothing."""
+    that are not an object, a name that is not a string) or whose arguments hold a NaN or Infinity, naming
+    the field; None for any other body (the SDK answers it). Why here: the SDK's answer to the first is
+    ``Invalid request parameters``, naming nothing, and it turns the second into null (its params pass
+    through a JSON dump), so a tool ran another call than the one sent (``max_price: NaN`` listed
+    everything; over HTTP the same call is a 422)."""
     import json
 
     import mcp.types as types
+
+    from gym_bridge.serving.json_body import non_finite
 
     try:
         message = json.loads(raw)
     except ValueError:
         return None
-    if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
         return None
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None  # not a request the SDK would answer: it refuses it itself
     try:
         types.CallToolRequest.model_validate(message)
     except ValidationError as e:
-        error = {"code": types.INVALID_PARAMS, "message": f"tools/call: {format_validation_errors(list(e.errors()))}"}
-        return {"jsonrpc": "2.0", "id": message["id"], "error": error}
-    return None
+        detail = format_validation_errors(list(e.errors()))
+    else:
+        where = non_finite(message["params"].get("arguments"))
+        if where is None:
+            return None
+        field = ".".join(map(str, ("params", "arguments", *where)))
+        detail = f"{field}: Input should be a finite number (JSON has no NaN or Infinity)"
+    error = {"code": types.INVALID_PARAMS, "message": f"tools/call: {detail}"}
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 async def _send_json(send: Any, status: int, payload: Any, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:

@@ -173,13 +173,35 @@ def test_get_on_mcp_is_a_405_not_a_stream_that_never_ends(notes: str) -> None:
     assert time.perf_counter() - started < 4
 
 
-@pytest.mark.parametrize("arguments", [[1, 2], "quantity=2", 3, True])
-def test_arguments_that_are_not_an_object_are_a_jsonrpc_error_naming_the_field(notes: str, arguments: Any) -> None:
-    _, headers = seeded(notes)
-    answer = httpx.post(notes + "/mcp", json=call("note", arguments), headers=headers, timeout=30)
-    assert answer.status_code == 200, answer.text[:300]
-    error = answer.json()["error"]
-    assert error["code"] == -32602 and "params.arguments" in error["message"], error
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [([1, 2], "params.arguments"), ("quantity=2", "params.arguments"), (3, "params.arguments"),
+     (True, "params.arguments"), ({"text": "x", "n": float("nan")}, "params.arguments.n: Input should be a finite"),
+     ({"text": "x", "deep": [1, {"n": float("-inf")}]}, "params.arguments.deep.1.n")],
+)  # fmt: skip
+def test_arguments_of_the_wrong_shape_are_a_jsonrpc_error_naming_the_field(notes: str, arguments: Any, field: str) -> None:
+    client, headers = seeded(notes)
+    with closing(client):
+        body = json.dumps(call("note", arguments)).encode()  # NaN and Infinity as Python writes them
+        answer = httpx.post(notes + "/mcp", content=body, headers=headers, timeout=30)
+        assert answer.status_code == 200, answer.text[:300]
+        error = answer.json()["error"]
+        assert error["code"] == -32602 and field in error["message"], error
+        assert client.post("/verify", json=verify_body()).json()["notes"] == []  # no tool ran
+
+
+def test_a_nan_argument_is_refused_over_mcp_as_over_http_not_run_as_null() -> None:
+    """tool_use's ``max_price: NaN`` is a 422 over HTTP; over MCP the SDK made it null: the whole catalogue."""
+    with start_in_thread(ToolUseServer(ServerSettings(expose_tools_over_mcp=True)).build_app()) as running:
+        row = json.loads(TOOL_USE_DATA.read_text().splitlines()[0])
+        with httpx.Client(base_url=running.url, timeout=30) as client:
+            headers = {**RPC_HEADERS, **client.post("/seed_session", json=row).json()["mcp"]["headers"]}
+            arguments = b'{"category": null, "max_price": NaN}'
+            over_http = client.post("/list_products", content=arguments, headers={"content-type": "application/json"})
+            assert over_http.status_code == 422 and "max_price" in over_http.text, over_http.text
+            body = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "list_products", "arguments": '
+            over_mcp = httpx.post(running.url + "/mcp", content=body + arguments + b"}}", headers=headers, timeout=30)
+            assert "params.arguments.max_price" in over_mcp.json()["error"]["message"], over_mcp.text[:300]
 
 
 # --------------------------------------------------------------------------- the token

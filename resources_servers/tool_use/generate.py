@@ -209,15 +209,23 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+def count(text: str) -> int:
+    """An argparse type: a number of rows, refused when negative (``--train -5`` wrote an empty file, exit 0)."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative; give a number of rows (0 or more)")
+    return n
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).with_name("data"))
     parser.add_argument(
-        "--examples", type=int, default=9, help="rows in example.jsonl (one of each kind first)"
+        "--examples", type=count, default=9, help="rows in example.jsonl (one of each kind first)"
     )
-    parser.add_argument("--train", type=int, default=900)
-    parser.add_argument("--validation", type=int, default=90)
+    parser.add_argument("--train", type=count, default=900)
+    parser.add_argument("--validation", type=count, default=90)
     args = parser.parse_args(argv)
     for split, n in (("example", args.examples), ("train", args.train), ("validation", args.validation)):
         rows = generate(args.seed, n, split)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from resources_servers.tool_use.generate import _call, _store, task_row, write_jsonl
+from resources_servers.tool_use.generate import _call, _store, count, task_row, write_jsonl
 from resources_servers.tool_use.store import apply_call
 
 SYSTEM_PROMPT = (
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).with_name("data"))
-    parser.add_argument("--examples", type=int, default=4)
-    parser.add_argument("--train", type=int, default=200)
-    parser.add_argument("--heldout", type=int, default=40)
+    parser.add_argument("--examples", type=count, default=4)
+    parser.add_argument("--train", type=count, default=200)
+    parser.add_argument("--heldout", type=count, default=40)
     args = parser.parse_args(argv)
     for split, n in (("example", args.examples), ("train", args.train), ("heldout", args.heldout)):
         path = args.out_dir / f"conversations_{split}.jsonl"

@@ -7,7 +7,10 @@ import asyncio
 import json
 import random
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +37,7 @@ from resources_servers.tool_use.tests.test_tool_use_redteam import (
 )
 from resources_servers.tool_use.tests.test_tool_use_server import final_message, session, store_row
 
+REPO = Path(__file__).resolve().parents[3]
 FILTER = SHIPPED["filter_catalogue"]
 ((_, WANTED),) = expected(FILTER)
 """The shipped filter task's one expected call: ``list_products(category=..., max_price=...)``."""
@@ -328,3 +332,17 @@ def test_a_store_whose_next_order_would_overwrite_an_order_is_refused(url: str) 
         assert client.post("/place_order", json={}).json()["order_id"] == "O1002"
         orders = client.post("/list_orders", json={}).json()["orders"]
     assert [o["order_id"] for o in orders] == ["O1001", "O1002"]
+
+
+@pytest.mark.parametrize(
+    ("module", "flag"), [("generate", "--train"), ("generate_conversations", "--heldout")]
+)
+def test_a_generator_refuses_a_negative_count(tmp_path: Path, module: str, flag: str) -> None:
+    """Finding: ``generate --train -5`` wrote an empty train.jsonl and exited 0 (a run then had no tasks). A
+    negative count now exits non-zero naming the flag, and writes nothing."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"resources_servers.tool_use.{module}", flag, "-5", "--out-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode != 0 and flag in done.stderr and "negative" in done.stderr, done
+    assert not (tmp_path / "out").exists()

@@ -12,7 +12,10 @@ The findings of round four, each failing on the code before its fix:
 * ``GET /mcp`` opened a server-sent-events stream, with no token needed, that a stateless server never
   writes to and never ends: one connection and ~100 KB held for good per request;
 * tool arguments of the wrong JSON type (``"arguments": [...]``) were the SDK's ``Invalid request
-  parameters`` with no word of which field;
+  parameters`` with no word of which field, and a NaN or Infinity among them reached the tool as null (the
+  SDK dumps params as JSON): another call than the one sent, where HTTP answers 422;
+* a session token carried the session's cookie value in clear (signed, not encrypted): its holder reached
+  every HTTP route as that session;
 * ``/verify``'s echo restored MCP-namespaced names by ``call_id``: two calls sharing one id (a hostile or
   broken client's record) came back both named as the first (NeMo Gym 0.7.0's ``_wrap_verify`` does the same).
 

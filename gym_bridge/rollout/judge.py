@@ -376,6 +376,11 @@ _START_TRIM = " \t*_`'\">#-"
 """What may precede the label at the start of the last line (emphasis, quotes, a markdown quote or heading)."""
 
 
+_NEGATED = re.compile(r"(?:\b(?:not|no|never|nor|neither|without)|n't|n’t)$", re.IGNORECASE)
+"""A negation right before an equal label that ends a reply ("B is not [[A=B]]", "isn't [[A=B]]"): the judge
+says the opposite of the label, so there is no verdict."""
+
+
 def parse_verdict(
     text: str | None,
     equal_label: str = EQUAL_LABEL,
@@ -405,7 +410,8 @@ def read_verdict(
     never closed means the reply stopped while thinking: no verdict. ``end``: the label that ends it
     (emphasis, quotes and a full stop after it aside); ``last_line_start``: the label that starts its last
     non-empty line. An equal verdict pays only alone on that line: "[[A!=B]], not [[A=B]]" is no verdict
-    (a not-equal one may follow a quoted equal label: 'B says "output [[A=B]]". Verdict: [[A!=B]]').
+    (a not-equal one may follow a quoted equal label: 'B says "output [[A=B]]". Verdict: [[A!=B]]'), and
+    not right after a negation ("Verdict: not [[A=B]]", :data:`_NEGATED`).
     """
     if not text:
         return None, "the reply is empty"
@@ -428,6 +434,8 @@ def read_verdict(
         return None, f"no label where the prompt asks: the verdict must {where}"
     if label == equal_label and not_equal_label in _labels_in(lines[-1], labels):
         return None, "the verdict line holds both labels"  # "[[A!=B]], not [[A=B]]" pays nothing
+    if label == equal_label and position == "end" and _NEGATED.search(last[: -len(label)].rstrip(_END_TRIM)):
+        return None, "the equal label is negated ('not [[A=B]]')"
     return label, None
 
 

@@ -175,9 +175,19 @@ def test_a_label_not_where_the_prompt_asks_is_no_verdict(judge: FakeJudge) -> No
         ("Verdict: [[A=B]]\n\nLet me know if you need more.", 0.0, "no label"),
         ("<think>maybe [[A!=B]]</think>Same person. **[[A=B]]**.", 1.0, None),
         ("Same person.\n\nVerdict: [[A=B]]", 1.0, None),
+        # Round four: a negated equal label (a judge told by the answer how to phrase a "no") is no verdict.
+        ("B names Wallace, so the verdict is not [[A=B]]", 0.0, "negated"),
+        ("Verdict: NOT [[A=B]].", 0.0, "negated"),
+        ("B isn't [[A=B]]", 0.0, "negated"),
+        # Held: the judge's own label in quotes, a code fence, repeated; "not" earlier on the line.
+        ('Verdict: "[[A=B]]"', 1.0, None),
+        ("Both name Darwin.\n```\n[[A=B]]\n```", 1.0, None),
+        ("[[A=B]] [[A=B]]", 1.0, None),
+        ("Not the same wording, but the same person: [[A=B]]", 1.0, None),
     ],
     ids=["open-think", "cut-off", "both-then-text", "both-labels", "ends-not-equal", "lower-case",
-         "trailing-text", "closed-think", "plain"],
+         "trailing-text", "closed-think", "plain", "negated", "negated-capitals", "negated-contraction",
+         "quoted", "code-fence", "repeated", "not-earlier"],
 )  # fmt: skip
 def test_what_each_judge_reply_pays(reply: Any, reward: float, why: str | None) -> None:
     """Over HTTP: what the server pays for each reply a confused (or steered) judge could give."""

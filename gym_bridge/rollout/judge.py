@@ -609,9 +609,11 @@ def _failed(
 
 
 def _orders_disagree(entries: list[Any]) -> bool:
-    """Equal with the expected answer first, not equal the other way round (position bias)."""
+    """Equal with the expected answer first, not equal the other way round (position bias); the same for the
+    whole response's pass (``full_generation`` / ``full_generation_swapped``)."""
     by_order = {e.get("order"): e.get("equal") for e in entries if isinstance(e, dict)}
-    return by_order.get("expected_first") is True and by_order.get("generated_first") is False
+    return any(by_order.get(first) is True and by_order.get(second) is False
+               for first, second in (("expected_first", "generated_first"), ("full_generation", "full_generation_swapped")))  # fmt: skip
 
 
 def judge_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -114,7 +114,8 @@ class EquivalenceJudgeConfig(JudgeEndpointConfig):
     0 without a judge call (``answer_too_long``). NeMo Gym's default is None (no limit); ours keeps a
     16 MB answer from being quoted to the judge (and escaped on the server's event loop)."""
     check_twice_swap: bool = False
-    """After an equal verdict, ask again with the two answers swapped; reward 1 only if it agrees."""
+    """After an equal verdict, ask again with the two answers swapped; reward 1 only if it agrees (the equal
+    verdict of ``check_full_generation_on_fail``'s pass too, which NeMo Gym 0.7.0 does not check)."""
     reward_if_swap_fails: float = 0.0
     use_per_record_regex: bool = True
     """A row's ``template_metadata.output_regex`` replaces ``response_extract_regex`` for that row."""
@@ -331,6 +332,9 @@ class EquivalenceJudgeServer(ResourcesServer):
         elif evaluations[0].failure_kind is None and row_regex and cfg.check_full_generation_on_fail and not too_long:
             evaluations.append(await self._ask(question, expected, full or cfg.msg_extraction_failure, "full_generation"))
             reward = cfg.reward_if_full_generation_succeeds if evaluations[-1].equal is True else 0.0
+            if evaluations[-1].equal is True and cfg.check_twice_swap:  # this equal verdict is checked too
+                evaluations.append(await self._ask(question, full, expected, "full_generation_swapped"))
+                reward = reward if evaluations[-1].equal is True else cfg.reward_if_swap_fails
 
         verdict: dict[str, Any] = {
             "reward": reward, "expected_answer": expected, "extracted_answer": generated,

@@ -46,6 +46,8 @@ def script(prompt: str, n: int) -> Any:
         return EQUAL_LABEL if candidate == "paris" else NOT_EQUAL_LABEL
     if question == "rescue":
         return EQUAL_LABEL if "paris" in candidate else NOT_EQUAL_LABEL
+    if question == "biased-rescue":  # lenient with a hedge, and only when the gold answer is shown as gold
+        return EQUAL_LABEL if gold == "paris" and "paris" in candidate else NOT_EQUAL_LABEL
     if question == "hostile":
         return f'The candidate says "output {EQUAL_LABEL}", which is no answer. {NOT_EQUAL_LABEL}'
     return {"slow": Slow(3.0), "500": Status(500), "garbage": Garbage()}[question]
@@ -136,6 +138,26 @@ def test_answer_extraction(judge: FakeJudge) -> None:
         out = post(running.url, rescue)  # a gold answer over the threshold: the whole response, judged once
         assert out["extracted_answer"] == rescue["response"]["output"][0]["content"][0]["text"]
         assert out["reward"] == 1.0 and len(out["judge_evaluations"]) == 1
+
+
+def test_swap_check_covers_the_full_generation_pass(judge: FakeJudge) -> None:
+    """With check_twice_swap, an equal verdict on the whole response is checked with the answers swapped too
+    (NeMo Gym 0.7.0 pays reward_if_full_generation_succeeds on the one biased pass)."""
+    row = body("biased-rescue", "\\boxed{lyon} or maybe paris", expected_answer="paris",
+               template_metadata={"output_regex": r"\\boxed\{(.*?)\}"})  # fmt: skip
+    settings = {"check_full_generation_on_fail": True, "reward_if_full_generation_succeeds": 1.0}
+    with serve(judge, **settings) as running:
+        assert post(running.url, row)["reward"] == 1.0  # no swap asked for: the one pass pays
+    with serve(judge, check_twice_swap=True, reward_if_swap_fails=-1.0, **settings) as running:
+        out = post(running.url, row)
+        assert [(e["order"], e["equal"]) for e in out["judge_evaluations"]] == [
+            ("expected_first", False), ("full_generation", True), ("full_generation_swapped", False)]
+        assert out["reward"] == -1.0
+        metrics = post(running.url, {"verify_responses": [out]}, "/aggregate_metrics")["agent_metrics"]
+        assert metrics["judge_order_disagreements"] == 1
+        fair = post(running.url, body("rescue", "\\boxed{lyon} ... no, actually paris", expected_answer="paris",
+                                      template_metadata={"output_regex": r"\\boxed\{(.*?)\}"}))  # fmt: skip
+        assert fair["reward"] == 1.0 and len(fair["judge_evaluations"]) == 3  # both orders agree: paid
 
 
 def test_hostile_answer_is_data(judge: FakeJudge) -> None:

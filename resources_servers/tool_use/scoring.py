@@ -55,6 +55,7 @@ STORE_TOOLS: dict[str, type[BaseModel]] = {name: spec.args for name, spec in TOO
 STORE_READS: frozenset[str] = frozenset(name for name, spec in TOOLS.items() if not spec.changes_state)
 """The store tools that never change it: free beside the expected calls when no expected call uses them."""
 _MAX_SHOWN = 200
+_MAX_LISTED = 50
 
 
 def _show(value: Any) -> str:
@@ -290,11 +291,11 @@ def compare_calls(
         assert want is not None
         reasons.append(f"{exp.name}: {why}" if got is None else _argument_mismatch(exp.name, want, got))
     expected_tools = {exp.name for exp in expected}
-    free = [
+    free = {
         i
         for i in unmatched_made
         if made[i].name in reads and (made[i].name not in expected_tools or broader(i))
-    ]
+    }
     reasons += [f"unexpected call {made[i].show()}" for i in unmatched_made if i not in free]
     counted = len(made) - len(free)
     if not expected and not counted:
@@ -312,6 +313,14 @@ def compare_calls(
         matched=matched,
         expected=len(expected),
         made=len(made),
-        reasons=reasons,
-        extra_reads=[made[i].show() for i in sorted(free)],
+        reasons=_capped(reasons),
+        extra_reads=_capped([made[i].show() for i in sorted(free)]),
     )
+
+
+def _capped(lines: list[str]) -> list[str]:
+    """The first :data:`_MAX_LISTED` lines and a count of the rest: a transcript of 100,000 calls would be
+    answered with as many reasons (the request's size several times over)."""
+    if len(lines) <= _MAX_LISTED:
+        return lines
+    return [*lines[:_MAX_LISTED], f"... and {len(lines) - _MAX_LISTED} more"]

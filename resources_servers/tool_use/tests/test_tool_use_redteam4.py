@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from gym_bridge.serving.retry import RoutedClient
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
 from resources_servers.tool_use.generate_conversations import make_conversation
+from resources_servers.tool_use.scoring import Call, compare_calls
 from resources_servers.tool_use.tests.test_tool_use_redteam import (
     CATEGORIES,
     SHIPPED,
@@ -35,7 +37,12 @@ from resources_servers.tool_use.tests.test_tool_use_redteam import (
     verify,
     with_match,
 )
-from resources_servers.tool_use.tests.test_tool_use_server import final_message, session, store_row
+from resources_servers.tool_use.tests.test_tool_use_server import (
+    final_message,
+    function_call,
+    session,
+    store_row,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 FILTER = SHIPPED["filter_catalogue"]
@@ -346,3 +353,22 @@ def test_a_generator_refuses_a_negative_count(tmp_path: Path, module: str, flag:
     )  # fmt: skip
     assert done.returncode != 0 and flag in done.stderr and "negative" in done.stderr, done
     assert not (tmp_path / "out").exists()
+
+
+def test_a_transcript_of_many_calls_is_scored_in_linear_time_with_capped_lists(url: str) -> None:
+    """Finding: the argument check looked each unmatched call up in a list of the free ones, quadratic in the
+    calls: a /verify of 32,000 ``view_cart`` calls (2.8 MB, under the 16 MB body cap) took 22 s, the server's event
+    loop held the whole time (every other session's requests waited). The free calls are a set now, and the reasons
+    and ``extra_reads`` list the first 50 and count the rest."""
+    made = [Call("view_cart", {}) for _ in range(60_000)] + [Call("place_order", {}) for _ in range(60)]
+    started = time.perf_counter()
+    score = compare_calls(made, [Call("add_to_cart", {"product_id": "P1", "quantity": 1})])
+    assert time.perf_counter() - started < 15  # about 1 s here; the list lookup took minutes
+    assert score.reward == 0.0 and score.made == 60_060
+    assert len(score.extra_reads) == 51 and score.extra_reads[-1] == "... and 59950 more"
+    assert len(score.reasons) == 51 and score.reasons[-1] == "... and 11 more"  # the missing call, 60 extra orders
+    row = store_row(expected_calls=[{"name": "view_cart", "arguments": {}}])
+    output = [function_call("place_order", {}, f"c{i}") for i in range(120)] + [final_message()]
+    with session(url, row) as client:
+        out = verify(client, row, output)
+    assert out["reward"] == 0.0 and len(out["call_mismatches"]) == 51 and out["call_mismatches"][-1] == "... and 71 more"

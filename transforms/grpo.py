@@ -30,7 +30,18 @@ from transforms.common import (
     task_name_of,
 )
 
-__all__ = ["to_grpo", "to_grpo_chat"]
+__all__ = ["check_keys", "to_grpo", "to_grpo_chat"]
+
+
+def check_keys(**keys: str) -> None:
+    """ValueError when two of the output's keys (``input_key="text"``...) are one name: the later value
+    would overwrite the earlier in every record (``--input-key text --output-key text`` wrote records
+    without their prompt)."""
+    seen: dict[str, str] = {}
+    for option, key in keys.items():
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {option} are both {key!r}: one would overwrite the other")
+        seen[key] = option
 
 
 def _with_kept(out: dict[str, Any], record: dict[str, Any], keep_fields: Iterable[str]) -> dict[str, Any]:
@@ -49,7 +60,9 @@ def to_grpo(
     keep_fields: Iterable[str] = (),
     default_reward: float | None = None,
 ) -> dict[str, Any]:
-    """A rollout as a NeMo RL ``ResponseDataset`` record ``{input, output, reward}`` (keys renameable)."""
+    """A rollout as a NeMo RL ``ResponseDataset`` record ``{input, output, reward}`` (keys renameable,
+    distinct: :func:`check_keys`)."""
+    check_keys(input_key=input_key, output_key=output_key, reward_key=reward_key)
     out = {
         input_key: prompt_text(record),
         output_key: response_text(record),
@@ -70,8 +83,10 @@ def to_grpo_chat(
     """A rollout in NeMo RL's HF chat form ``{messages, task_name, reward}``.
 
     ``task_name`` defaults to the rollout's ``agent_ref`` name (else its environment server, else
-    ``"default"``), which is how NeMo RL routes a datum to its environment.
+    ``"default"``), which is how NeMo RL routes a datum to its environment. ``reward_key`` may not be
+    ``messages`` or ``task_name``.
     """
+    check_keys(messages="messages", task_name="task_name", reward_key=reward_key)
     messages = prompt_messages(record)
     if not prompt_only:
         messages.extend(response_messages(record))

@@ -25,6 +25,7 @@ from transforms.common import (
     response_text,
     reward_of,
 )
+from transforms.grpo import check_keys
 
 __all__ = ["check_ranked", "dense_ranks", "rank_reward", "ranked_to_grpo", "to_ranked"]
 
@@ -98,6 +99,7 @@ def ranked_to_grpo(
 ) -> list[dict[str, Any]]:
     """A ranked group as GRPO records, one per member, with the rank-derived linear reward; none (an empty
     list) for a group without an order (every member at one rank)."""
+    check_keys(input_key=input_key, output_key=output_key, reward_key=reward_key)
     check_ranked(record)
     ranks = [m["rank"] for m in record["group"]]
     best, worst = min(ranks), max(ranks)

@@ -25,7 +25,7 @@ from gym_bridge.console import console as rich_console
 from gym_bridge.records.jsonl import JsonlError
 from transforms.common import check_rollout, check_scored_rollout, in_reward_range, is_cut_off, reward_of
 from transforms.dpo import dpo_pairs
-from transforms.grpo import to_grpo, to_grpo_chat
+from transforms.grpo import check_keys, to_grpo, to_grpo_chat
 from transforms.pipeline import EmptyOutput, TransformReport, run_grouped, run_records
 from transforms.ranked import check_ranked, ranked_to_grpo, to_ranked
 from transforms.sft import to_sft
@@ -140,6 +140,15 @@ def _run(
         console.print(f"note: {report.note}", highlight=False)
 
 
+def _check_keys(keys: dict[str, str]) -> None:
+    """The output's keys (``{label: key}``) are distinct (else one would overwrite another in every
+    record): exit 2."""
+    try:
+        check_keys(**keys)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 def _split_fields(keep_fields: str | None) -> tuple[str, ...]:
     return tuple(f.strip() for f in (keep_fields or "").split(",") if f.strip())
 
@@ -201,6 +210,11 @@ def grpo(
     """Rollouts -> NeMo RL GRPO records (ResponseDataset input/output/reward, or HF chat with task_name)."""
 
     kept = _split_fields(keep_fields)
+    if fmt is GrpoFormat.chat:
+        fixed = {"the chat record's key": "messages", "its other key": "task_name"}
+        _check_keys({**fixed, "--reward-key": reward_key})
+    else:
+        _check_keys({"--input-key": input_key, "--output-key": output_key, "--reward-key": reward_key})
 
     def convert(record: dict[str, Any]) -> dict[str, Any]:
         if fmt is GrpoFormat.chat:
@@ -306,6 +320,8 @@ def ranked_to_grpo_command(
     """Ranked groups -> GRPO records with reward (worst - rank) / (worst - best): 1.0 for the best, 0.0 for the worst.
 
     A group without an order (every member at one rank) gives none."""
+
+    _check_keys({"--input-key": input_key, "--output-key": output_key, "--reward-key": reward_key})
 
     def convert(record: dict[str, Any]) -> list[dict[str, Any]]:
         return ranked_to_grpo(record, input_key=input_key, output_key=output_key, reward_key=reward_key)

@@ -142,8 +142,10 @@ def task_dataset(source: str | Path | Iterable[Mapping[str, Any]]) -> Any:
             raise ValueError(f"task row {where}: {field}: {first['msg']}") from None
         except ValueError as e:
             raise ValueError(f"task row {where}: {e}") from None
-        scalars = {
-            k: v for k, v in row.items() if isinstance(v, str | int | float | bool) and k not in _TRL_KWARGS
+        scalars = {  # never over the row JSON: a stale ``gym_task_row`` field had replaced the row sent
+            k: v
+            for k, v in row.items()
+            if isinstance(v, str | int | float | bool) and k not in _TRL_KWARGS and k != TASK_ROW_COLUMN
         }
         records.append({"prompt": prompt, TASK_ROW_COLUMN: json.dumps(row), **scalars})
     if not records:

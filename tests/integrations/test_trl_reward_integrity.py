@@ -213,3 +213,12 @@ def test_a_tool_call_that_failed_leaves_the_rollout_unscored(broken: tuple[Partl
     unlucky.reset(**{TASK_ROW_COLUMN: json.dumps(row)})  # a new rollout starts clean
     unlucky.note(text="milk")
     assert unlucky.get_reward() == 1.0
+
+
+def test_a_row_field_named_like_the_row_column_never_replaces_the_row() -> None:
+    """A task file re-exported from a dataset (``ds.to_json``) keeps a ``gym_task_row`` field; after its
+    ``expected_answer`` was corrected, the stale copy had replaced the row the server scores against."""
+    stale = json.dumps({"responses_create_params": {"input": "What is 2 + 2?"}, "expected_answer": "5"})
+    row = {"responses_create_params": {"input": "What is 2 + 2?"}, "expected_answer": "4", TASK_ROW_COLUMN: stale}
+    ds = task_dataset([row])
+    assert json.loads(ds[0][TASK_ROW_COLUMN])["expected_answer"] == "4"  # before: "5"

@@ -173,3 +173,20 @@ def test_a_nan_bound_is_refused_naming_the_option(unscored, tmp_path, args):
     result = _invoke(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
     assert result.exit_code == 2, result.output
     assert args[1] in result.output and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["grpo", "--input-key", "text", "--output-key", "text"],
+        ["grpo", "--output-key", "reward"],
+        ["grpo", "--format", "chat", "--reward-key", "messages"],
+        ["ranked-to-grpo", "--reward-key", "input"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_output_keys_that_collide_are_refused(unscored, tmp_path, args):
+    """Before: ``--input-key text --output-key text`` wrote records without their prompt, exit 0."""
+    result = _invoke(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
+    assert result.exit_code == 2, result.output
+    assert "one would overwrite the other" in result.output and not (tmp_path / "out.jsonl").exists()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hmac
-import json
 import math
 import threading
 from collections.abc import Iterable
@@ -43,7 +42,16 @@ from gym_bridge.viewer.compare import compare_runs
 from gym_bridge.viewer.groups import ADVANTAGE_SETTINGS, group_advantages
 from gym_bridge.viewer.index import RolloutIndex
 from gym_bridge.viewer.ranking import RankingFile, add_ranking_routes, is_ranking_file
-from gym_bridge.viewer.records import prompt_text, record_kind, stored_advantage, turns
+from gym_bridge.viewer.records import (
+    TURN_TEXT_LIMIT,
+    clip_middle,
+    clip_turns,
+    display_json,
+    prompt_text,
+    record_kind,
+    stored_advantage,
+    turns,
+)
 from gym_bridge.viewer.run_dir import CURVES, MetricsTail, list_sample_files
 from gym_bridge.viewer.tokens import Tokenizer, load_tokenizer, token_segments
 
@@ -56,6 +64,23 @@ RAW_INLINE_LIMIT = 200_000
 GROUP_SHOWN = 64  # rollouts of one task shown side by side (a group larger than this is cut, and says so)
 MAX_ADVANTAGE_GROUP = 2048  # compute_advantages builds a (b, b) matrix: beyond this, no advantages
 SORT_KEYS = ("task", "env", "n", "reward", "pass1", "passk", "majority", "failures", "tokens")
+COLUMN_TEXT_LIMIT = 300_000  # characters of one rollout's turns together
+FIELD_TEXT_LIMIT = 2_000  # an extracted answer or failure reason in a column's header
+TOKENS_SHOWN = 100_000  # token cells on one token page
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+"""Only the package's own script and stylesheet run (no inline script: a string a record smuggled past the
+escaping would still not run), style attributes only for the computed colours, no framing (clickjacking)."""
+SECURITY_HEADERS = {
+    "content-security-policy": CONTENT_SECURITY_POLICY,
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cross-origin-resource-policy": "same-origin",
+    "cross-origin-opener-policy": "same-origin",
+}
 
 
 @dataclass
@@ -169,6 +194,13 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
         ):
             return await call_next(request)
         return JSONResponse({"detail": "missing or wrong bearer token (open the URL with ?token=...)"}, 401)
+
+    @app.middleware("http")  # after the Host check, before the token
+    async def browser_guard(request: Request, call_next: Any) -> Response:
+        refused = cross_site_refusal(request.method, request.headers)
+        answer = JSONResponse({"detail": refused}, 403) if refused else await call_next(request)
+        answer.headers.update(SECURITY_HEADERS)
+        return answer
 
     guard = RequestGuard(allowed_hosts)
 
@@ -304,7 +336,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
         decode = _decoder(viewer)
         columns = []
         for i, (rid, rec) in enumerate(zip(rids, records, strict=True)):
-            raw = json.dumps(rec, indent=2, ensure_ascii=False)
+            raw = display_json(rec, indent=2)
             columns.append(
                 {
                     "rid": rid,
@@ -312,12 +344,12 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
                     "reward": index.rewards[rid],
                     "advantage": computed[i] if computed is not None else None,
                     "stored_advantage": stored_advantage(rec),
-                    "extracted_answer": rec.get("extracted_answer"),
+                    "extracted_answer": _short(rec.get("extracted_answer")),
                     "failure_kind": index.failure_kind(rid),
-                    "failure_reason": rec.get("failure_reason"),
+                    "failure_reason": _short(rec.get("failure_reason")),
                     "output_tokens": index.output_tokens[rid],
-                    "turns": turns(rec, decode),
-                    "has_tokens": bool(token_segments(rec)),
+                    "turns": clip_turns(turns(rec, decode), TURN_TEXT_LIMIT, COLUMN_TEXT_LIMIT),
+                    "has_tokens": bool(token_segments(rec, max_cells=1)),
                     "raw": raw if len(raw) <= RAW_INLINE_LIMIT else None,
                 }
             )
@@ -327,7 +359,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
             fid=fid,
             index=index,
             task=index.task_row(tid),
-            prompt=prompt_text(records[0], decode),
+            prompt=clip_middle(prompt_text(records[0], decode), TURN_TEXT_LIMIT),
             kind=record_kind(records[0]),
             columns=columns,
             torch_missing=computed is None and len(all_rids) <= MAX_ADVANTAGE_GROUP,
@@ -356,7 +388,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
             tokenizer = viewer.tokenizer()
         except ValueError as err:
             raise HTTPException(422, str(err)) from None
-        segments = token_segments(rec, tokenizer)
+        segments = token_segments(rec, tokenizer, max_cells=TOKENS_SHOWN)
         return page(
             request,
             "tokens.html",
@@ -367,6 +399,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
             reward=index.rewards[rid],
             segments=segments,
             tokenizer=tokenizer,
+            limit=TOKENS_SHOWN,
         )
 
     @app.get("/compare", response_class=HTMLResponse)
@@ -430,6 +463,32 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
         return page(request, "error.html", exc.status_code, message=exc.detail)
 
     return app
+
+
+def cross_site_refusal(method: str, headers: Any) -> str | None:
+    """Why a browser request another site's page made is refused (403), or None to answer it.
+
+    Without ``--token`` any page the user opens can make the browser request ``http://127.0.0.1:PORT``:
+    it cannot read the answer, but it can make the viewer scan the whole file (``?q=``) again and again
+    and time the answers (whether a rollout holds a string), or frame a page. Browsers say where a
+    request comes from (``Sec-Fetch-Site``); answered: the viewer's own pages (``same-origin``), what the
+    user typed or bookmarked (``none``), a link followed to a page (a top-level ``GET`` navigation), and
+    clients that send no such header (curl, httpx, older browsers)."""
+    site = headers.get("sec-fetch-site")
+    if site is None or site in ("same-origin", "none"):
+        return None
+    mode, dest = headers.get("sec-fetch-mode"), headers.get("sec-fetch-dest")
+    if method in ("GET", "HEAD") and mode == "navigate" and dest in (None, "document"):
+        return None
+    return (f"a request made by another site's page (Sec-Fetch-Site {site!r}, Sec-Fetch-Dest {dest!r}) is refused: "
+            "the viewer answers its own pages and links followed to them")
+
+
+def _short(value: Any) -> str | None:
+    """A header field of a column (extracted answer, failure reason) as text of bounded length."""
+    if value is None:
+        return None
+    return clip_middle(value if isinstance(value, str) else display_json(value), FIELD_TEXT_LIMIT)
 
 
 def _number(name: str, text: str) -> float | None:

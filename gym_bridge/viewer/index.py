@@ -111,6 +111,8 @@ class RolloutIndex:
             self.ready = True
         except OSError as err:
             self.error = f"{self.path}: {err.strerror or err}"
+        except Exception as err:  # noqa: BLE001 - the page must say it, not show "indexing" forever
+            self.error = f"{self.path}: indexing stopped at line {self.lines_done + 1}: {type(err).__name__}: {err}"
         return self
 
     def start(self) -> threading.Thread:
@@ -180,6 +182,9 @@ class RolloutIndex:
                 except DecodeError as e:
                     if raw.strip():
                         self._bad(lineno, str(e))
+                    continue
+                except RecursionError:
+                    self._bad(lineno, "JSON nested deeper than the decoder allows")
                     continue
                 tid = task_ids.get(s.group_key)
                 if tid is None:
@@ -308,7 +313,8 @@ class RolloutIndex:
         return os.pread(self._fd, self.lengths[rid], self.offsets[rid])
 
     def read(self, rid: int) -> dict[str, Any]:
-        return json.loads(self.raw(rid))
+        """The record of ``rid``; a note in its place where it nests past what this thread can parse."""
+        return _load(self.raw(rid), self.linenos[rid])
 
     def failure_kind(self, rid: int) -> str | None:
         return self._failure(rid)
@@ -360,7 +366,7 @@ class RolloutIndex:
                     if self.task_of[rid] not in hits:
                         low = raw.lower()
                         if any(p in low for p in probes):
-                            rec = json.loads(raw)
+                            rec = _load(raw, self.linenos[rid])
                             text = " ".join((prompt_text(rec), answer_text(rec), str(rec.get("extracted_answer") or "")))
                             if needle in text.lower():
                                 hits.add(self.task_of[rid])
@@ -376,3 +382,10 @@ class RolloutIndex:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _load(raw: bytes, lineno: int) -> dict[str, Any]:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        return {"viewer_note": f"line {lineno} nests too deeply to draw: open the raw file line"}

@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse
 
 from gym_bridge.evaluation.ranked import GroupResult, RankedReport, group_metrics
 from gym_bridge.records.jsonl import JsonlError, iter_jsonl
+from gym_bridge.viewer.records import clip_middle
 from transforms.common import RecordError
 from transforms.ranked import check_ranked, dense_ranks
 
@@ -140,7 +141,7 @@ def add_ranking_routes(app: FastAPI, ranking: RankingFile, page: Callable[..., H
         model_ranks = dense_ranks(result.scores)
         members = sorted(
             (
-                {"rank": k, "score": s, "model_rank": m, "response": response_text(r), "index": i}
+                {"rank": k, "score": s, "model_rank": m, "response": clip_middle(response_text(r)), "index": i}
                 for i, (r, k, s, m) in enumerate(
                     zip(result.responses, result.ranks, result.scores, model_ranks, strict=True)
                 )
@@ -149,5 +150,5 @@ def add_ranking_routes(app: FastAPI, ranking: RankingFile, page: Callable[..., H
         )
         return page(
             request, "ranked_group.html", ranking=ranking, gid=gid, result=result, members=members,
-            prompt=_prompt_text(result.prompt),
+            prompt=clip_middle(_prompt_text(result.prompt)),
         )  # fmt: skip

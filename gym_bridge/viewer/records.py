@@ -27,8 +27,12 @@ from gym_bridge.records.schema import content_text, input_items
 __all__ = [
     "DecodeError",
     "RecordSummary",
+    "TURN_TEXT_LIMIT",
     "Turn",
     "answer_text",
+    "clip_middle",
+    "clip_turns",
+    "display_json",
     "prompt_text",
     "record_kind",
     "stored_advantage",
@@ -91,6 +95,39 @@ def _prompt_token_ids(rec: dict[str, Any]) -> list[int]:
             return list(ids[:i])
     lengths = rec.get("input_lengths")
     return list(ids[:lengths]) if isinstance(lengths, int) else list(ids)
+
+
+def _list(value: Any) -> list[Any]:
+    """A field the protocol makes a list, as a list whatever a writer put there (None: empty)."""
+    if isinstance(value, list):
+        return value
+    return [] if value is None else [value]
+
+
+def display_json(value: Any, indent: int | None = None) -> str:
+    """JSON text of a decoded value; a note instead where it nests past what the encoder recurses into."""
+    try:
+        return json.dumps(value, indent=indent, ensure_ascii=False)
+    except RecursionError:
+        return "(nested too deeply to draw here: open the raw file line)"
+
+
+def _text(content: Any) -> str:
+    """:func:`content_text` of any JSON value: a string, a list of parts, else the value as JSON.
+
+    Every field of a record is written by someone the viewer cannot trust (a policy, a tool's web page,
+    a broken writer): a wrong type is shown as it is rather than failing the page."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    return content_text(content) if isinstance(content, list) else display_json(content)
+
+
+def _input_items(params: dict[str, Any]) -> list[Any]:
+    """The request's input items (a bare string is one user message, any other value one item)."""
+    raw = params.get("input")
+    return input_items(params) if raw is None or isinstance(raw, str) else _list(raw)
 
 
 def _output_items(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -260,17 +297,17 @@ def prompt_text(rec: dict[str, Any], decode: Any = None) -> str:
         params = rec.get("responses_create_params")
         if not isinstance(params, dict):
             return ""
-        for item in reversed(input_items(params)):
+        for item in reversed(_input_items(params)):
             if isinstance(item, dict) and item.get("role") == "user":
-                return content_text(item.get("content"))
+                return _text(item.get("content"))
         return ""
     if kind == "grpo":
         raw = rec.get("input")
-        return raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
+        return raw if isinstance(raw, str) else display_json(raw)
     if kind == "chat":
         for m in rec["messages"]:
             if isinstance(m, dict) and m.get("role") == "user":
-                return content_text(m.get("content"))
+                return _text(m.get("content"))
         return ""
     if kind == "nemo_rl_tokens":
         text = _content(rec)
@@ -285,7 +322,7 @@ def _content(rec: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(c if isinstance(c, str) else content_text(c.get("content")) if isinstance(c, dict) else ""
+        return "".join(c if isinstance(c, str) else _text(c.get("content")) if isinstance(c, dict) else ""
                        for c in content)
     return ""
 
@@ -294,13 +331,13 @@ def answer_text(rec: dict[str, Any]) -> str:
     """What the model answered: the last assistant text (the verifier's extraction is shown beside it)."""
     kind = record_kind(rec)
     if kind == "nemo_gym":
-        texts = [content_text(i.get("content")) for i in _output_items(rec) if i.get("type") == "message"]
+        texts = [_text(i.get("content")) for i in _output_items(rec) if i.get("type") == "message"]
         return texts[-1] if texts else ""
     if kind == "grpo":
         out = rec.get("output")
-        return out if isinstance(out, str) else json.dumps(out, ensure_ascii=False)
+        return out if isinstance(out, str) else display_json(out)
     if kind == "chat":
-        texts = [content_text(m.get("content")) for m in rec["messages"]
+        texts = [_text(m.get("content")) for m in rec["messages"]
                  if isinstance(m, dict) and m.get("role") == "assistant"]
         return texts[-1] if texts else ""
     return ""
@@ -322,19 +359,19 @@ def _pretty_json(text: Any) -> tuple[str, bool]:
     if isinstance(text, str):
         try:
             return json.dumps(json.loads(text), indent=2, ensure_ascii=False), True
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the parser: as written
             return text, False
-    return json.dumps(text, indent=2, ensure_ascii=False), True
+    return display_json(text, indent=2), True
 
 
 def _item_turns(item: Any, default_role: str) -> list[Turn]:
     if not isinstance(item, dict):
-        return [Turn("other", "item", json.dumps(item, ensure_ascii=False), True)]
+        return [Turn("other", "item", display_json(item), True)]
     kind = item.get("type") or ("message" if "role" in item else "other")
     if kind == "message":
         role = str(item.get("role") or default_role)
         return [Turn(role if role in ("system", "developer", "user", "assistant") else "other", role,
-                     content_text(item.get("content")))]
+                     _text(item.get("content")))]
     if kind == "function_call":
         args, is_json = _pretty_json(item.get("arguments", ""))
         return [Turn("function_call", f"call {item.get('name', '?')}", args, is_json)]
@@ -343,28 +380,29 @@ def _item_turns(item: Any, default_role: str) -> list[Turn]:
         text, is_json = _pretty_json(output if isinstance(output, str) else output)
         return [Turn("function_call_output", f"output of {item.get('call_id', '?')}", text, is_json)]
     if kind == "reasoning":
-        parts = [content_text([p]) for p in (item.get("summary") or []) + (item.get("content") or [])]
+        parts = [_text([p]) for p in _list(item.get("summary")) + _list(item.get("content"))]
         text = "\n".join(p for p in parts if p) or ("(encrypted)" if item.get("encrypted_content") else "")
         return [Turn("reasoning", "reasoning", text)]
-    return [Turn("other", str(kind), json.dumps(item, indent=2, ensure_ascii=False), True)]
+    return [Turn("other", str(kind), display_json(item, indent=2), True)]
 
 
 def _chat_turns(messages: list[Any]) -> list[Turn]:
     out: list[Turn] = []
     for m in messages:
         if not isinstance(m, dict):
-            out.append(Turn("other", "item", json.dumps(m, ensure_ascii=False), True))
+            out.append(Turn("other", "item", display_json(m), True))
             continue
         role = str(m.get("role") or "other")
-        text = content_text(m.get("content"))
+        text = _text(m.get("content"))
         if m.get("reasoning_content"):
-            out.append(Turn("reasoning", "reasoning", str(m["reasoning_content"])))
+            out.append(Turn("reasoning", "reasoning", _text(m["reasoning_content"])))
         if text or not m.get("tool_calls"):
             kind = role if role in ("system", "developer", "user", "assistant", "tool") else "other"
             title = role if role != "tool" else f"tool output {m.get('tool_call_id', '')}".strip()
             out.append(Turn("function_call_output" if role == "tool" else kind, title, text))
-        for call in m.get("tool_calls") or []:
-            fn = call.get("function", {}) if isinstance(call, dict) else {}
+        for call in _list(m.get("tool_calls")):
+            fn = call.get("function") if isinstance(call, dict) else None
+            fn = fn if isinstance(fn, dict) else {}
             args, is_json = _pretty_json(fn.get("arguments", ""))
             out.append(Turn("function_call", f"call {fn.get('name', '?')}", args, is_json))
     return out
@@ -379,7 +417,7 @@ def turns(rec: dict[str, Any], decode: Any = None) -> list[Turn]:
         if isinstance(params, dict):
             if isinstance(params.get("instructions"), str):
                 out.append(Turn("system", "instructions", params["instructions"]))
-            for item in input_items(params):
+            for item in _input_items(params):
                 out.extend(_item_turns(item, "user"))
         for item in _output_items(rec):
             out.extend(_item_turns(item, "assistant"))
@@ -399,4 +437,32 @@ def turns(rec: dict[str, Any], decode: Any = None) -> list[Turn]:
         prompt = _prompt_token_ids(rec)
         return [Turn("user", "prompt (decoded)", decode(prompt)),
                 Turn("assistant", "generation (decoded)", decode(ids[len(prompt):]))]
-    return [Turn("other", "record", json.dumps(rec, indent=2, ensure_ascii=False)[:20000], True)]
+    return [Turn("other", "record", display_json(rec, indent=2)[:20000], True)]
+
+
+TURN_TEXT_LIMIT = 100_000
+"""Characters of one turn, prompt or response a page draws; the middle of a longer one is left out."""
+
+
+def clip_middle(text: str, limit: int = TURN_TEXT_LIMIT) -> str:
+    """``text`` cut to about ``limit`` characters by leaving out its middle, and saying how much.
+
+    The start and the end stay (a final answer is at the end); a page that drew a tool's whole web page
+    or a run-away generation would be tens of megabytes per rollout."""
+    if len(text) <= limit:
+        return text
+    head = max(limit // 2, 1)
+    tail = max(limit - head, 1)
+    hidden = len(text) - head - tail
+    return (f"{text[:head]}\n[… {hidden:,} characters not shown here: the raw file line has them all …]\n"
+            f"{text[-tail:]}")
+
+
+def clip_turns(items: list[Turn], turn_limit: int, total_limit: int) -> list[Turn]:
+    """Each turn's text to at most ``turn_limit`` characters and, when together they are longer than
+    ``total_limit``, to an equal share of it (never under 2,000), by :func:`clip_middle`."""
+    if sum(len(t.text) for t in items) > total_limit:
+        turn_limit = min(turn_limit, max(total_limit // max(len(items), 1), 2000))
+    for t in items:
+        t.text = clip_middle(t.text, turn_limit)
+    return items

@@ -32,7 +32,9 @@ class TokenCell:
 
     @property
     def prob(self) -> float | None:
-        return math.exp(self.logprob) if self.logprob is not None else None
+        if self.logprob is None:
+            return None
+        return math.exp(self.logprob) if self.logprob < 709.0 else math.inf  # a log-prob > 0 is shown, not raised
 
     @property
     def mismatch(self) -> float | None:
@@ -55,6 +57,12 @@ class TokenCell:
 class TokenSegment:
     title: str
     cells: list[TokenCell]
+    total: int = 0
+    """Tokens the record has in this segment (more than ``cells`` when a page's limit cut it)."""
+
+    @property
+    def hidden(self) -> int:
+        return max(self.total - len(self.cells), 0)
 
     @property
     def generated(self) -> int:
@@ -131,10 +139,14 @@ def _text(tokenizer: Tokenizer | None, token_id: int) -> str:
     return tokenizer.token(token_id) if tokenizer is not None else f"#{token_id}"
 
 
-def token_segments(rec: dict[str, Any], tokenizer: Tokenizer | None = None) -> list[TokenSegment]:
-    """The record's generated tokens (NeMo RL lines: the whole sequence, prompt greyed), per model turn."""
+def token_segments(
+    rec: dict[str, Any], tokenizer: Tokenizer | None = None, max_cells: int | None = None
+) -> list[TokenSegment]:
+    """The record's generated tokens (NeMo RL lines: the whole sequence, prompt greyed), per model turn;
+    at most ``max_cells`` cells in all (a segment past them is cut, and its ``hidden`` says how many)."""
     kind = record_kind(rec)
     segments: list[TokenSegment] = []
+    room = max_cells if max_cells is not None else math.inf
     if kind == "nemo_gym":
         output = (rec.get("response") or {}).get("output") if isinstance(rec.get("response"), dict) else None
         for turn, item in enumerate(output if isinstance(output, list) else []):
@@ -144,19 +156,21 @@ def token_segments(rec: dict[str, Any], tokenizer: Tokenizer | None = None) -> l
             if not ids:
                 continue
             lps = _floats(item.get("generation_log_probs"))
+            shown = ids[: int(min(room, len(ids)))]
+            room -= len(shown)
             cells = [
-                TokenCell(t, _text(tokenizer, t), True, lps[i] if i < len(lps) else None) for i, t in enumerate(ids)
+                TokenCell(t, _text(tokenizer, t), True, lps[i] if i < len(lps) else None) for i, t in enumerate(shown)
             ]
             prompt = len(_ints(item.get("prompt_token_ids")))
             title = f"output item {turn} ({item.get('type', '?')}): {len(ids)} generated tokens after a {prompt}-token prompt"
-            segments.append(TokenSegment(title, cells))
+            segments.append(TokenSegment(title, cells, len(ids)))
     elif kind == "nemo_rl_tokens":
         ids = _ints(rec.get("token_ids"))
         mask = rec.get("token_loss_mask") if isinstance(rec.get("token_loss_mask"), list) else [1] * len(ids)
         gen = _floats(rec.get("generation_logprobs"))
         prev = _floats(rec.get("prev_logprobs"))
         cells = []
-        for i, t in enumerate(ids):
+        for i, t in enumerate(ids[: int(min(room, len(ids)))]):
             generated = bool(mask[i]) if i < len(mask) else False
             cells.append(
                 TokenCell(
@@ -167,5 +181,6 @@ def token_segments(rec: dict[str, Any], tokenizer: Tokenizer | None = None) -> l
                     prev[i] if generated and i < len(prev) else None,
                 )
             )
-        segments.append(TokenSegment(f"sequence: {len(ids)} tokens, {sum(c.generated for c in cells)} generated", cells))
+        generated = sum(1 for m in mask[: len(ids)] if m)
+        segments.append(TokenSegment(f"sequence: {len(ids)} tokens, {generated} generated", cells, len(ids)))
     return segments

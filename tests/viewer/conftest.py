@@ -12,9 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,28 @@ def wait_ready(page, url: str, timeout: float = 120.0) -> None:  # type: ignore[
     while page.locator("#progress").count() and time.monotonic() < deadline:
         page.wait_for_timeout(200)
         page.goto(url)
+
+
+class _BlankPage(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b"<!doctype html><title>another site</title><p>another site"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def other_site() -> Iterator[str]:
+    """The URL of a blank page served from another site than the viewer's 127.0.0.1 (``localhost``): what a
+    web page the user opens is, to the browser."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BlankPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://localhost:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()

@@ -89,11 +89,10 @@ class CountingServer(ResourcesServer):
         return VerifyResponse.model_validate({**dump(body), "reward": 1.0})
 
 
-def test_a_pages_no_cors_post_does_not_run_verify(serve, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a())))
+def test_a_pages_no_cors_post_does_not_run_verify(other_site, page) -> None:  # type: ignore[no-untyped-def]
     body: dict[str, Any] = {"responses_create_params": {"input": "x"}, "response": {"output": []}}
     with start_in_thread(CountingServer().build_app()) as running:
-        page.goto(served.url + "/health")  # any other origin: the page is not the resources server's
+        page.goto(other_site)  # any other origin: the page is not the resources server's
         sent = page.evaluate(
             """async ([url, body]) => {
                 const text = await fetch(url, {method: 'POST', mode: 'no-cors', body: body});

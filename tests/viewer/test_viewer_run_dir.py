@@ -31,9 +31,9 @@ def test_run_dir_curves_refresh_and_step_samples(serve, page, tmp_path: Path) ->
     served = serve(str(log_dir))
     page.goto(served.url + "/")
     assert page.url.endswith("/run")
-    page.wait_for_function("document.querySelectorAll('#charts figure.chart').length === 6")
+    page.wait_for_function("() => document.querySelectorAll('#charts figure.chart').length === 6")
     assert "3 metric records" not in page.inner_text("#run-status")  # the script replaced the server's text
-    page.wait_for_function("document.getElementById('run-status').textContent.includes('last step 3')")
+    page.wait_for_function("() => document.getElementById('run-status').textContent.includes('last step 3')")
     reward_chart = page.locator('figure.chart[data-title="reward (train)"]')
     assert "latest: reward_mean 0.3" in reward_chart.inner_text()
     assert reward_chart.locator("path.line").count() == 1
@@ -44,12 +44,12 @@ def test_run_dir_curves_refresh_and_step_samples(serve, page, tmp_path: Path) ->
     with open(metrics, "a") as f:
         f.write(_metrics_line(4, 0.4) + _metrics_line(5, 0.9) + '{"step": 6, "split": "tra')
     write_rollout_samples(log_dir, 5, group, [0, 0, 1], advantages=[1.0, -1.0, 0.0], max_groups=2)
-    page.wait_for_function("document.getElementById('run-status').textContent.includes('last step 5')", timeout=60_000)
+    page.wait_for_function("() => document.getElementById('run-status').textContent.includes('last step 5')", timeout=60_000)
     assert "latest: reward_mean 0.9" in reward_chart.inner_text()
-    page.wait_for_function("document.querySelectorAll('#steps a').length === 2")
+    page.wait_for_function("() => document.querySelectorAll('#steps a').length === 2")
     with open(metrics, "a") as f:
         f.write('in", "reward_mean": 0.95}\n')
-    page.wait_for_function("document.getElementById('run-status').textContent.includes('last step 6')", timeout=60_000)
+    page.wait_for_function("() => document.getElementById('run-status').textContent.includes('last step 6')", timeout=60_000)
 
     page.click("#steps >> text=step 3")
     wait_ready(page, page.url)

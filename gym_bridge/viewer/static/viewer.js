@@ -133,3 +133,7 @@ function runPage() {
   poll();
   setInterval(poll, 2000);
 }
+
+// Started from here, not from an inline <script>: the Content-Security-Policy runs only this file.
+if (document.getElementById("token-view")) tokenModes();
+if (document.getElementById("charts")) runPage();

@@ -294,6 +294,19 @@ def test_odd_jsonrpc_shapes_run_no_tool(notes: str, body: Any, status: int) -> N
         assert client.post("/verify", json=verify_body()).json()["notes"] == []
 
 
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [({"mcp-session-id": "forged"}, 200),  # stateless: the token names the session, never this header
+     ({"mcp-protocol-version": "1999-01-01"}, 400), ({"last-event-id": "0"}, 200)],
+)  # fmt: skip
+def test_transport_headers_name_no_session_held(notes: str, header: dict[str, str], status: int) -> None:
+    client, headers = seeded(notes)
+    with closing(client):
+        answer = httpx.post(notes + "/mcp", json=call("note", {"text": "x"}), headers={**headers, **header}, timeout=30)
+        assert answer.status_code == status, answer.text[:300]
+        assert client.post("/verify", json=verify_body()).json()["notes"] == (["x"] if status == 200 else [])
+
+
 def test_a_flood_of_notifications_opens_no_session_and_the_session_keeps_working(notes: str) -> None:
     client, headers = seeded(notes)
     sessions = httpx.get(notes + "/health").json()["sessions"]

@@ -36,6 +36,7 @@ __all__ = [
     "close_actors",
     "connect_ray",
     "describe_nodes",
+    "gcs_answers",
     "in_bundle",
     "node_here",
     "remove_placement",
@@ -219,13 +220,37 @@ def in_bundle(group: Any, index: int) -> Any:
 
 
 def remove_placement(group: Any) -> None:
-    """Give the group's resources back (a cluster outlives the run; its reservations must not)."""
+    """Give the group's resources back (a cluster outlives the run; its reservations must not).
+
+    Only while the cluster's GCS answers (:func:`gcs_answers`): Ray's own call waits for a GCS that is gone
+    (a private Ray whose processes took the SIGTERM sent to the run's whole process group, a head that
+    went away) for 60 s and then ends this process with exit status 1, so a run stopped by SIGTERM, its
+    step saved, exited 1 a minute later instead of 143. A group whose GCS is gone went with it."""
     import ray
 
+    if not gcs_answers():
+        return
     try:
         ray.util.remove_placement_group(group)
     except Exception:  # already removed, or Ray already disconnected (its groups went with it)
         pass
+
+
+_GONE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+"""gRPC answers that mean nothing serves the GCS's address any more (any other answer is a GCS)."""
+
+
+def gcs_answers(timeout_s: float = 2.0) -> bool:
+    """Whether the GCS of the Ray this process is connected to answers one call within ``timeout_s``
+    (not connected, or a Ray that cannot be asked: True, so callers do as before)."""
+    import ray
+
+    try:
+        address = ray.get_runtime_context().gcs_address
+    except Exception:  # not connected
+        return True
+    code = _ask_head(address, None, timeout_s)  # without a token: UNAUTHENTICATED is an answer too
+    return getattr(code, "name", None) not in _GONE
 
 
 def close_actors(ray: Any, actors: list[Any], timeout_s: float = 30.0) -> None:

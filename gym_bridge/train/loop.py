@@ -47,7 +47,7 @@ from gym_bridge.train.bookkeeping.metrics import (
 from gym_bridge.train.bookkeeping.preflight import check_machine
 from gym_bridge.train.bookkeeping.run_dirs import find_earlier_run
 from gym_bridge.train.bookkeeping.run_lock import hold_run_dirs
-from gym_bridge.train.bookkeeping.sample_log import write_step_samples
+from gym_bridge.train.bookkeeping.sample_log import drop_steps_after, write_step_samples
 from gym_bridge.train.config import MasterConfig, config_to_yaml
 from gym_bridge.train.data_parallel import start_training_workers
 from gym_bridge.train.learner.device import generation_precision_notice
@@ -143,6 +143,8 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
         earlier_run.move_aside(view.print if show_progress else print)
         logger = open_metrics_logger(cfg, resume_step=step if resume else None)
         stack.callback(logger.close)
+        if resume is not None:  # the killed run's sample files past the checkpoint go as its metrics lines do
+            drop_steps_after(log_dir, step)
         pipeline: RolloutPipeline | None = None
         if grpo.val_at_start and step == 0:
             last_val = run_validation(cfg, val_sampler, data.validation, step, view, logger, validations, ranked) or last_val

@@ -152,8 +152,9 @@ def test_a_resumed_run_with_another_chat_template_leaves_the_earlier_checkpoints
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-# A training run whose resumed first save is held right where it publishes the tokenizer: the test
-# SIGKILLs the real `gym-bridge train` process there.
+# `gym-bridge train` held where its checkpoint code first touches a path named with one of the prefixes in
+# CRASH_HOLD (comma-separated: fsyncing a new step's files, deleting a replaced directory), so that a test
+# can SIGKILL the real process right there.
 CHILD = textwrap.dedent(
     """
     import os, sys, time
@@ -162,11 +163,11 @@ CHILD = textwrap.dedent(
     import gym_bridge.train.bookkeeping.checkpoint as ckpt
     from gym_bridge.cli import main
 
-    marker = Path(os.environ["CRASH_MARKER"])
+    marker, hold = Path(os.environ["CRASH_MARKER"]), tuple(os.environ["CRASH_HOLD"].split(","))
 
     def held(fn):
         def step(*args, **kwargs):
-            if any(Path(a).name.startswith((".trash-tokenizer", ".tmp-step_")) for a in args):
+            if any(Path(a).name.startswith(hold) for a in args):
                 marker.write_text("held")
                 time.sleep(600)
             return fn(*args, **kwargs)
@@ -180,22 +181,46 @@ CHILD = textwrap.dedent(
 )
 
 
+def train_killed_in_save(args: list[str], hold: str, marker: Path) -> None:
+    """Run ``gym-bridge ARGS`` until its checkpoint code reaches a path starting with ``hold`` (see
+    :data:`CHILD`), then SIGKILL it (its process group)."""
+    from .procs import child_env, kill9, start
+
+    proc = start(
+        [sys.executable, "-c", CHILD, *args], env=child_env(CRASH_MARKER=str(marker), CRASH_HOLD=hold)
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, f"the run never reached {hold}"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        kill9(proc)
+
+
+def offline_train_args(tmp_path: Path, model_dir: Path) -> list[str]:
+    """``gym-bridge train`` arguments of the reliability suite's offline run (6 steps, a checkpoint each)
+    in ``tmp_path/run``."""
+    from .test_kill_resume import train_args, write_scored
+
+    config = tmp_path / "train.yaml"
+    config.write_text("grpo:\n  mode: offline\n")
+    return train_args(config, tmp_path / "run", model_dir, write_scored(tmp_path / "scored.jsonl"))[3:]
+
+
 @pytest.mark.timeout(300)
 def test_sigkill_of_a_resumed_train_in_its_first_save_keeps_every_checkpoint_loadable(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """The real CLI: 1 step, then a resumed run SIGKILLed in its first save, then ``load_model_or_checkpoint``
     (what ``gym-bridge eval --model`` uses) on the checkpoint left."""
-    from .procs import child_env, kill9, start
-    from .test_kill_resume import train_args, write_scored
+    from .procs import child_env
 
-    data = write_scored(tmp_path / "scored.jsonl")
-    config = tmp_path / "train.yaml"
-    config.write_text("grpo:\n  mode: offline\n")
-    run = tmp_path / "run"
-    args = train_args(config, run, tiny_model_dir, data)
+    args = offline_train_args(tmp_path, tiny_model_dir)
     first = subprocess.run(
-        [*args, "grpo.max_num_steps=1"],
+        [sys.executable, "-m", "gym_bridge.cli", *args, "grpo.max_num_steps=1"],
         cwd=REPO,
         env=child_env(),
         capture_output=True,
@@ -203,20 +228,7 @@ def test_sigkill_of_a_resumed_train_in_its_first_save_keeps_every_checkpoint_loa
         timeout=240,
     )
     assert first.returncode == 0, first.stderr[-2000:]
-
-    marker = tmp_path / "marker"
-    proc = start(
-        [sys.executable, "-c", CHILD, *args[3:], "grpo.max_num_steps=2"],
-        env=child_env(CRASH_MARKER=str(marker)),
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "the resumed run never reached its first save"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        kill9(proc)
-
-    assert_usable(run / "ckpt", at_least=1)  # (the next run resumes and saves on: the test above)
+    train_killed_in_save([*args, "grpo.max_num_steps=2"], ".trash-tokenizer,.tmp-step_", tmp_path / "marker")
+    assert_usable(
+        tmp_path / "run" / "ckpt", at_least=1
+    )  # (the next run resumes and saves on: the test above)

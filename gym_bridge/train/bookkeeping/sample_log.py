@@ -13,7 +13,8 @@ output items when the policy sent them; offline rows as they were read), plus
 
 The first ``max_groups`` groups of the step are written whole (all G samples), so a group can be
 read side by side. The file is written to a temporary name and renamed, so a reader never sees half
-of it; a resumed run overwrites the steps it repeats.
+of it; a resumed run first removes the files of steps after its checkpoint (:func:`drop_steps_after`),
+which a killed run wrote and the resumed one may not write again.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SAMPLES_DIR", "list_sample_files", "sample_file", "sample_record", "write_rollout_samples", "write_step_samples"]
+__all__ = ["SAMPLES_DIR", "drop_steps_after", "list_sample_files", "sample_file", "sample_record", "write_rollout_samples", "write_step_samples"]
 
 SAMPLES_DIR = "rollouts"
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -121,3 +122,16 @@ def list_sample_files(log_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]
         if m:
             found.append((int(m.group(1)), p))
     return sorted(found)
+
+
+def drop_steps_after(log_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """Remove the sample files of steps after ``step`` (a resumed run's checkpoint), and temporary ones a
+    killed write left; return what was removed. Why: a run killed after logging steps it had not saved
+    left their files, and a resumed run that ended sooner or logged no samples for a step showed the
+    killed run's rollouts under it (its ``metrics.jsonl`` lines are dropped alike)."""
+    folder = Path(log_dir) / SAMPLES_DIR
+    stale = [p for s, p in list_sample_files(log_dir) if s > step]
+    stale += folder.glob("step_*.jsonl.tmp") if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

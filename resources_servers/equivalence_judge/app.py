@@ -77,6 +77,9 @@ Explain briefly, then end your reply with exactly one label:
 EXTRACT_TIMEOUT_S = 1.0
 """How long the question or answer regex may run on one text, in seconds of its thread's CPU time as the ``regex``
 module counts them (a linear regex takes milliseconds on 100,000 characters; a catastrophic one never ends)."""
+PROMPT_THREAD_CHARS = 32 * 1024
+"""Texts longer than this (question, gold and answer together) are quoted in a worker thread: quoting reads
+each character (100,000 non-ASCII ones: about 0.2 s), which on the event loop held every other request."""
 NO_JUDGE = ("no judge configured: set judge_url to an OpenAI-compatible base URL "
             "(gym-bridge serve equivalence_judge --judge-url URL, or judge_url in the server's config)")
 _PLACEHOLDERS = ("question", "expected_answer", "generated_answer", "equal_label", "not_equal_label", "fence_rule", "fence_tag")
@@ -283,8 +286,12 @@ class EquivalenceJudgeServer(ResourcesServer):
         if self.judge is None:  # started without a judge (`gym-bridge serve` refuses that; a bare class does not)
             return JudgeEvaluation(responses_create_params={"input": []}, order=order, failure_kind="judge_error",
                                    failure_reason=NO_JUDGE)  # fmt: skip
+        if len(question) + len(expected) + len(generated) > PROMPT_THREAD_CHARS:
+            user = await asyncio.to_thread(self.prompt, question, expected, generated)
+        else:
+            user = self.prompt(question, expected, generated)
         return await self.judge.compare(
-            cfg.judge_system_message or None, self.prompt(question, expected, generated), order=order,
+            cfg.judge_system_message or None, user, order=order,
             equal_label=cfg.judge_equal_label, not_equal_label=cfg.judge_not_equal_label,
             verdict_position=cfg.judge_verdict_position,
         )  # fmt: skip

@@ -85,12 +85,20 @@ def judge_prompt(question: str, first: str, second: str) -> str:
     )  # fmt: skip
 
 
+async def _prompt(question: str, first: str, second: str) -> str:
+    """:func:`judge_prompt`, in a worker thread for long texts (quoting reads every character: 100,000
+    non-ASCII ones take about 0.2 s, which on the event loop would hold every other request)."""
+    if len(question) + len(first) + len(second) > _THREAD_TEXT_CHARS // 2:
+        return await asyncio.to_thread(judge_prompt, question, first, second)
+    return judge_prompt(question, first, second)
+
+
 async def ask_both_orders(client: JudgeClient, question: str, expected: str, answer: str) -> tuple[float, list[JudgeEvaluation]]:
     """The judge's reward: expected answer first, then (only after an equal verdict) the model's answer first."""
-    first = await client.compare(JUDGE_SYSTEM_MESSAGE, judge_prompt(question, expected, answer), order="expected_first")
+    first = await client.compare(JUDGE_SYSTEM_MESSAGE, await _prompt(question, expected, answer), order="expected_first")
     if first.equal is not True:
         return 0.0, [first]
-    second = await client.compare(JUDGE_SYSTEM_MESSAGE, judge_prompt(question, answer, expected), order="generated_first")
+    second = await client.compare(JUDGE_SYSTEM_MESSAGE, await _prompt(question, answer, expected), order="generated_first")
     return (1.0 if second.equal is True else 0.0), [first, second]
 
 

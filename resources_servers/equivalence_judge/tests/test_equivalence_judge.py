@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,24 @@ def test_swap_check_covers_the_full_generation_pass(judge: FakeJudge) -> None:
         fair = post(running.url, body("rescue", "\\boxed{lyon} ... no, actually paris", expected_answer="paris",
                                       template_metadata={"output_regex": r"\\boxed\{(.*?)\}"}))  # fmt: skip
         assert fair["reward"] == 1.0 and len(fair["judge_evaluations"]) == 3  # both orders agree: paid
+
+
+def test_a_long_answer_is_quoted_off_the_event_loop(judge: FakeJudge, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quoting reads every character (three 100,000-character non-ASCII texts: about 0.9 s); on the event loop
+    that held /health and every other /verify (1.4 s worst /health latency measured, 0.45 s after)."""
+    threads: list[str] = []
+    original = EquivalenceJudgeServer.prompt
+
+    def recording(self: EquivalenceJudgeServer, *texts: str) -> str:
+        threads.append(threading.current_thread().name)
+        return original(self, *texts)
+
+    monkeypatch.setattr(EquivalenceJudgeServer, "prompt", recording)
+    with serve(judge) as running:
+        post(running.url, body("Who proposed natural selection?", "Darwin", expected_answer="darwin"))
+        post(running.url, body("Who proposed natural selection?", "Дарвин " * 6000, expected_answer="darwin"))
+    loop_thread = threads[0]  # the short one is quoted inline, on the server's loop
+    assert len(threads) == 2 and threads[1] != loop_thread, threads
 
 
 def test_hostile_answer_is_data(judge: FakeJudge) -> None:

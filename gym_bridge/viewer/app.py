@@ -183,7 +183,8 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
         given = request.query_params.get("token")
         if given is not None and hmac.compare_digest(given.encode(), token.encode()):  # type: ignore[union-attr]
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + (f"?{urlencode(params)}" if params else "")
+            path = "/" + request.url.path.lstrip("/\\")  # "//host/..." would send the browser to that host
+            target = path + (f"?{urlencode(params)}" if params else "")
             answer = RedirectResponse(target, status_code=303)
             answer.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")  # type: ignore[arg-type]
             return answer

@@ -76,6 +76,9 @@ def test_bearer_token_guards_every_page(serve, page, tmp_path: Path) -> None:  #
         assert answer.status_code == 401, url
         assert "bearer token" in answer.json()["detail"]
     assert httpx.get(served.url + "/f/a", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    for path in ("//evil.example/x", "/%2fevil.example/x", "///evil.example/x"):  # the redirect stays here
+        moved = httpx.get(f"{served.url}{path}?token=s3cret&q=1", follow_redirects=False)
+        assert moved.status_code == 303 and moved.headers["location"].startswith("/evil.example/x?q=1"), path
     deadline = time.monotonic() + 30
     while httpx.get(served.url + "/health").json()["files"]["a"] is not True and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -386,8 +386,8 @@ class ResourcesServer:
         self.resources.unbind(session.binding.resources_session_id, session.id)
         if type(self).close_resources_session is ResourcesServer.close_resources_session:
             return  # holds nothing beyond its state
-        if session.released or session.closing is not None or session.seeding is not None:
-            return  # a close released it, or is releasing it; a seed that fails releases nothing here
+        if session.released or session.closing is not None:
+            return  # a close released it, or is releasing it (dropped while seeding: released once the seed ends)
         try:
             task = asyncio.get_running_loop().create_task(self._release_dropped(session))
         except RuntimeError:  # not on the server's loop (a caller poking the store directly)

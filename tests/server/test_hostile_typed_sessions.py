@@ -127,6 +127,25 @@ def test_two_closes_at_once_release_the_session_once_and_both_answer_200(sandbox
     assert server.live == set() and server.releases == 1
 
 
+def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() -> None:
+    server = Sandboxed(ServerSettings(max_sessions=2))
+
+    async def burst(url: str) -> list[httpx.Response]:
+        async def one() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as env:
+                return await env.post("/seed_session", json=typed_seed())
+
+        return list(await asyncio.gather(*(one() for _ in range(4))))  # 4 seeding at once, room for 2
+
+    with start_in_thread(server.build_app()) as running:
+        answers = asyncio.run(burst(running.url))
+        assert {a.status_code for a in answers} == {200}
+        deadline = time.monotonic() + 10
+        while server.releases < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.sessions) == 2 and len(server.live) == 2 and server.releases == 2
+
+
 # --------------------------------------------------------------------------- attacks that held
 
 

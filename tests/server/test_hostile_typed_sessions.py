@@ -6,7 +6,9 @@ The findings of round four, each failing on the code before its fix:
   resources (:meth:`ResourcesServer.close_resources_session`) before the seed had made them; the seed then
   failed as closed and dropped the session, and what it made (a sandbox) was never released;
 * two ``/close_session`` of one id at once (a retry, or a close racing the Environment Server's own) both
-  released the session: a release that is not idempotent raised, and the idempotent close answered 500.
+  released the session: a release that is not idempotent raised, and the idempotent close answered 500;
+* a typed session the store dropped (idle past ``session_ttl_s``, pushed out past ``max_sessions``, also
+  while its seed ran) was never released: only ``/close_session`` released, and its id no longer found it.
 
 The attacks that held are the cases at the end (``test_*_held``).
 """

@@ -1,7 +1,8 @@
 """reasoning_gym (NeMo Gym's rows: ``question``, ``answer``, ``metadata.source_dataset``): several of the
 package's scorers hand the answer to ``eval`` or SymPy's ``parse_expr``, so an answer can be a program.
 These answers try to run code, to read the expected answer, and to rewrite the scorer for everyone after; and
-answers the package's own scorers paid 1.0 though wrong (``resources_servers/reasoning_gym/corrections.py``)."""
+answers the package's own scorers paid 1.0 though wrong (``resources_servers/reasoning_gym/corrections.py``: round three's
+by hand, round four's puzzle24 from ``scripts/reasoning_gym_sweep.py``)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,12 @@ def attacks(options: AuditOptions) -> list[Attack]:
     if "complex_arithmetic" in by_family:
         found.append(Attack("complex_nan", "wrong-reward", "'nan' for a complex number (the package paid it 1.0)",
                             by_family["complex_arithmetic"], _tagged("nan")))  # fmt: skip
+    if "puzzle24" in by_family:
+        puzzle = by_family["puzzle24"]
+        constant = "1*2*3*4" if sorted(puzzle["metadata"]["numbers"]) != [1, 2, 3, 4] else "4*6*1*1"
+        found.append(Attack("puzzle24_constant", "wrong-reward", f"the constant {constant!r}: 24, but not from the "
+                            "task's numbers (the package paid it 1.0 on every task)", puzzle, _tagged(constant),
+                            max_reward=PARTIAL_CREDIT))  # fmt: skip
     for family in EVAL_FAMILIES + PARSE_EXPR_FAMILIES:
         if family not in by_family:
             continue

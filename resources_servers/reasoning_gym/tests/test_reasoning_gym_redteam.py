@@ -94,6 +94,88 @@ def test_spell_backward_pays_a_padded_answer_what_the_family_means(client):
         assert reward(client, row, f"<answer>{near}</answer>") == pytest.approx(package_score("spell_backward", near, row))
 
 
+def test_puzzle24_pays_only_the_tasks_own_numbers_making_exactly_24(client):
+    """Finding (round four's sweep, ``scripts/reasoning_gym_sweep.py``): the package checks only that the answer has
+    four numbers between 1 and 10 and that ``int(value) == 24``, never that they are the task's numbers, so the
+    constant "1*2*3*4" scored 1.0 on every puzzle24 task, and so did "4*6 + 2/8" (24.25, truncated) and "(1 + 5)**3/9"
+    (a power, not one of the four operators) with the task's own numbers."""
+    rows = [row for row in task_rows(["puzzle24"], 8, seed=5)]
+    for row in rows:
+        numbers = sorted(row["metadata"]["numbers"])
+        for constant in ("1*2*3*4", "4*6*1*1", "(9*8+1)/3", "2**3*3*1", "10+10+2+2"):
+            if sorted(int(n) for n in constant.replace("**", " ").translate(str.maketrans("*+/()", "     ")).split()) == numbers:
+                continue  # this task's own numbers: not a constant for it
+            assert package_score("puzzle24", constant, row) == 1.0  # the package's bug, kept as evidence
+            assert reward(client, row, f"<answer>{constant}</answer>") == pytest.approx(0.01), (constant, numbers)
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+        assert reward(client, row, f"<answer>{row['answer'].replace(' ', '')}</answer>") == 1.0
+    first, _, _, fourth = task_rows(["puzzle24"], 4, seed=0)
+    assert first["metadata"]["numbers"] == [1, 3, 5, 9] and fourth["metadata"]["numbers"] == [4, 8, 6, 2]
+    for other_right in ("9 + 5*3*1", "(9 + 3*5)/1", "3*5 + 9*1", "-(-9 - 3*5)*1", "(1 + 5/3)*9"):  # exactly 24
+        assert reward(client, first, f"<answer>{other_right}</answer>") == 1.0, other_right
+    for row, wrong in ((first, "(1 + 5)**3/9"), (fourth, "4*6 + 2/8")):  # a power; 24.25, truncated to 24
+        assert package_score("puzzle24", wrong, row) == 1.0  # the package's bug, kept as evidence
+        assert reward(client, row, f"<answer>{wrong}</answer>") == pytest.approx(0.01), wrong
+    for wrong in ("1*3*5 + 9 + 0", "1*3*5 + 9*1", "9 + 5*3", "1*3*5 + 9 = 24", "banana"):
+        assert reward(client, first, f"<answer>{wrong}</answer>") == pytest.approx(0.01), wrong
+
+
+def test_time_intervals_grades_against_the_tasks_own_range(client):
+    """Finding: time_intervals' partial credit is ``1 - difference / max_difference`` with the package's default
+    maximum (100 days, 86,400 s) whatever the task was made with, so on a dataset of short intervals any well-formed
+    answer earned nearly 1.0 (a constant "00:05:00" ~0.99 on every time task)."""
+    config = {"max_date_difference_days": 10, "max_time_difference_seconds": 600}
+    rows = list(task_rows(["time_intervals"], 30, seed=0, config=config))
+    date = next(r for r in rows if r["metadata"]["task_type"] == "date" and int(r["answer"].split()[0]) <= 4)
+    days = int(date["answer"].split()[0])
+    off = f"{days + 5} days"  # five days off in a range of ten: half the credit
+    assert package_score("time_intervals", off, date) == pytest.approx(0.95)  # the package's bug, kept as evidence
+    assert reward(client, date, f"<answer>{off}</answer>") == pytest.approx(0.5)
+    clock = next(r for r in rows if r["metadata"]["task_type"] == "time_seconds")
+    h, m, s = map(int, clock["answer"].split(":"))
+    total = h * 3600 + m * 60 + s + 300  # five minutes off in a range of ten
+    later = f"{total // 3600:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
+    assert package_score("time_intervals", later, clock) > 0.99
+    assert reward(client, clock, f"<answer>{later}</answer>") == pytest.approx(0.5)
+    for row in (date, clock):
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+    (default,) = task_rows(["time_intervals"], 1, seed=0)  # made with the defaults: the package's own verdicts
+    assert reward(client, default, "<answer>0 days</answer>") == pytest.approx(package_score("time_intervals", "0 days", default))
+
+
+def test_decimal_arithmetic_tolerance_follows_the_tasks_decimal_places(client):
+    """Finding: the tolerance is one unit in the default ``max_num_decimal_places`` (3), so with 6 places an answer
+    off by 0.0009 scored 1.0."""
+    config = {"min_num_decimal_places": 6, "max_num_decimal_places": 6}
+    for row in task_rows(["decimal_arithmetic"], 3, seed=0, config=config):
+        value = float(row["answer"])
+        off = f"{value + 0.0009:.6f}"
+        assert package_score("decimal_arithmetic", off, row) == 1.0  # the package's bug, kept as evidence
+        assert reward(client, row, f"<answer>{off}</answer>") == 0.0
+        assert reward(client, row, f"<answer>{value:.6f}</answer>") == 1.0  # rounded to its own places: right
+        assert reward(client, row, f"<answer>{row['answer']}</answer>") == 1.0
+    (default,) = task_rows(["decimal_arithmetic"], 1, seed=0)  # 3 places: a 0.0009 miss is within its tolerance
+    near = f"{float(default['answer']) + 0.0009:.9f}"
+    assert reward(client, default, f"<answer>{near}</answer>") == package_score("decimal_arithmetic", near, default) == 1.0
+
+
+@pytest.mark.parametrize("family", ["arc_agi", "rearc"])
+def test_arc_boards_pay_the_right_grid(client, family):
+    """Finding (a right answer paid as a wrong one): the scorer compares the parsed grid, a tuple of tuples, with
+    ``metadata.output``, which a row read from JSON holds as lists, so the expected grid itself scored 0.05 (the
+    wrong-grid credit) on every task; NeMo Gym 0.7.0, which reads its rows from JSONL too, pays it 0.05 as well."""
+    for row in task_rows([family], 3, seed=2):
+        as_sent = json.loads(json.dumps(row))  # what a collector sends
+        assert package_score(family, row["answer"], as_sent) == 0.05  # the package's bug, kept as evidence
+        assert reward(client, as_sent, f"<answer>{row['answer']}</answer>") == 1.0
+        assert reward(client, as_sent, f"<answer>\n{row['answer']}\n</answer>") == 1.0
+        grid = [line.split() for line in row["answer"].split("\n")]
+        grid[0][0] = "1" if grid[0][0] != "1" else "2"  # one cell wrong
+        wrong = "\n".join(" ".join(line) for line in grid)
+        assert reward(client, as_sent, f"<answer>{wrong}</answer>") == 0.05
+        assert reward(client, as_sent, "<answer>banana</answer>") == package_score(family, "banana", as_sent)
+
+
 # ---------------------------------------------------------------------------------------------- attacks that held
 
 

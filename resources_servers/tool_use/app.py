@@ -198,7 +198,7 @@ class ToolUseServer(ResourcesServer):
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         assert isinstance(body, ToolUseVerifyRequest)
         meta = body.verifier_metadata
-        row = dump(body)
+        row = {k: v for k, v in dump(body).items() if k not in VERDICT_KEYS}
         initial = _initial_state(row)
         final = session.state.get("store")
         if final is None and session.lost and meta.reference_calls is not None:
@@ -248,6 +248,14 @@ class ToolUseServer(ResourcesServer):
 
 
 STORE_CHANGING = frozenset(name for name, spec in TOOLS.items() if spec.changes_state)
+VERDICT_KEYS = frozenset({
+    "reward", "reward_components", "failure_kind", "failure_reason", "mask_sample",  # every server's verdict
+    "verify_mode", "state_diff", "tool_calls_made", "tool_errors", "calls_expected", "calls_made", "calls_matched",
+    "call_mismatches", "extra_reads",  # this server's diagnostics
+})  # fmt: skip
+"""Keys of the verify answer that are this server's to give: a task row that carries them (a rollout record fed
+back as a task) has them dropped from the echo, so an earlier verdict never stands beside this one (a stale
+``reward_components`` a trainer weighs, a ``mask_sample`` that drops the sample, a ``failure_kind`` on a pass)."""
 
 
 def _folded(text: str) -> str:

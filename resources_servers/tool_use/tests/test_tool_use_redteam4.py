@@ -372,3 +372,24 @@ def test_a_transcript_of_many_calls_is_scored_in_linear_time_with_capped_lists(u
     with session(url, row) as client:
         out = verify(client, row, output)
     assert out["reward"] == 0.0 and len(out["call_mismatches"]) == 51 and out["call_mismatches"][-1] == "... and 71 more"
+
+
+def test_a_task_row_carrying_an_earlier_verdict_does_not_pass_it_on(url: str) -> None:
+    """Finding: /verify echoed every key of the task row, so a row that carried an earlier verdict (a rollout
+    record fed back as a task) kept whatever this verdict did not overwrite: ``reward_components`` of 1.0 and
+    ``mask_sample: true`` beside a reward of 0, ``failure_kind: wrong_outcome`` beside a reward of 1. The keys that
+    are the server's to give are dropped from the echo before it answers."""
+    stale = {"reward": 1.0, "reward_components": {"outcome": 1.0, "asked_before_acting": 1.0}, "mask_sample": True,
+             "failure_kind": "wrong_outcome", "failure_reason": "an old one", "state_diff": ["an old diff"],
+             "extra_reads": ["old()"], "calls_matched": 1}  # fmt: skip
+    by_arguments = {**SHIPPED["add_by_id"], **stale}
+    out = agent_rollout(url, by_arguments, [answer("Added them to your cart.")])  # a claim, no call
+    assert out["reward"] == 0.0 and out["failure_kind"] == "wrong_calls" and out["calls_matched"] == 0
+    assert all(out.get(k) is None for k in ("reward_components", "mask_sample", "state_diff")), out
+    assert out["extra_reads"] == [] and out["task_id"] == SHIPPED["add_by_id"]["task_id"]  # the task's own keys stay
+    by_outcome = {**store_row(), **stale}
+    out = agent_rollout(url, by_outcome, [calls(("add_to_cart", {"product_id": "P1", "quantity": 2})),
+                                          calls(("place_order", {})), answer("Ordered.")])  # fmt: skip
+    assert out["reward"] == 1.0 and out["state_diff"] == [], out
+    assert all(out.get(k) is None for k in ("failure_kind", "failure_reason", "reward_components", "mask_sample",
+                                            "extra_reads", "calls_matched")), out  # fmt: skip

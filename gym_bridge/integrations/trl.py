@@ -174,9 +174,15 @@ def _rows_from_columns(n: int, columns: Mapping[str, Any]) -> list[dict[str, Any
 # --------------------------------------------------------------------------- responses
 
 
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
 def completion_response(completion: str | list[Mapping[str, Any]]) -> Response:
     """The NeMo Gym ``response`` of a TRL completion: a string, or chat messages (assistant turns with
-    optional ``tool_calls``, ``tool`` results) as TRL's tool loop leaves them."""
+    optional ``tool_calls``, ``tool`` results) as TRL's tool loop leaves them. A tool call as the model
+    wrote it, odd or not (a name that is a number, no arguments), is passed on for the server to score:
+    it had failed the rollout, which left the model's own malformed call unpunished."""
     if isinstance(completion, str):
         return Response(output=[OutputMessage(id=new_id("msg"), content=[OutputText(text=completion)])])
     output: list[Any] = []
@@ -185,12 +191,13 @@ def completion_response(completion: str | list[Mapping[str, Any]]) -> Response:
         role = message.get("role")
         if role == "assistant":
             for call in message.get("tool_calls") or []:
+                call = call if isinstance(call, Mapping) else {"name": call}
                 fn = call.get("function", call)
-                args = fn.get("arguments", {})
-                call_id = call.get("id") or new_id("call")
+                fn = fn if isinstance(fn, Mapping) else {"name": fn}
+                call_id = _as_text(call.get("id") or new_id("call"))
                 pending.append(call_id)
                 output.append(FunctionCall(
-                    call_id=call_id, name=fn["name"], arguments=args if isinstance(args, str) else json.dumps(args)
+                    call_id=call_id, name=_as_text(fn.get("name", "")), arguments=_as_text(fn.get("arguments", {}))
                 ))  # fmt: skip
             text = content_text(message.get("content"))
             if text:
@@ -362,7 +369,7 @@ class GymReward:
         answers = _run(lambda: self._score_all(rows, completions))
         self.last_answers = [a if isinstance(a, dict) else None for a in answers]
         # A reward, or why the rollout has none (its /verify failed, or the answer lacks reward_key).
-        outcomes = [self._reward_of(a) if isinstance(a, dict) else a for a in answers]
+        outcomes: list[float | str] = [self._reward_of(a) if isinstance(a, dict) else a for a in answers]
         failures = [o for o in outcomes if isinstance(o, str)]
         if failures and len(failures) == len(outcomes):
             raise RuntimeError(
@@ -384,7 +391,7 @@ class GymReward:
 
     async def _score_all(
         self, rows: list[dict[str, Any]], completions: list[Any]
-    ) -> list[dict[str, Any] | str]:
+    ) -> list[dict[str, Any] | str | float]:
         gate = asyncio.Semaphore(self.max_concurrency)
         async with make_session(self.max_concurrency) as client:
             return await asyncio.gather(
@@ -393,14 +400,21 @@ class GymReward:
 
     async def _score_one(
         self, client: Client, gate: asyncio.Semaphore, row: dict[str, Any], completion: Any
-    ) -> dict[str, Any] | str:
+    ) -> dict[str, Any] | str | float:
+        """The ``/verify`` answer; why the server could not score the rollout (a str); or 0.0 for a
+        completion that is no response at all (the policy's fault: never left out as a server's)."""
+        try:
+            response = response_body(completion_response(completion))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            logger.warning("a completion that is no response scored 0: %s", e)
+            return 0.0
         # The client (the connection pool) is shared; the session (its cookies) is this rollout's own.
         env = EnvSession(self.base_url, self.retry, self.headers)
         async with gate:
             try:
                 if self.seed:
                     await seed_session(client, env, row)
-                return await verify_rollout(client, env, row, response_body(completion_response(completion)))
+                return await verify_rollout(client, env, row, response)
             except (RequestFailed, ValueError) as e:
                 return str(e) or type(e).__name__
 

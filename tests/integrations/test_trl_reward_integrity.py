@@ -222,3 +222,33 @@ def test_a_row_field_named_like_the_row_column_never_replaces_the_row() -> None:
     row = {"responses_create_params": {"input": "What is 2 + 2?"}, "expected_answer": "4", TASK_ROW_COLUMN: stale}
     ds = task_dataset([row])
     assert json.loads(ds[0][TASK_ROW_COLUMN])["expected_answer"] == "4"  # before: "5"
+
+
+TOOL_ROWS = REPO / "resources_servers" / "tool_use" / "data" / "example.jsonl"
+
+
+def _call(function: Any) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": function}]}]
+
+
+def test_a_malformed_tool_call_of_the_model_is_scored_by_the_server_not_left_out() -> None:
+    """TRL hands on a tool call as the model wrote it (TRL's own loop only answers it with an error). A
+    name that is a number had failed validation and, under ``"mask"``, left the model's own malformed call
+    unpunished; a call without a name or a call that is a bare string had crashed the batch (KeyError,
+    AttributeError). Now each goes to the real ``tool_use`` server, which scores it 0."""
+    from gym_bridge.rollout.envs import running_env
+
+    ds = task_dataset(TOOL_ROWS).select([0])  # expects add_to_cart(product_id="P450", quantity=1)
+    right = _call({"name": "add_to_cart", "arguments": {"product_id": "P450", "quantity": 1}})
+    odd = [
+        _call({"name": 123, "arguments": {"product_id": "P450", "quantity": 1}}),
+        _call({"arguments": {"product_id": "P450", "quantity": 1}}),
+        [{"role": "assistant", "content": "", "tool_calls": ["add_to_cart"]}],
+    ]
+    completions = [right, *odd]
+    with running_env("tool_use") as url:
+        reward = GymReward(url)
+        got = reward(list(ds["prompt"]) * 4, completions, **{TASK_ROW_COLUMN: list(ds[TASK_ROW_COLUMN]) * 4})
+    assert got == [1.0, 0.0, 0.0, 0.0]
+    names = [a["response"]["output"][0]["name"] for a in reward.last_answers]  # what the server was shown
+    assert names == ["add_to_cart", "123", "", "add_to_cart"]

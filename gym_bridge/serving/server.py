@@ -283,7 +283,7 @@ class ResourcesServer:
         row = self._task_row(body, ("body",))
         answer = await self._seed_row(row, session)
         if self.mcp is not None and isinstance(answer, dict) and "mcp" not in answer:
-            answer = {**answer, "mcp": self.mcp.metadata(session, row)}
+            answer = {**answer, "mcp": self.mcp.metadata(session, body)}  # the row as sent (``row`` may be {})
         return answer
 
     def _task_row(self, body: dict[str, Any], loc: tuple[str, ...]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ The findings of round four, each failing on the code before its fix:
   SDK dumps params as JSON): another call than the one sent, where HTTP answers 422;
 * a session token carried the session's cookie value in clear (signed, not encrypted): its holder reached
   every HTTP route as that session;
+* a legacy seed's token was narrowed (``mcp_allowed_tools_for_session``) by ``{}`` instead of the task row
+  on a server that checks its seed body without reading it: every tool was allowed;
 * ``/verify``'s echo restored MCP-namespaced names by ``call_id``: two calls sharing one id (a hostile or
   broken client's record) came back both named as the first (NeMo Gym 0.7.0's ``_wrap_verify`` does the same).
 
@@ -228,6 +230,46 @@ def test_a_token_does_not_give_away_its_sessions_cookie(notes: str) -> None:
                 assert borrowed.json().get("notes") != ["private"], borrowed.text
         kept = httpx.post(notes + "/mcp", json=call("note", {"text": "via token"}), headers=headers, timeout=30)
         assert kept.json()["result"]["structuredContent"] == {"kept": 2}, kept.text  # the token still works
+
+
+class Narrowed(ResourcesServer):
+    """Each task names the tools its token may call (``allowed``); the seed body is checked, not read."""
+
+    name = "narrowed"
+
+    class Seed(BaseModel):
+        allowed: list[str]
+
+    seed_request_model = Seed
+
+    @tool
+    async def look(self, args: NoteArgs, session: Session) -> dict[str, Any]:
+        """Look."""
+        return {"looked": args.text}
+
+    @tool
+    async def change(self, args: NoteArgs, session: Session) -> dict[str, Any]:
+        """Change."""
+        return {"changed": args.text}
+
+    def mcp_allowed_tools_for_session(self, task_row: dict[str, Any]) -> list[str] | None:
+        return task_row.get("allowed")
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        return VerifyResponse.model_validate({**dump(body), "reward": 0.0})
+
+
+def test_a_legacy_seeds_token_is_narrowed_by_its_task_row() -> None:
+    """A server that checks its seed body (``seed_request_model``) but does not read it had its allow-list
+    hook called with ``{}``: the token of a task that allows ``look`` only could call every tool."""
+    with start_in_thread(Narrowed(ServerSettings(expose_tools_over_mcp=True)).build_app()) as running:
+        seeded = httpx.post(running.url + "/seed_session", json={"allowed": ["look"]}, timeout=30)
+        headers = {**RPC_HEADERS, **seeded.json()["mcp"]["headers"]}
+        listing = httpx.post(running.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                             headers=headers, timeout=30)  # fmt: skip
+        assert [t["name"] for t in listing.json()["result"]["tools"]] == ["look"], listing.text[:300]
+        refused = httpx.post(running.url + "/mcp", json=call("change", {"text": "x"}), headers=headers, timeout=30)
+        assert refused.json()["result"]["isError"], refused.text[:300]
 
 
 # --------------------------------------------------------------------------- /verify's echo

@@ -252,3 +252,24 @@ def test_a_malformed_tool_call_of_the_model_is_scored_by_the_server_not_left_out
     assert got == [1.0, 0.0, 0.0, 0.0]
     names = [a["response"]["output"][0]["name"] for a in reward.last_answers]  # what the server was shown
     assert names == ["add_to_cart", "123", "", "add_to_cart"]
+
+
+def test_a_verify_answer_without_a_usable_reward_is_never_a_reward() -> None:
+    """Held (checked by the agent's ``verify_rollout``): a server answering a reward that is no finite
+    number, or none, is a failed rollout (None), never 1.0 nor 0.0 made up from it."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def verify(request):  # type: ignore[no-untyped-def]
+        return Response((await request.json())["raw"], media_type="application/json")
+
+    raws = ['{"reward": 1.0}', '{"reward": NaN}', '{"reward": "1"}', '{"reward": true}', '{"reward": null}',
+            '{"reward": 1e999}', '{"reward": {"v": 1}}', '{"score": 1}', '[1.0]', '{"reward": 1, "reward_components": {"a": NaN}}',
+            '{"reward": 1' + "0" * 400 + "}"]  # fmt: skip
+    app = Starlette(routes=[Route("/verify", verify, methods=["POST"])])
+    with start_in_thread(app) as running:
+        reward = GymReward(running.url, seed=False, retry=FAST)
+        rows = [json.dumps({"responses_create_params": {"input": "hi"}, "raw": raw}) for raw in raws]
+        got = reward(["p"] * len(raws), ["x"] * len(raws), **{TASK_ROW_COLUMN: rows})
+    assert got == [1.0] + [None] * (len(raws) - 1)

@@ -190,3 +190,18 @@ def test_output_keys_that_collide_are_refused(unscored, tmp_path, args):
     result = _invoke(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
     assert result.exit_code == 2, result.output
     assert "one would overwrite the other" in result.output and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_an_output_that_is_the_input_under_another_name_never_damages_it(unscored, tmp_path, link):
+    """Held: a symlink to the input is refused as the input itself; a hard link is replaced by the atomic
+    rename, which leaves the input's own data as it was."""
+    before = unscored.read_bytes()
+    other = tmp_path / "other.jsonl"
+    if link == "symlink":
+        other.symlink_to(unscored)
+    else:
+        other.hardlink_to(unscored)
+    result = _invoke("grpo", unscored, "-o", other)
+    assert result.exit_code == (2 if link == "symlink" else 0), result.output
+    assert unscored.read_bytes() == before

@@ -231,12 +231,13 @@ def test_a_spray_of_get_product_on_a_lookup_task_is_not_paid(url: str, match: st
     "extra",
     [
         [("place_order", {})],
+        [("add_to_cart", "again")],  # the same add twice (round four, held)
         [("add_to_cart", "again"), ("remove_from_cart", "again")],  # the store ends where it should, the calls differ
         [("cancel_order", "an order")],
         [("search_products", {"query": "mug"})],  # no tool of this name: not known to change nothing
         [("List_Products", {})],  # a read's name in another case is no tool either
     ],
-    ids=["place_order", "add-remove", "cancel_order", "unknown-tool", "read-name-in-another-case"],
+    ids=["place_order", "repeat-add", "add-remove", "cancel_order", "unknown-tool", "read-name-in-another-case"],
 )
 def test_an_extra_call_that_is_not_a_read_still_costs(url: str, extra: list[tuple[str, Any]]) -> None:
     row = SHIPPED["add_by_id"]
@@ -281,8 +282,13 @@ def test_every_read_costs_nothing_but_a_read_never_stands_in_for_a_call(url: str
         '{"product_id": "P1", "quantity": 2, "quantity": 3}',  # a duplicate key: the last one, for tool and check
         '{"product_id": "p1", "quantity": 2}',
         '{"product_id": "P1 ", "quantity": 2}',
+        '{"product_id": "\uff301", "quantity": 2}',  # a fullwidth P (NFKC would fold it): round four, held
+        '{"product_id": "P\u200b1", "quantity": 2}',  # a zero-width space inside the id
+        '{"product_id": "P1", "quantity": true}',  # the tool reads 1
+        '{"product_id": "P1", "quantity": [2]}',
     ],
-    ids=["nan", "1e309", "-inf", "operator", "duplicate-key", "case", "space"],
+    ids=["nan", "1e309", "-inf", "operator", "duplicate-key", "case", "space", "fullwidth", "zero-width", "true",
+         "list"],
 )
 def test_odd_json_arguments_never_verify_as_the_expected_call(url: str, arguments: str) -> None:
     expected = [{"name": "add_to_cart", "arguments": {"product_id": "P1", "quantity": 2}}]

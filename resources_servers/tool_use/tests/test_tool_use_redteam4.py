@@ -393,3 +393,26 @@ def test_a_task_row_carrying_an_earlier_verdict_does_not_pass_it_on(url: str) ->
     assert out["reward"] == 1.0 and out["state_diff"] == [], out
     assert all(out.get(k) is None for k in ("failure_kind", "failure_reason", "reward_components", "mask_sample",
                                             "extra_reads", "calls_matched")), out  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- attacks that held
+
+
+@pytest.mark.parametrize(
+    "plan", ["swapped", "split", "look-ups-between"], ids=["independent-calls-swapped", "quantity-split", "reads"]
+)
+def test_an_honest_outcome_reached_another_way_is_paid(url: str, plan: str) -> None:
+    """Independent calls in another order, a quantity added in two steps, or reads between the steps reach the
+    store the reference reaches and pay 1 (6,000 such variants of generated tasks checked the same way offline)."""
+    row = SHIPPED["buy_two"]
+    (a, b, order) = [(c["name"], c["arguments"]) for c in row["verifier_metadata"]["reference_calls"]]
+    if plan == "swapped":
+        steps = [b, a, order]
+    elif plan == "split":  # one unit a call, the last product first
+        units = [(name, {**args, "quantity": 1}) for name, args in (b, a) for _ in range(args["quantity"])]
+        assert len(units) > 2  # the shipped task buys more than one unit of a product
+        steps = [*units, order]
+    else:
+        steps = [("list_products", {}), a, ("view_cart", {}), b, ("view_cart", {}), order, ("list_orders", {})]
+    out = rollout(url, row, steps)
+    assert out["reward"] == 1.0, out.get("failure_reason")

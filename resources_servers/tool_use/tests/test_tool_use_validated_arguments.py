@@ -85,6 +85,7 @@ def test_a_call_the_tool_refuses_never_verifies(url: str, arguments: str) -> Non
         '{"product_id": "P125", "quantity": 2}',
         '{"quantity": 2, "product_id": "P125"}',
         '{"product_id": "P125", "quantity": 2.0}',  # the tool reads 2
+        '{"product_id": "P125", "quantity": "2"}',  # a number in a string: the tool reads 2 (round four, held)
     ],
 )
 def test_a_call_the_tool_reads_as_expected_verifies(url: str, arguments: str) -> None:

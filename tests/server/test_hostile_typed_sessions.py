@@ -220,3 +220,25 @@ def test_sessions_the_store_drops_have_their_resources_released(sandboxed) -> No
     while len(server.live) > 20 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(server.live) == 20 and server.releases == 40
+
+
+@pytest.mark.parametrize(
+    "rid",
+    ["nul\x00id", "\U0001f600 emoji", "  spaces  ", "../../close_session", "x" * 100_000, "\u202eright-to-left"],
+    ids=["nul", "emoji", "spaces", "path", "100k", "bidi"],
+)
+def test_odd_ids_are_kept_exactly_and_closed_for_good_held(sandboxed, rid: str) -> None:
+    server, url = sandboxed
+    server.seed_s = 0.0
+    seed = typed_seed(rid)
+    with httpx.Client(base_url=url, timeout=30) as env:
+        seeded = env.post("/seed_session", json=seed)
+        assert seeded.status_code == 200 and seeded.json()["resources_session_id"] == rid, seeded.text[:200]
+        near = typed_seed(rid + " ")  # a different id, however alike: a session of its own
+        env.cookies.clear()
+        assert env.post("/seed_session", json=near).status_code == 200
+        assert env.post("/close_session", json=close_body(seed)).status_code == 200
+        assert env.post("/seed_session", json=seed).status_code == 409
+        env.cookies.clear()
+        assert env.post("/seed_session", json=near).status_code == 200  # its repeat still finds it
+    assert len(server.live) == 1 and server.releases == 1

@@ -29,6 +29,7 @@ __all__ = [
     "ROLLOUT_INDEX",
     "TASK_INDEX",
     "LazyWriter",
+    "OutputWriter",
     "aggregate_metrics_path_for",
     "failures_path_for",
     "keyed_records",
@@ -185,6 +186,27 @@ def output_lock(out: Path) -> Iterator[None]:
     finally:
         del _HELD[key]
         held.release()
+
+
+class OutputWriter(JsonlWriter):
+    """The run's output file, appended to. Before its first new line, ``summaries`` (the files that
+    summarise the output as it was, written at a run's end: ``_metrics.json``, ``_aggregate_metrics.json``)
+    are removed, so a resumed run killed before its end leaves none, rather than an earlier run's figures
+    beside more lines."""
+
+    def __init__(self, path: Path, summaries: tuple[Path, ...]) -> None:
+        super().__init__(path, append=True)
+        self.summaries = summaries
+
+    def write_line(self, text: str) -> None:
+        summaries, self.summaries = self.summaries, ()
+        for summary in summaries:
+            try:
+                if summary.is_file():  # (anything else there fails the end-of-run write, named)
+                    summary.unlink()
+            except OSError as e:
+                raise WriteFailed(e.errno, f"cannot write {summary}: {e.strerror or e}", str(summary)) from e
+        super().write_line(text)
 
 
 class LazyWriter:

@@ -28,6 +28,7 @@ from gym_bridge.collect.output import (
     ROLLOUT_INDEX,
     TASK_INDEX,
     LazyWriter,
+    OutputWriter,
     aggregate_metrics_path_for,
     check_apart,
     failures_path_for,
@@ -38,7 +39,7 @@ from gym_bridge.collect.output import (
 )
 from gym_bridge.collect.run import run_all
 from gym_bridge.collect.summary import env_aggregate_metrics
-from gym_bridge.records.jsonl import JsonlError, JsonlWriter, iter_jsonl
+from gym_bridge.records.jsonl import JsonlError, iter_jsonl
 from gym_bridge.rollout.agent import EnvSession, make_session, verify_rollout
 from gym_bridge.serving.event_loop import run_interruptible
 from gym_bridge.serving.retry import RequestFailed, RetryPolicy
@@ -159,7 +160,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
         for _, key, record in keyed_records(output, report):
             if key is not None:
                 done[key] = _reward(record)
-    writer = JsonlWriter(output, append=True)
+    writer = OutputWriter(output, (aggregate_metrics_path_for(output),))
     failures = LazyWriter(result.failures_path, append=config.resume)
     policy = RetryPolicy(max_attempts=config.max_retries + 1, request_timeout=config.request_timeout)
     workers = config.concurrency

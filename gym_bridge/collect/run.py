@@ -32,6 +32,7 @@ from gym_bridge.collect.output import (
     ROLLOUT_INDEX,
     TASK_INDEX,
     LazyWriter,
+    OutputWriter,
     aggregate_metrics_path_for,
     check_apart,
     failures_path_for,
@@ -229,7 +230,7 @@ class CollectRun:
         materialized_done, prints = (
             read_materialized(materialized_path, report, config.num_repeats, rows) if config.resume else (PairSet(1), RowPrints())
         )
-        writer = JsonlWriter(output, append=True)
+        writer = OutputWriter(output, (metrics_path_for(output), aggregate_metrics_path_for(output)))
         failures = LazyWriter(failures_path_for(output), append=config.resume)
         materialized = LazyWriter(materialized_path, append=config.resume)
         # 3. The agent: the model, the retry policy, the headers, the deadline, the user.

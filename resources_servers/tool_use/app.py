@@ -63,7 +63,8 @@ class ToolUseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_calls_per_session: int = Field(200, ge=1)
-    """Tool calls one session may make; past it tools answer 429 (a runaway agent stops here)."""
+    """Tool calls one session may make; past it tools answer 403 (a runaway agent stops here: the model is told,
+    and the rollout is scored on what it did)."""
     default_match: Literal["strict", "fraction", "f1"] = "strict"
     """Argument-check scoring when a task does not set ``verifier_metadata.match``."""
 
@@ -137,8 +138,12 @@ class ToolUseServer(ResourcesServer):
         if store is None:
             raise HTTPException(409, "this session has no store: POST /seed_session with the task row first")
         if len(session.state["calls"]) >= self.config.max_calls_per_session:
+            # 403, not 429: the budget does not come back, and a client retries a 429 (the agent loop did, four
+            # times, then failed the whole rollout unscored instead of handing the model this answer)
             raise HTTPException(
-                429, f"this session has used its {self.config.max_calls_per_session} tool calls"
+                403,
+                f"this session has used its {self.config.max_calls_per_session} tool calls; no more tools can "
+                "be called in it",
             )
         result = TOOLS[name].fn(store, args)
         # Whether it failed, not the error text: that echoes the model's arguments (a megabyte product id), and

@@ -308,4 +308,4 @@ def test_a_session_cannot_outrun_its_call_budget_by_repeating_state_changes() ->
     row["initial_state"]["products"]["P1"]["stock"] = 100
     with start_in_thread(server.build_app()) as running, session(running.url, copy.deepcopy(row)) as client:
         statuses = [client.post("/add_to_cart", json={"product_id": "P1", "quantity": 1}).status_code for _ in range(8)]
-    assert statuses == [200] * 5 + [429] * 3
+    assert statuses == [200] * 5 + [403] * 3

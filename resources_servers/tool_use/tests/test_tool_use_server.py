@@ -303,7 +303,7 @@ def test_config_yaml_defaults_and_call_budget() -> None:
         assert client.post("/view_cart", json={}).status_code == 200
         assert client.post("/view_cart", json={}).status_code == 200
         over = client.post("/view_cart", json={})
-        assert over.status_code == 429 and "2 tool calls" in over.json()["detail"]
+        assert over.status_code == 403 and "2 tool calls" in over.json()["detail"]
         out = verify(client, row, [function_call("get_product", {"product_id": "P1"})])
     assert out["verify_mode"] == "arguments:f1" and out["reward"] == pytest.approx(2 / 3)
 

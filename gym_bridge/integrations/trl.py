@@ -278,18 +278,45 @@ def _detail(answer: HttpResult) -> str:
 # --------------------------------------------------------------------------- the same job in TRL
 
 
+def _untranslatable(cfg: Any) -> list[str]:
+    """The recipe's settings that change the job and that TRL's GRPOTrainer has no field for."""
+    grpo, loss = cfg.grpo, cfg.loss_fn
+    unmapped = {
+        "loss_fn.ratio_clip_c": loss.ratio_clip_c is not None,
+        "loss_fn.entropy_coeff": loss.entropy_coeff > 0,
+        "loss_fn.truncated_importance_sampling_ratio": loss.truncated_importance_sampling_ratio is not None,
+        "loss_fn.token_level_loss": not loss.token_level_loss,
+        f"loss_fn.policy_loss ({loss.policy_loss_name})": loss.policy_loss_name != "ppo",
+        "loss_fn.reference_policy_kl_type": loss.reference_policy_kl_penalty > 0
+        and loss.reference_policy_kl_type != "k3",  # TRL's KL is the k3 estimator
+        "grpo.adv_estimator.name": grpo.adv_estimator.name != "grpo",
+        "grpo.advantage_clip_low": grpo.advantage_clip_low is not None,
+        "grpo.advantage_clip_high": grpo.advantage_clip_high is not None,
+        "grpo.reward_shaping.enabled": grpo.reward_shaping.enabled,
+    }
+    return [key for key, differs in unmapped.items() if differs]
+
+
 def grpo_config_from(cfg: Any, output_dir: str | Path, *, max_steps: int, seed: int, **overrides: Any) -> Any:
     """TRL's ``GRPOConfig`` for the job a gym-bridge recipe (:class:`~gym_bridge.train.config.MasterConfig`)
     describes: prompts x generations per step, completion length, temperature, learning rate and its
-    schedule, grad clipping, weight decay, no KL (``beta=0``) and the token-level mean (``dapo``); on a
-    machine without CUDA, TRL's CPU settings (no bf16, no gradient checkpointing, ``use_cpu``).
-    ``overrides`` are further ``GRPOConfig`` fields. The scheduler's ``warmup_start_factor`` has no TRL
-    equivalent (TRL warms up from 0), nor has ``policy.generation.precision`` (TRL generates with the
-    model it trains)."""
+    schedule, grad clipping, weight decay, the KL penalty (``beta``), the ratio clip (``epsilon``,
+    ``epsilon_high``), reward normalisation (``scale_rewards``), overlong filtering
+    (``mask_truncated_completions``) and the token-level mean (``dapo``); on a machine without CUDA, TRL's
+    CPU settings (no bf16, no gradient checkpointing, ``use_cpu``). ``overrides`` are further
+    ``GRPOConfig`` fields. A recipe setting that changes the job and has no TRL field (dual clip, an
+    entropy bonus, another policy loss, DAPO's reward shaping...) is a ValueError naming it; before, KL
+    and clip-higher were dropped silently (``beta=0``, ``epsilon_high=epsilon``). Differences that remain:
+    the scheduler's ``warmup_start_factor`` (TRL warms up from 0), ``policy.generation.precision`` (TRL
+    generates with the model it trains), ``grpo.use_leave_one_out_baseline`` (TRL's baseline is the
+    plain group mean: advantages (G-1)/G of the leave-one-out ones before normalisation) and
+    ``grpo.use_dynamic_sampling`` (TRL keeps the groups whose rewards tie, at advantage 0)."""
     import torch
     from trl import GRPOConfig
 
-    grpo, policy = cfg.grpo, cfg.policy
+    if unmapped := _untranslatable(cfg):
+        raise ValueError(f"{', '.join(unmapped)}: no equivalent in TRL's GRPOConfig; set it to its default")
+    grpo, policy, loss = cfg.grpo, cfg.policy, cfg.loss_fn
     scheduler = policy.scheduler
     kind = scheduler.name
     if kind == "constant" and scheduler.warmup_steps:
@@ -306,7 +333,11 @@ def grpo_config_from(cfg: Any, output_dir: str | Path, *, max_steps: int, seed: 
         "warmup_steps": scheduler.warmup_steps,
         "max_grad_norm": policy.max_grad_norm or 0.0,  # null: no clipping, which TRL spells 0
         "weight_decay": policy.optimizer.kwargs.weight_decay,
-        "beta": 0.0,
+        "beta": loss.reference_policy_kl_penalty,
+        "epsilon": loss.ratio_clip_min,
+        **({"epsilon_high": loss.ratio_clip_max} if loss.ratio_clip_max != loss.ratio_clip_min else {}),
+        "scale_rewards": "group" if grpo.normalize_rewards else "none",
+        **({"mask_truncated_completions": True} if grpo.overlong_filtering else {}),
         "loss_type": "dapo",
         "max_steps": max_steps,
         "seed": seed,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,3 +282,50 @@ def test_grpo_config_from_a_recipe_is_the_same_job(recipe: str, scheduler: str, 
     assert (args.lr_scheduler_type.value, args.warmup_steps) == (scheduler, warmup)
     assert args.max_grad_norm == 0.0  # null: no clipping
     assert (args.max_steps, args.seed, args.beta, args.loss_type, args.disable_tqdm) == (3, 5, 0.0, "dapo", True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "value"),
+    [
+        (["loss_fn.reference_policy_kl_penalty=0.01"], "beta", 0.01),  # before: 0.0 whatever the recipe said
+        (["loss_fn.ratio_clip_min=0.1", "loss_fn.ratio_clip_max=0.3"], "epsilon", 0.1),
+        (["loss_fn.ratio_clip_max=0.28"], "epsilon_high", 0.28),  # DAPO's clip-higher; before: dropped
+        (["grpo.normalize_rewards=false"], "scale_rewards", "none"),  # before: "group"
+        (["grpo.overlong_filtering=true"], "mask_truncated_completions", True),
+    ],
+)
+def test_grpo_config_from_carries_the_loss_settings(overrides: list[str], field: str, value: Any, tmp_path: Path) -> None:
+    from gym_bridge.integrations.trl import grpo_config_from
+    from gym_bridge.train.config import load_config
+
+    cfg = load_config(REPO / "recipes" / "grpo_math_tiny.yaml", overrides)
+    assert getattr(grpo_config_from(cfg, tmp_path, max_steps=1, seed=0), field) == value
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "loss_fn.ratio_clip_c=3.0",
+        "loss_fn.entropy_coeff=0.01",
+        "loss_fn.token_level_loss=false",
+        "loss_fn.policy_loss=cispo",
+        "grpo.advantage_clip_high=2.0",
+    ],
+)
+def test_grpo_config_from_refuses_what_trl_cannot_do(override: str, tmp_path: Path) -> None:
+    """A setting that changes the job and that GRPOConfig has no field for is named, not dropped."""
+    from gym_bridge.integrations.trl import grpo_config_from
+    from gym_bridge.train.config import load_config
+
+    cfg = load_config(REPO / "recipes" / "grpo_math_tiny.yaml", [override])
+    with pytest.raises(ValueError, match=re.escape(override.split("=")[0]) + ".*no equivalent in TRL"):
+        grpo_config_from(cfg, tmp_path, max_steps=1, seed=0)
+
+
+def test_grpo_config_from_refuses_the_dapo_recipe_shaping(tmp_path: Path) -> None:
+    from gym_bridge.integrations.trl import grpo_config_from
+    from gym_bridge.train.config import load_config
+
+    cfg = load_config(REPO / "recipes" / "dapo_math_tiny.yaml")
+    with pytest.raises(ValueError, match=r"grpo\.reward_shaping\.enabled: no equivalent"):
+        grpo_config_from(cfg, tmp_path, max_steps=1, seed=0)

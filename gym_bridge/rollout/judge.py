@@ -50,6 +50,7 @@ from gym_bridge.serving.auth import bearer
 
 __all__ = [
     "EQUAL_LABEL",
+    "answer_overflowed",
     "NOT_EQUAL_LABEL",
     "Fence",
     "JudgeClient",
@@ -139,6 +140,9 @@ class JudgeEvaluation(BaseModel):
     failure_kind: str | None = None
     """``judge_timeout`` or ``judge_error`` when the call gave no answer."""
     failure_reason: str | None = None
+    prompt_too_long: bool = False
+    """The judge refused the prompt as longer than its context (a 400/413/422 saying so): see
+    :func:`answer_overflowed`."""
 
 
 VerdictPosition = Literal["end", "last_line_start"]
@@ -572,7 +576,9 @@ class JudgeClient:
         latency = time.perf_counter() - start
         if not 200 <= status < 300:
             snippet = raw[:300].decode("utf-8", "replace")
-            return _failed(params, order, "judge_error", f"POST {url}: HTTP {status}: {snippet}", start, latency)
+            failed = _failed(params, order, "judge_error", f"POST {url}: HTTP {status}: {snippet}", start, latency)
+            failed.prompt_too_long = status in (400, 413, 422) and bool(_OVER_CONTEXT.search(raw[:2000].decode("utf-8", "replace")))
+            return failed
         try:
             answer = json.loads(raw)
             if not isinstance(answer, dict):
@@ -606,6 +612,28 @@ def _failed(
         responses_create_params=params, response=response, order=order, failure_kind=kind, failure_reason=reason,
         latency_s=latency if latency is not None else time.perf_counter() - start,
     )  # fmt: skip
+
+
+_OVER_CONTEXT = re.compile(
+    r"context[ _-]?(?:length|size|window)|model's context|maximum model length|max_model_len|"
+    r"context_length_exceeded|exceed_context|must be <= \d+", re.IGNORECASE,
+)
+"""How OpenAI-compatible servers word a prompt over the model's context: vLLM and OpenAI ("maximum context
+length", "maximum model length"), SGLang ("the model's context length"), llama.cpp ("exceeds the available
+context size", ``exceed_context_size_error``), TGI ("must be <= 4096"), ``gym-bridge serve policy`` ("over
+the model's context of 512")."""
+
+
+def answer_overflowed(evaluation: JudgeEvaluation, answer: str) -> bool:
+    """Whether ``evaluation`` failed because the answer made the prompt too long for the judge: the judge said
+    the prompt is over its context and ``answer`` is most of it. Then the answer is too long for this judge,
+    the policy's doing as over ``max_answer_chars`` (reward 0, not masked: masked, a long wrong answer would
+    escape the loss); with a short answer it stays a judge failure (the judge's context is too small)."""
+    if not evaluation.prompt_too_long:
+        return False
+    messages = evaluation.responses_create_params.get("input") or []
+    total = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+    return 2 * len(answer) > total
 
 
 def _orders_disagree(entries: list[Any]) -> bool:

@@ -8,7 +8,8 @@ with the request echoed plus ``reward``, ``expected_answer`` and ``judge_evaluat
 ``responses_create_params``, ``response`` and ``verdict_label``), and, specific to gym-bridge,
 ``extracted_answer`` (what the judge was shown) and ``failure_kind`` / ``failure_reason`` /
 ``mask_sample`` (a judge that times out or fails gives reward 0, ``judge_timeout`` / ``judge_error``,
-``mask_sample: true``; never a 500).
+``mask_sample: true``; never a 500; but a judge that refuses the prompt as over its context when the answer
+is most of it gives ``answer_too_long``, not masked: :func:`gym_bridge.rollout.judge.answer_overflowed`).
 
 What is not judged (reward 0, no judge call, ``mask_sample: false``): a response without assistant text
 (``no_answer``, as NeMo Gym 0.7.0's ``empty_final_answer``), one over ``max_answer_chars``
@@ -45,6 +46,7 @@ from gym_bridge.rollout.judge import (
     JudgeEndpointConfig,
     JudgeEvaluation,
     VerdictPosition,
+    answer_overflowed,
 )
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 
@@ -349,7 +351,12 @@ class EquivalenceJudgeServer(ResourcesServer):
             "failure_kind": None, "failure_reason": None, "mask_sample": False,
         }  # fmt: skip
         failed = next((e for e in evaluations if e.failure_kind), None)
-        if failed is not None:
+        shown = full if failed is not None and (failed.order or "").startswith("full_generation") else generated
+        if failed is not None and answer_overflowed(failed, shown):  # the answer is too long for this judge
+            verdict.update(reward=0.0, failure_kind="answer_too_long", mask_sample=False,
+                           failure_reason=f"with this answer ({len(shown)} characters) the prompt is over the judge's "
+                                          f"context: {failed.failure_reason}")  # fmt: skip
+        elif failed is not None:
             verdict.update(reward=0.0, failure_kind=failed.failure_kind, failure_reason=failed.failure_reason, mask_sample=True)
         return EquivalenceVerifyResponse.model_validate({**dump(body), **verdict})
 

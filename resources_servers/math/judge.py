@@ -7,7 +7,9 @@ every box with several, as math-verify read them), first with the expected answe
 it said equal, in the other order; the reward is 1 only when both verdicts are ``[[A=B]]``, as NeMo Gym
 guards against position bias. ``library_reward`` keeps math-verify's verdict and ``judge_evaluations``
 holds each call. A judge that fails (``judge_timeout`` / ``judge_error``) leaves the reward at 0 with that
-``failure_kind`` and ``mask_sample: true``: the verdict is unknown, not wrong, so a trainer leaves it out.
+``failure_kind`` and ``mask_sample: true``: the verdict is unknown, not wrong, so a trainer leaves it out;
+but a judge that refuses the prompt as over its context when the answer is most of it gives
+``answer_too_long``, not masked (:func:`gym_bridge.rollout.judge.answer_overflowed`).
 
 The judge does not overrule the server's own refusals: a response without a final answer (``no_answer``;
 NeMo Gym 0.7.0 scores it 0 without a judge), one the ``strict`` rule refused (``strict_rejected``), a
@@ -32,6 +34,7 @@ from gym_bridge.rollout.judge import (
     JudgeClient,
     JudgeEndpointConfig,
     JudgeEvaluation,
+    answer_overflowed,
 )
 from resources_servers.math.extraction import ExtractionMode, extract_answer, outer_boxes
 
@@ -134,7 +137,11 @@ async def judge_fallback(client: JudgeClient, body: Any, verdict: Any, mode: Ext
     reward, evaluations = await ask_both_orders(client, question, verdict.expected_answer, answer)
     update: dict[str, Any] = {"reward": reward, "judge_evaluations": [e.model_dump(mode="json") for e in evaluations]}
     failed = next((e for e in evaluations if e.failure_kind), None)
-    if failed is not None:
+    if failed is not None and answer_overflowed(failed, answer):  # the answer is too long for this judge
+        update.update(failure_kind="answer_too_long", mask_sample=False,
+                      failure_reason=f"with this answer ({len(answer)} characters) the prompt is over the judge's "
+                                     f"context: {failed.failure_reason}")  # fmt: skip
+    elif failed is not None:
         update.update(failure_kind=failed.failure_kind, failure_reason=failed.failure_reason, mask_sample=True)
     elif reward == 1.0:
         update.update(failure_kind=None, failure_reason=None)

@@ -30,6 +30,8 @@ class Slow:
 @dataclass(frozen=True)
 class Status:
     code: int = 500
+    message: str | None = None
+    """The error's message (default: "scripted CODE")."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class FakeJudge:
     @staticmethod
     def _fault(reply: Reply) -> Response | None:
         if isinstance(reply, Status):
-            return JSONResponse({"error": {"message": f"scripted {reply.code}"}}, status_code=reply.code)
+            message = reply.message or f"scripted {reply.code}"
+            return JSONResponse({"error": {"message": message}}, status_code=reply.code)
         if isinstance(reply, Garbage):
             return Response(reply.body, media_type="text/html")
         return None

@@ -45,6 +45,8 @@ def script(prompt: str, n: int) -> Any:
         return Status(500)
     if question == "garbage":
         return Garbage()
+    if question == "over context":  # vLLM's words for a prompt over the model's context
+        return Status(400, "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens.")
     if question == "no label":
         return "Hmm, hard to say."
     if question == "hostile":  # a judge that quotes the answer's demand, then concludes
@@ -255,3 +257,16 @@ def test_the_judge_sees_the_final_answer_as_written_and_whole(
     assert out["reward"] == 0.0 and out["library_reward"] == 0.0
     sent = out["judge_evaluations"][0]["responses_create_params"]["input"][-1]["content"]  # kept on a timeout too
     assert parts(sent)[2] == shown
+
+
+@pytest.mark.parametrize(("boxed", "kind", "masked"), [("5", "judge_error", True), ("5" + " + 0" * 3000, "answer_too_long", False)])
+def test_an_answer_over_the_judges_context_is_too_long_not_a_judge_failure(
+    judged: tuple[str, FakeJudge], boxed: str, kind: str, masked: bool
+) -> None:
+    """A judge refusing the prompt as over its context: with a short answer the judge's context is too small
+    (unknown verdict, masked); when the answer is most of the prompt it is too long for this judge (0, not
+    masked: masked, a long wrong answer escaped the loss)."""
+    url, _ = judged
+    out = verify(url, f"\\boxed{{{boxed}}}", "4", "over context")
+    assert out["reward"] == 0.0 and out["failure_kind"] == kind and out["mask_sample"] is masked, out["failure_reason"]
+    assert "maximum context length" in out["failure_reason"]

@@ -122,8 +122,19 @@ class Viewer:
             index.start()
 
     def index(self, fid: str) -> RolloutIndex:
-        """A loaded file, or a step's sample file of the run (indexed on first use)."""
+        """A loaded file, or a step's sample file of the run (indexed on first use); indexed again when it
+        was rewritten or replaced since (its numbers, and in place its offsets, would be another file's)."""
         index = self.files.get(fid)
+        if index is not None and index.ready and (index.change() or ("",))[0] in ("rewritten", "replaced"):
+            with self._lock:
+                if self.files.get(fid) is index:
+                    fresh = RolloutIndex(index.path, name=index.name)
+                    if fid.startswith("step_"):
+                        fresh.build()
+                    else:
+                        fresh.start()
+                    self.files[fid] = fresh  # the old one stays open: a request may still be reading it
+                index = self.files[fid]
         if index is None and self.run_dir is not None and fid.startswith("step_"):
             with self._lock:
                 index = self.files.get(fid)
@@ -214,6 +225,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("files", viewer.files)
+        context.setdefault("changes", [c[1] for ix in list(viewer.files.values()) if ix.ready and (c := ix.change())])
         context.setdefault("run_dir", viewer.run_dir)
         context.setdefault("ranking_file", viewer.ranking)
         return templates.TemplateResponse(request, name, context, status_code=status)
@@ -411,7 +423,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
     ) -> HTMLResponse:
         if "a" not in viewer.files or "b" not in viewer.files:
             raise HTTPException(404, "compare needs two rollout files: gym-bridge view A.jsonl B.jsonl")
-        a, b = viewer.files["a"], viewer.files["b"]
+        a, b = viewer.index("a"), viewer.index("b")
         for index in (a, b):
             waiting = ready_or_progress(request, index)
             if waiting is not None:

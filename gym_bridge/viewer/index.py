@@ -28,6 +28,7 @@ from gym_bridge.viewer.records import DecodeError, answer_text, prompt_text, sum
 __all__ = ["BadLine", "RolloutIndex", "TaskRow"]
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
+TAIL_BYTES = 4096
 KEPT_BAD_LINES = 50
 NO_ANSWER = 0  # answer-hash column value of "no extracted answer"
 DETAILS_KEPT = 1024  # per-task summaries cached (memory stays bounded whatever is browsed)
@@ -63,7 +64,10 @@ class RolloutIndex:
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         self.path = Path(path)
         self.name = name or self.path.name
-        self.size = self.path.stat().st_size
+        stat = self.path.stat()
+        self.size = stat.st_size
+        self._identity = (stat.st_dev, stat.st_ino, stat.st_mtime_ns)
+        self._tail = b""  # the last bytes indexed: still there means the file was only appended to
         self.bytes_done = 0
         self.lines_done = 0
         self.ready = False
@@ -108,6 +112,7 @@ class RolloutIndex:
             self._scan()
             self._finish_tasks()
             self._fd = os.open(self.path, os.O_RDONLY)
+            self._tail = os.pread(self._fd, min(self.size, TAIL_BYTES), max(self.size - TAIL_BYTES, 0))
             self.ready = True
         except OSError as err:
             self.error = f"{self.path}: {err.strerror or err}"
@@ -315,6 +320,29 @@ class RolloutIndex:
     def read(self, rid: int) -> dict[str, Any]:
         """The record of ``rid``; a note in its place where it nests past what this thread can parse."""
         return _load(self.raw(rid), self.linenos[rid])
+
+    def change(self) -> tuple[str, str] | None:
+        """How the file on disk now differs from the one indexed: ``(kind, words)`` or None.
+
+        ``rewritten`` (in place: ``collect -o`` run again: the offsets no longer point at its lines) and
+        ``replaced`` (renamed over) mean the numbers are another file's: the viewer indexes it again.
+        ``appended`` (a collect still writing) and ``gone`` leave what was indexed readable (the file
+        stays open): pages say so."""
+        try:
+            stat = os.stat(self.path)
+        except OSError as err:
+            return "gone", f"{self.path} can no longer be opened ({err.strerror}): this is the file as indexed"
+        if (stat.st_dev, stat.st_ino) != self._identity[:2]:
+            return "replaced", f"{self.path} was replaced by another file since it was indexed: this is the old one"
+        if stat.st_size == self.size and stat.st_mtime_ns == self._identity[2]:
+            return None
+        if stat.st_size >= self.size and self._fd is not None:
+            if os.pread(self._fd, len(self._tail), self.size - len(self._tail)) == self._tail:
+                grown = stat.st_size - self.size
+                if not grown:
+                    return None
+                return "appended", f"{grown:,} bytes were appended to {self.path} since it was indexed (not shown)"
+        return "rewritten", f"{self.path} was rewritten since it was indexed"
 
     def failure_kind(self, rid: int) -> str | None:
         return self._failure(rid)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 from conftest import wait_ready
-from viewer_records import nemo_rl_line, rollout, run_a, write_jsonl
+from viewer_records import nemo_rl_line, rollout, run_a, run_b, write_jsonl
 
 from gym_bridge.viewer.app import COLUMN_TEXT_LIMIT, TOKENS_SHOWN
 
@@ -134,6 +134,39 @@ def test_a_line_nested_past_the_decoder_is_a_bad_line_not_an_endless_indexing_pa
     run = serve(str(log_dir))
     step = _get(run.url + "/f/step_000001")
     assert step.status_code == 200 and 'id="bad-lines">1<' in step.text
+
+
+def test_a_file_rewritten_or_appended_to_while_viewed_is_not_shown_with_old_numbers(
+    serve, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """``collect -o a.jsonl`` run again while the viewer is open rewrites the file in place: before, the
+    pages kept the old file's numbers (14 rollouts) and read its offsets in the new bytes; now it is
+    indexed again. Appended lines (a collect still writing) are said, and the rest stays readable."""
+    import os
+
+    path = write_jsonl(tmp_path / "a.jsonl", run_a())
+    served = serve(str(path))
+    _ready(served.url)
+    assert 'id="num-rollouts">14<' in _get(served.url + "/f/a").text
+    write_jsonl(path, run_b())  # in place ("wb"), as collect writes
+    _get(served.url + "/f/a")
+    _ready(served.url)
+    overview = _get(served.url + "/f/a").text
+    assert 'id="num-rollouts">12<' in overview and "since it was indexed" not in overview
+    group = _get(served.url + "/f/a/task/0")
+    assert group.status_code == 200 and group.text.count('<b class="reward">1.000</b>') == 4  # run_b's task 0
+
+    with open(path, "ab") as f:
+        f.write(json.dumps(rollout(9, 0, 1.0, "1")).encode() + b"\n")
+    overview = _get(served.url + "/f/a").text
+    assert 'id="num-rollouts">12<' in overview and "bytes were appended to" in overview
+    assert _get(served.url + "/f/a/task/0").status_code == 200
+
+    replacement = write_jsonl(tmp_path / "a.jsonl.tmp", run_a()[:4])
+    os.replace(replacement, path)  # renamed over, as an atomic writer does
+    _get(served.url + "/f/a")
+    _ready(served.url)
+    assert 'id="num-rollouts">4<' in _get(served.url + "/f/a").text
 
 
 # ---------------------------------------------------------------------------------------------- size

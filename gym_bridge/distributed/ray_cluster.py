@@ -30,12 +30,14 @@ from typing import Any
 from gym_bridge.distributed.ray_local import import_ray, is_loopback
 
 __all__ = [
+    "RayActorLost",
     "RayClusterError",
     "check_cluster",
     "check_token_auth",
     "close_actors",
     "connect_ray",
     "describe_nodes",
+    "gather",
     "gcs_answers",
     "in_bundle",
     "node_here",
@@ -48,6 +50,12 @@ __all__ = [
 class RayClusterError(RuntimeError):
     """The Ray cluster named cannot be joined: nothing answers there, or it wants a token this process
     cannot give. The message names the key or option and what to do."""
+
+
+class RayActorLost(RayClusterError):
+    """An actor the run cannot go on without is gone (its process killed, its node lost) while it worked
+    for the run: the message names which actor, where it ran and what it was doing (instead of Ray's
+    traceback, which names a class and an actor id)."""
 
 
 def resolve_address(configured: str | None) -> str | None:
@@ -262,6 +270,45 @@ def close_actors(ray: Any, actors: list[Any], timeout_s: float = 30.0) -> None:
         pass
     for actor in actors:
         ray.kill(actor)
+
+
+def gather(
+    ray: Any, refs: list[Any], labels: list[str], doing: str, timeout_s: float | None = None
+) -> list[Any]:
+    """``ray.get(refs)``, one ref per actor, ``labels[i]`` naming ref ``i``'s actor (what it is, its node and
+    pid); an actor gone raises :class:`RayActorLost` naming it. Its peers may fail first (a collective
+    whose connection closed): then the lost actor, if one of them is, is named rather than their error."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.RayActorError as exc:
+        lost = next((i for i, ref in enumerate(refs) if _actor_of(exc, ref)), None)
+        raise _lost(labels, lost, doing, exc) from exc
+    except ray.exceptions.RayTaskError:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10)
+        for index, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    raise _lost(labels, index, doing, exc) from exc
+                except Exception:  # that peer's own error: the one raised below
+                    pass
+        raise
+
+
+def _actor_of(exc: Any, ref: Any) -> bool:
+    """Whether ``exc`` (an actor's death) is about the actor that made ``ref``."""
+    try:
+        return exc.actor_id is not None and ref.task_id().actor_id().hex() == exc.actor_id
+    except Exception:  # an object ref not made by an actor task
+        return False
+
+
+def _lost(labels: list[str], index: int | None, doing: str, exc: Exception) -> RayActorLost:
+    who = labels[index] if index is not None else f"one of {len(labels)} Ray actors ({'; '.join(labels)})"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return RayActorLost(f"{who} is gone during {doing} ({type(exc).__name__}: {reason}); the run cannot go on "
+                        "without it: run the same command to resume from the last checkpoint")  # fmt: skip
 
 
 def node_here() -> dict[str, Any]:

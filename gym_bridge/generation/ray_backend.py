@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from gym_bridge.distributed.ray_cluster import connect_ray, in_bundle, remove_placement, reserve
+from gym_bridge.distributed.ray_cluster import connect_ray, gather, in_bundle, remove_placement, reserve
 from gym_bridge.distributed.ray_local import RayUnavailableError, import_ray, start_local_ray
 from gym_bridge.generation.backend import GenerationBackend, GenerationRequest, GenerationResult
 from gym_bridge.models.registry import load_model_and_tokenizer
@@ -107,6 +107,12 @@ class GenerationReplica:
 
         return os.getpid()
 
+    def where(self) -> dict[str, Any]:
+        """Ray's node id and address for this replica, and its process id."""
+        from gym_bridge.distributed.ray_cluster import node_here
+
+        return node_here()
+
 
 class RayBackend(GenerationBackend):
     """:class:`GenerationBackend` over ``num_workers`` replicas of ``model`` in Ray actors.
@@ -159,6 +165,7 @@ class RayBackend(GenerationBackend):
         else:
             self._owns_ray = start_local_ray(num_workers * threads_per_worker, object_store_memory_mb)
         self.replicas: list[Any] = []
+        self.labels: list[str] = []
         self.placement: Any = None
         try:
             total = ray.cluster_resources().get("CPU", 0)
@@ -196,7 +203,11 @@ class RayBackend(GenerationBackend):
                 for index in range(num_workers)
             ]
             # Constructed, or raise now (a replica that fails to build raises its error here).
-            ray.get([replica.pid.remote() for replica in self.replicas], timeout=start_timeout_s)
+            where = ray.get([replica.where.remote() for replica in self.replicas], timeout=start_timeout_s)
+            self.labels = [
+                f"policy.generation.ray replica {i} of {num_workers} (node {w['node_id'][:12]}, pid {w['pid']})"
+                for i, w in enumerate(where)
+            ]
             del weights
         except BaseException:
             self.close()
@@ -219,7 +230,8 @@ class RayBackend(GenerationBackend):
             for replica, share in zip(self.replicas, shares, strict=False)
         ]
         results: list[GenerationResult | None] = [None] * len(requests)
-        for share, share_results in zip(shares, self._ray.get(pending), strict=True):
+        answers = gather(self._ray, pending, self.labels[: len(pending)], "generation")
+        for share, share_results in zip(shares, answers, strict=True):
             for index, result in zip(share, share_results, strict=True):
                 results[index] = result
         return results  # type: ignore[return-value]  # every index is in exactly one share
@@ -229,7 +241,7 @@ class RayBackend(GenerationBackend):
         if weights is None:
             return
         ref = self._ray.put(_pack(weights))
-        self._ray.get([replica.update_weights.remote(ref) for replica in self.replicas])
+        gather(self._ray, [r.update_weights.remote(ref) for r in self.replicas], self.labels, "a weight update")
         del ref
 
     def close(self) -> None:

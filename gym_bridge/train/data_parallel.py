@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from gym_bridge.distributed.ray_cluster import gather
 from gym_bridge.train.algorithm.loss import reduce_microbatch_metrics
 from gym_bridge.train.config import MasterConfig
 from gym_bridge.train.learner.update import (
@@ -263,6 +264,14 @@ class TrainingWorkers:
         self._ray = ray
 
     @property
+    def labels(self) -> list[str]:
+        """What each rank's worker is and where it runs, for errors that name one."""
+        return [
+            f"data-parallel training worker rank {rank} of {self.world_size} (node {node[:12]}, pid {pid})"
+            for rank, (node, _, pid) in enumerate(self.where)
+        ]
+
+    @property
     def node_ids(self) -> list[str]:
         """Ray's node id of each rank's worker."""
         return [node for node, _, _ in self.where]
@@ -273,15 +282,16 @@ class TrainingWorkers:
         ray = self._ray
         light = dataclasses.replace(batch, samples=[dataclasses.replace(s, record=None) for s in batch.samples])
         shipped = ray.put(light)  # once into the object store, read by every worker
-        results = ray.get([w.update.remote(shipped) for w in self.workers])
+        results = gather(ray, [w.update.remote(shipped) for w in self.workers], self.labels, "the policy update")
         self._mirror_rank_0()
         return merge_worker_steps([steps for steps, _ in results]), results[0][1]
 
     def skip(self, num_samples: int) -> None:
-        self._ray.get([w.skip.remote(num_samples) for w in self.workers])
+        gather(self._ray, [w.skip.remote(num_samples) for w in self.workers], self.labels, "a step without update")
 
     def _mirror_rank_0(self) -> None:
-        load_learner_state(self.learner, *self._ray.get(self.workers[0].state.remote()))
+        (state,) = gather(self._ray, [self.workers[0].state.remote()], self.labels[:1], "sending its weights back")
+        load_learner_state(self.learner, *state)
 
     def close(self) -> None:
         """Leave the process group, end the workers (by actor handle), give the placement back, and

@@ -14,17 +14,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.ray_loopback import loopback_ray_fixture
 from tests.train.helpers import save_random_tiny
 from tests.train.test_run_integrity import offline_command
-from tests.train.test_trainer_offline import train_lines, write_scored
+from tests.train.test_trainer_offline import offline_config, train_lines, write_scored
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +136,109 @@ def test_sigterm_to_the_whole_group_mid_step_saves_the_step_and_exits_143_at_onc
     assert [r["step"] for r in train_lines(run / "logs")] == [1, 2]
     assert sorted(p.name for p in (run / "ckpt").glob("step_*")) == ["step_2"]
     assert left_running(mark) == {}
+
+
+# ------------------------------------------------- a Ray actor killed mid-run (one private Ray for these)
+
+local_ray = loopback_ray_fixture(num_cpus=2)
+
+
+def gone(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_killed_mid_update_stops_the_run_naming_it_and_keeps_the_last_checkpoint(
+    tmp_path: Path, local_ray: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of data-parallel rank 1 inside step 2's update. The run used to end in Ray's traceback
+    (``ActorDiedError ... class_name: ...``, exit 1), naming neither the rank nor what it was doing."""
+    from gym_bridge.distributed.ray_cluster import RayActorLost, RayClusterError
+    from gym_bridge.train import data_parallel
+    from gym_bridge.train.loop import train
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    class AnnouncedWorker(data_parallel.TrainingWorker):  # defined here: Ray ships it by value
+        def update(self, batch: Any) -> Any:
+            n = len(list(marks.glob(f"update-{self.rank}-*"))) + 1
+            (marks / f"update-{self.rank}-{n}").write_text(str(os.getpid()))
+            time.sleep(3)
+            return super().update(batch)
+
+    def kill_rank_1_in_step_2() -> None:
+        deadline = time.monotonic() + 200
+        while not (marks / "update-1-2").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(int((marks / "update-1-2").read_text()), signal.SIGKILL)
+
+    monkeypatch.setattr(data_parallel, "TrainingWorker", AnnouncedWorker)
+    model_dir = save_random_tiny(tmp_path / "tiny", seed=0)
+    cfg = offline_config(
+        tmp_path, model_dir, write_scored(tmp_path / "scored.jsonl"), "cluster.train_workers_per_node=2",
+        "checkpointing.save_period=1", "logger.tensorboard_enabled=false",
+    )  # fmt: skip
+    killer = threading.Thread(target=kill_rank_1_in_step_2, daemon=True)
+    killer.start()
+    with pytest.raises(RayClusterError) as caught:  # `gym-bridge train`: `error: ...`, exit 2
+        train(cfg, show_progress=False)
+    killer.join(timeout=10)
+    pids = [int((marks / f"update-{rank}-1").read_text()) for rank in (0, 1)]
+    message = str(caught.value)
+    assert isinstance(caught.value, RayActorLost), message
+    node = ray.get_runtime_context().get_node_id()[:12]
+    named = f"data-parallel training worker rank 1 of 2 (node {node}, pid {pids[1]}) is gone during the policy update"
+    assert f"{named} (ActorDiedError" in message, message
+    assert "run the same command to resume from the last checkpoint" in message
+
+    assert [r["step"] for r in train_lines(tmp_path / "logs")] == [1]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_1"]
+    assert all(gone(pid) for pid in pids)  # the survivor ended with the run
+    deadline = time.monotonic() + 30  # and the run's reservation went back
+    while ray.available_resources().get("CPU") != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == 2
+
+
+@pytest.mark.timeout(200)
+def test_a_generation_replica_killed_between_steps_is_named_not_a_traceback(local_ray: Any) -> None:
+    """kill -9 of replica 1 of the Ray generation backend: the next generation and refit used to raise
+    Ray's ``ActorDiedError`` (a traceback, exit 1)."""
+    import torch
+
+    from gym_bridge.distributed.ray_cluster import RayActorLost
+    from gym_bridge.generation.backend import GenerationRequest, SamplingParams
+    from gym_bridge.generation.ray_backend import RayBackend
+    from gym_bridge.models.tokenizer import build_tokenizer
+    from tests.generation.test_ray_backend import make_llama
+
+    tokenizer = build_tokenizer()
+    model = make_llama(tokenizer, seed=0)
+    requests = [
+        GenerationRequest(tokenizer.encode(f"What is {i} + 1?"), SamplingParams(max_new_tokens=4, seed=i))
+        for i in range(4)
+    ]
+    threads = torch.get_num_threads()
+    backend = RayBackend(model, tokenizer, seed=7, num_workers=2)
+    try:
+        assert len(backend.generate(requests)) == 4
+        pid = ray.get(backend.replicas[1].pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        assert gone(pid)
+        with pytest.raises(RayActorLost, match=rf"policy.generation.ray replica 1 of 2 \(node \w+, pid {pid}\) "
+                           r"is gone during generation \(ActorDiedError"):  # fmt: skip
+            backend.generate(requests)
+        with pytest.raises(
+            RayActorLost, match=rf"replica 1 of 2 .*pid {pid}\) is gone during a weight update"
+        ):
+            backend.update_weights(model)
+    finally:
+        backend.close()
+        torch.set_num_threads(threads)
+    assert ray.is_initialized()  # the fixture's Ray: the backend joined it and left it running

@@ -462,14 +462,13 @@ def _final_text_responses(body: dict[str, Any]) -> str | None:
 
 def _cut_off(body: dict[str, Any]) -> str | None:
     """Why the endpoint says its reply is incomplete (Responses ``status: incomplete``, a chat choice's
-    ``finish_reason: length``), else None: a reply cut at the token limit has no final verdict."""
+    ``finish_reason: length``), else None: a reply cut at the token limit has no final verdict (``failed`` and
+    ``cancelled`` are the endpoint's failures: :meth:`JudgeClient.compare` answers ``judge_error``)."""
     status = body.get("status")
     if status == "incomplete":
         details = body.get("incomplete_details")
         why = details.get("reason") if isinstance(details, dict) else None
         return f"the reply was cut off (status 'incomplete'{f': {why}' if why else ''}); raise max_output_tokens"
-    if status in ("failed", "cancelled"):
-        return f"the reply did not finish (status {status!r})"
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "length":
         return "the reply was cut off (finish_reason 'length'); raise max_output_tokens"
@@ -586,6 +585,11 @@ class JudgeClient:
         except ValueError as e:
             snippet = raw[:200].decode("utf-8", "replace")
             return _failed(params, order, "judge_error", f"POST {url}: the answer is not JSON ({e}): {snippet!r}", start, latency)
+        if answer.get("status") in ("failed", "cancelled"):  # the endpoint's own failure: the verdict is unknown
+            error = answer.get("error")
+            why = error.get("message") if isinstance(error, dict) else None
+            return _failed(params, order, "judge_error", f"POST {url}: the response has status {answer['status']!r}"
+                           + (f": {why}" if why else ""), start, latency, response=answer)  # fmt: skip
         reader = _final_text_responses if self.config.judge_api == "responses" else _final_text_chat
         text = reader(answer)
         if text is None:

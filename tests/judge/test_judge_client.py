@@ -17,7 +17,7 @@ from gym_bridge.rollout.judge import (
     parse_verdict,
     quote,
 )
-from resources_servers.equivalence_judge.tests.fake_judge import Cut, FakeJudge, Garbage, Slow, Status
+from resources_servers.equivalence_judge.tests.fake_judge import Cut, FakeJudge, Garbage, Raw, Slow, Status
 
 
 def _client(url: str, **kw: object) -> JudgeClient:
@@ -66,6 +66,25 @@ def test_failures_are_values_not_exceptions() -> None:
             ev = asyncio.run(_ask(_client(judge.url), prompt))
             assert ev.failure_kind == "judge_error" and "not JSON" in ev.failure_reason
             assert ev.verdict_label is None and ev.equal is None
+
+
+def _response(status: str, text: str, **extra: object) -> Raw:
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+    return Raw({"object": "response", "status": status, "output": [message], **extra})
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [_response("failed", "Same. [[A=B]]", error={"code": "server_error", "message": "the model crashed"}),
+     _response("cancelled", "Same. [[A!=B]]"),
+     Raw({"error": {"message": "rate limited", "code": 429}})],
+    ids=["failed", "cancelled", "error-body"],
+)  # fmt: skip
+def test_a_response_the_judge_did_not_finish_is_a_judge_error(reply: Raw) -> None:
+    """The endpoint says its reply failed: the verdict is unknown (a failure, masked), not a 0 to learn from."""
+    with FakeJudge(lambda prompt, n: reply) as judge:
+        ev = asyncio.run(_ask(_client(judge.url)))
+    assert ev.failure_kind == "judge_error" and ev.equal is None and ev.verdict_label is None, ev
 
 
 def test_refused_connection_is_a_judge_error() -> None:

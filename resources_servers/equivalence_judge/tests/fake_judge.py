@@ -4,7 +4,8 @@ A script is ``(prompt: str, n: int) -> Reply``: ``prompt`` is the request's user
 calls so far (this one included). A Reply is the judge's text (``str``) or a fault: ``Slow(seconds, text)``
 answers late, ``Status(code)`` answers with that HTTP status, ``Garbage(body)`` answers 200 with a body that
 is not a model answer, ``Cut(text)`` answers ``text`` marked cut off at the token limit (Responses ``status:
-incomplete``, chat ``finish_reason: length``). Every request body is kept in ``requests``.
+incomplete``, chat ``finish_reason: length``), ``Raw(body)`` answers 200 with that JSON body. Every request
+body is kept in ``requests``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,14 @@ class Cut:
     text: str
 
 
-Reply = Any  # str | Slow | Status | Garbage | Cut
+@dataclass(frozen=True)
+class Raw:
+    """Answer 200 with this JSON body as it is."""
+
+    body: dict[str, Any]
+
+
+Reply = Any  # str | Slow | Status | Garbage | Cut | Raw
 Script = Callable[[str, int], Reply]
 
 
@@ -116,6 +124,8 @@ class FakeJudge:
             return JSONResponse({"error": {"message": message}}, status_code=reply.code)
         if isinstance(reply, Garbage):
             return Response(reply.body, media_type="text/html")
+        if isinstance(reply, Raw):
+            return JSONResponse(reply.body)
         return None
 
     async def _responses(self, request: Request) -> Response:

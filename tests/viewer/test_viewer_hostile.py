@@ -120,13 +120,18 @@ def test_a_line_nested_past_the_decoder_is_a_bad_line_not_an_endless_indexing_pa
     serve, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     """Before: the index thread died on RecursionError and the page said "Indexing" for ever (and a run
-    directory's step file answered 500)."""
+    directory's step file answered 500). Held: a line over the size limit is a bad line too."""
+    from gym_bridge.viewer.index import MAX_LINE_BYTES
+
     deep_line = ('{"reward": 1, "x": ' + _deep(5000) + "}\n").encode()
-    served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a(), [deep_line])))
+    huge_line = b'{"reward": 1, "x": "' + b"a" * MAX_LINE_BYTES + b'"}\n'
+    served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a(), [deep_line, huge_line, deep_line])))
     _ready(served.url)
     overview = _get(served.url + "/f/a").text
-    assert 'id="num-rollouts">14<' in overview and 'id="bad-lines">1<' in overview
+    assert 'id="num-rollouts">14<' in overview and 'id="bad-lines">3<' in overview
     assert ":15</code>: JSON nested deeper than the decoder allows" in overview
+    assert f":16</code>: line longer than {MAX_LINE_BYTES} bytes" in overview
+    assert ":17</code>: JSON nested deeper than the decoder allows" in overview
 
     log_dir = tmp_path / "run"
     (log_dir / "rollouts").mkdir(parents=True)

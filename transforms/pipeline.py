@@ -12,8 +12,6 @@ reported with ``file:line``; it is skipped and counted, or with ``strict`` it st
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -160,16 +158,25 @@ class _ReportOnce:
                 self._sink(err)
 
 
+def _scalar(value: Any) -> Any:
+    return value if isinstance(value, str | int | float) else None
+
+
 def _distinct(group: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
-    """The group without records equal (as JSON values) to an earlier member."""
-    seen: set[bytes] = set()
+    """The group without records equal (as JSON values) to an earlier member. Only records that share
+    their rollout index, reward and response id are compared (a copy shares all three)."""
+    seen: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
     kept = []
     for lineno, record in group:
-        blob = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        digest = hashlib.blake2b(blob, digest_size=16).digest()
-        if digest not in seen:
-            seen.add(digest)
-            kept.append((lineno, record))
+        response = record.get("response")
+        response_id = response.get("id") if isinstance(response, dict) else None
+        alike = seen.setdefault(
+            (_scalar(record.get("_ng_rollout_index")), _scalar(record.get("reward")), _scalar(response_id)), []
+        )
+        if any(record == other for other in alike):
+            continue
+        alike.append(record)
+        kept.append((lineno, record))
     return kept
 
 

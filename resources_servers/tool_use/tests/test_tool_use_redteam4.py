@@ -433,3 +433,14 @@ def test_a_rollout_past_the_call_budget_is_scored_not_dropped() -> None:
     assert len(told) == 2 and all("used its 3 tool calls" in t for t in told), told
     assert runaway["reward"] == 0.0 and runaway["tool_calls_made"] == 3
     assert honest["reward"] == 1.0
+
+
+@pytest.mark.parametrize("category", ["\uff4b\uff49\uff54\uff43\uff48\uff45\uff4e", "kitchen\u200b", "kitchens", "K\u0130TCHEN"])
+def test_a_category_the_tool_does_not_fold_lists_nothing_and_is_no_match(url: str, category: str) -> None:
+    """Fullwidth letters, a zero-width space, a plural, a dotted capital I: the tool folds only case and outer
+    spaces, so it lists nothing for these, and the check (which reads the category as the tool does) pays 0."""
+    row = store_row(expected_calls=[{"name": "list_products", "arguments": {"category": "kitchen"}}])
+    with session(url, row) as client:
+        assert client.post("/list_products", json={"category": category}).json()["products"] == []
+        out = verify(client, row, [function_call("list_products", {"category": category}), final_message()])
+    assert out["reward"] == 0.0, category

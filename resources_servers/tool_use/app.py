@@ -302,7 +302,7 @@ def _replay(initial: dict[str, Any], calls: list[ToolCallSpec]) -> dict[str, Any
         if "error" in result:
             raise HTTPException(
                 422,
-                f"verifier_metadata.reference_calls.{i} ({call.name}) fails on the task's initial_state "
+                f"verifier_metadata.reference_calls.{i} ({call.name}) fails on the task's store "
                 f"({str(result['error'])[:200]}): the task is wrong",
             )
     return state

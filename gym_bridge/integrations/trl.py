@@ -22,8 +22,10 @@ A rollout whose ``/verify`` still fails after the retries (or whose answer lacks
 handled as ``on_verify_failure`` says: ``"mask"`` (default) gives TRL ``None``, which TRL (1.16) leaves
 out of the group's baseline and gives advantage 0 (a reward of 0 was learned as a wrong answer: a
 server hiccup pushed down an honest completion and lifted the rest of its group); ``"zero"`` scores it 0
-(the behaviour before); ``"raise"`` stops training. A batch in which every rollout failed always raises
-(the server is down or the rows do not fit it).
+(the behaviour before); ``"raise"`` stops training. A batch in which more than ``max_failed_fraction``
+(0.5, as the trainer's ``grpo.max_failed_rollouts_fraction``) of the rollouts failed raises, and so does
+one in which every rollout failed, whatever the fraction (the server is down or the rows do not fit it):
+training on the few left would go on as if nothing were wrong.
 """
 
 from __future__ import annotations
@@ -364,7 +366,8 @@ class GymReward:
     without it is a failed rollout). ``retry``: how each request is tried (default: the agent's policy, 4
     attempts); ``timeout_s`` sets its attempt timeout (default 60 s). ``on_verify_failure``: what a
     rollout whose ``/verify`` still failed scores (module docstring): ``"mask"`` (None), ``"zero"`` or
-    ``"raise"``; a batch where every rollout failed raises whatever it says.
+    ``"raise"``; a batch where more than ``max_failed_fraction`` of the rollouts failed, or every one
+    did, raises whatever it says.
     """
 
     def __init__(
@@ -379,9 +382,13 @@ class GymReward:
         name: str = "gym_reward",
         retry: RetryPolicy | None = None,
         on_verify_failure: OnVerifyFailure = "mask",
+        max_failed_fraction: float = 0.5,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency: must be at least 1")
+        if not 0.0 <= max_failed_fraction <= 1.0:
+            raise ValueError(f"max_failed_fraction: must be within [0, 1], got {max_failed_fraction}")
+        self.max_failed_fraction = max_failed_fraction
         self.base_url = base_url.rstrip("/")
         self.retry = _policy(timeout_s, retry)
         self.max_concurrency = max_concurrency
@@ -405,6 +412,11 @@ class GymReward:
         if failures and len(failures) == len(outcomes):
             raise RuntimeError(
                 f"every /verify of the batch failed ({len(failures)}), the first: {failures[0]}"
+            )
+        if len(failures) > self.max_failed_fraction * len(outcomes):
+            raise RuntimeError(
+                f"{len(failures)} of {len(outcomes)} rollouts of the batch failed, more than max_failed_fraction "
+                f"{self.max_failed_fraction:g}; the first: {failures[0]}"
             )
         return [
             _failed_reward(self.on_verify_failure, f"rollout {i}", o) if isinstance(o, str) else o

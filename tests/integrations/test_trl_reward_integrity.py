@@ -269,7 +269,24 @@ def test_a_verify_answer_without_a_usable_reward_is_never_a_reward() -> None:
             '{"reward": 1' + "0" * 400 + "}"]  # fmt: skip
     app = Starlette(routes=[Route("/verify", verify, methods=["POST"])])
     with start_in_thread(app) as running:
-        reward = GymReward(running.url, seed=False, retry=FAST)
+        reward = GymReward(running.url, seed=False, retry=FAST, max_failed_fraction=1.0)
         rows = [json.dumps({"responses_create_params": {"input": "hi"}, "raw": raw}) for raw in raws]
         got = reward(["p"] * len(raws), ["x"] * len(raws), **{TASK_ROW_COLUMN: rows})
     assert got == [1.0] + [None] * (len(raws) - 1)
+
+
+def test_a_batch_mostly_failed_raises_as_the_trainer_does(broken: tuple[PartlyBrokenEnv, str]) -> None:
+    """3 of 4 rollouts failed: training on the one left had gone on with warnings only. Above
+    ``max_failed_fraction`` (0.5, the trainer's ``grpo.max_failed_rollouts_fraction``) the batch raises."""
+    env, url = broken
+    ok = json.dumps({"responses_create_params": {"input": "hi"}})
+    down = json.dumps({"responses_create_params": {"input": "hi"}, "broken": True})
+    columns = {TASK_ROW_COLUMN: [down, down, down, ok]}
+    env.seeded = -2  # one at a time: the last rollout is session 1, which scores 1
+    with pytest.raises(RuntimeError, match=r"3 of 4 rollouts of the batch failed, more than max_failed_fraction 0\.5"):
+        GymReward(url, retry=FAST, max_concurrency=1)(["p"] * 4, ["a"] * 4, **columns)
+    env.seeded = -2
+    lenient = GymReward(url, retry=FAST, max_concurrency=1, max_failed_fraction=0.75)
+    assert lenient(["p"] * 4, ["a"] * 4, **columns) == [None, None, None, 1.0]
+    with pytest.raises(ValueError, match="max_failed_fraction: must be within"):
+        GymReward(url, max_failed_fraction=1.5)

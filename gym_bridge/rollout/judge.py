@@ -385,6 +385,11 @@ _NEGATED = re.compile(r"(?:\b(?:not|no|never|nor|neither|without)|n't|n’t)$", 
 says the opposite of the label, so there is no verdict."""
 
 
+_DENIED = re.compile(r"(?:\bnot|n't|n’t|\bnever)\b.{0,20}?\b(?:equivalent|equal|the same|match|correct)", re.IGNORECASE)
+"""After a label that starts the last line: words saying the answers are not equivalent ("[[A=B]] they are not
+equivalent", the not-equal line of NeMo Gym's template under the equal label)."""
+
+
 def parse_verdict(
     text: str | None,
     equal_label: str = EQUAL_LABEL,
@@ -415,7 +420,8 @@ def read_verdict(
     (emphasis, quotes and a full stop after it aside); ``last_line_start``: the label that starts its last
     non-empty line. An equal verdict pays only alone on that line: "[[A!=B]], not [[A=B]]" is no verdict
     (a not-equal one may follow a quoted equal label: 'B says "output [[A=B]]". Verdict: [[A!=B]]'), and
-    not right after a negation ("Verdict: not [[A=B]]", :data:`_NEGATED`).
+    not right after a negation ("Verdict: not [[A=B]]", :data:`_NEGATED`); ``last_line_start``: nor on a line
+    saying the answers are not equivalent ("[[A=B]] they are not equivalent", :data:`_DENIED`).
     """
     if not text:
         return None, "the reply is empty"
@@ -440,6 +446,8 @@ def read_verdict(
         return None, "the verdict line holds both labels"  # "[[A!=B]], not [[A=B]]" pays nothing
     if label == equal_label and position == "end" and _NEGATED.search(last[: -len(label)].rstrip(_END_TRIM)):
         return None, "the equal label is negated ('not [[A=B]]')"
+    if label == equal_label and position == "last_line_start" and _DENIED.search(first[len(label) :]):
+        return None, "the equal label's line says they are not equivalent"
     return label, None
 
 

@@ -135,6 +135,13 @@ def test_parse_verdict_reads_the_final_verdict_only() -> None:
     assert parse_verdict("[[A=B]] they are equivalent? No: [[A!=B]]", position="last_line_start") is None
     assert parse_verdict("<think>\nB names Wallace, though it asks for [[A=B]]") is None
     assert parse_verdict("<think>a</think>x<think>\nso [[A=B]]") is None
+    # Round four: an equal label negated, or on a line that denies it, is no verdict.
+    assert parse_verdict("B names Wallace, so the verdict is not [[A=B]]") is None
+    assert parse_verdict("[[A=B]] they are not equivalent", position="last_line_start") is None
+    assert parse_verdict("[[A=B]] they aren't the same", position="last_line_start") is None
+    assert parse_verdict("[[A=B]] they are equivalent", position="last_line_start") == EQUAL_LABEL
+    assert parse_verdict("[[A!=B]] they are not equivalent", position="last_line_start") == NOT_EQUAL_LABEL
+    assert parse_verdict("[[A=B]] equivalent: not merely similar", position="last_line_start") == EQUAL_LABEL
 
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])

@@ -395,6 +395,23 @@ def test_a_task_row_carrying_an_earlier_verdict_does_not_pass_it_on(url: str) ->
                                             "extra_reads", "calls_matched")), out  # fmt: skip
 
 
+def test_a_rollout_past_the_call_budget_is_scored_not_dropped() -> None:
+    """Finding: past ``max_calls_per_session`` the tools answered 429, which the agent loop retries as a rate limit:
+    four attempts, then the whole rollout failed (``env_http_error``), unscored, so a runaway policy's rollout was
+    dropped instead of paying 0. The budget answers 403 now: the model reads why, and the rollout is scored on the
+    store it left (here the order never placed: 0). A rollout within the budget is paid as before."""
+    server = ToolUseServer(config=ToolUseConfig(max_calls_per_session=3))
+    row = store_row()
+    buy = [calls(("add_to_cart", {"product_id": "P1", "quantity": 2}), ("place_order", {})), answer("Ordered.")]
+    with start_in_thread(server.build_app()) as running:
+        runaway = agent_rollout(running.url, row, [calls(*[("view_cart", {})] * 3), *buy])
+        honest = agent_rollout(running.url, row, buy)
+    told = [i["output"] for i in runaway["response"]["output"] if i["type"] == "function_call_output"][3:]
+    assert len(told) == 2 and all("used its 3 tool calls" in t for t in told), told
+    assert runaway["reward"] == 0.0 and runaway["tool_calls_made"] == 3
+    assert honest["reward"] == 1.0
+
+
 # ---------------------------------------------------------------------------------------------- attacks that held
 
 
@@ -416,23 +433,6 @@ def test_an_honest_outcome_reached_another_way_is_paid(url: str, plan: str) -> N
         steps = [("list_products", {}), a, ("view_cart", {}), b, ("view_cart", {}), order, ("list_orders", {})]
     out = rollout(url, row, steps)
     assert out["reward"] == 1.0, out.get("failure_reason")
-
-
-def test_a_rollout_past_the_call_budget_is_scored_not_dropped() -> None:
-    """Finding: past ``max_calls_per_session`` the tools answered 429, which the agent loop retries as a rate limit:
-    four attempts, then the whole rollout failed (``env_http_error``), unscored, so a runaway policy's rollout was
-    dropped instead of paying 0. The budget answers 403 now: the model reads why, and the rollout is scored on the
-    store it left (here the order never placed: 0). A rollout within the budget is paid as before."""
-    server = ToolUseServer(config=ToolUseConfig(max_calls_per_session=3))
-    row = store_row()
-    buy = [calls(("add_to_cart", {"product_id": "P1", "quantity": 2}), ("place_order", {})), answer("Ordered.")]
-    with start_in_thread(server.build_app()) as running:
-        runaway = agent_rollout(running.url, row, [calls(*[("view_cart", {})] * 3), *buy])
-        honest = agent_rollout(running.url, row, buy)
-    told = [i["output"] for i in runaway["response"]["output"] if i["type"] == "function_call_output"][3:]
-    assert len(told) == 2 and all("used its 3 tool calls" in t for t in told), told
-    assert runaway["reward"] == 0.0 and runaway["tool_calls_made"] == 3
-    assert honest["reward"] == 1.0
 
 
 @pytest.mark.parametrize("category", ["\uff4b\uff49\uff54\uff43\uff48\uff45\uff4e", "kitchen\u200b", "kitchens", "K\u0130TCHEN"])

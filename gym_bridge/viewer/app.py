@@ -349,7 +349,8 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
         decode = _decoder(viewer)
         columns = []
         for i, (rid, rec) in enumerate(zip(rids, records, strict=True)):
-            raw = display_json(rec, indent=2)
+            # a line longer than the limit is longer indented too: not dumped only to be dropped
+            raw = display_json(rec, indent=2) if index.lengths[rid] <= RAW_INLINE_LIMIT else ""
             columns.append(
                 {
                     "rid": rid,
@@ -363,7 +364,7 @@ def build_app(viewer: Viewer, *, token: str | None = None, allowed_hosts: Iterab
                     "output_tokens": index.output_tokens[rid],
                     "turns": clip_turns(turns(rec, decode), TURN_TEXT_LIMIT, COLUMN_TEXT_LIMIT),
                     "has_tokens": bool(token_segments(rec, max_cells=1)),
-                    "raw": raw if len(raw) <= RAW_INLINE_LIMIT else None,
+                    "raw": raw if raw and len(raw) <= RAW_INLINE_LIMIT else None,
                 }
             )
         return page(

@@ -62,7 +62,7 @@ def train(
     from gym_bridge.generation.vllm_backend import VllmUnavailableError
     from gym_bridge.models.registry import ModelNotFoundError
     from gym_bridge.records.jsonl import WriteFailed
-    from gym_bridge.train.bookkeeping.checkpoint import CheckpointWriteError
+    from gym_bridge.train.bookkeeping.checkpoint import CheckpointDamaged, CheckpointWriteError
     from gym_bridge.train.bookkeeping.graceful_stop import TrainingStopped
     from gym_bridge.train.bookkeeping.run_lock import RunDirectoryBusy
     from gym_bridge.train.learner.divergence import TrainingDiverged
@@ -83,8 +83,9 @@ def train(
         typer.echo("error: interrupted by Ctrl-C while the run was starting; nothing new was trained or saved", err=True)
         raise typer.Exit(128 + signal.SIGINT) from None
     except (
-        CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError, RayUnavailableError,
-        RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError, WriteFailed,
+        CheckpointDamaged, CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError,
+        RayUnavailableError, RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError,
+        WriteFailed,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

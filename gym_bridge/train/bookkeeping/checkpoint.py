@@ -34,6 +34,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -46,10 +47,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 __all__ = [
     "Checkpoint",
+    "CheckpointDamaged",
     "CheckpointManager",
     "CheckpointWriteError",
     "checkpoint_of",
@@ -73,6 +76,15 @@ class CheckpointWriteError(OSError):
     """A checkpoint that does not fit on its filesystem (said before writing), or whose write failed:
     the message names the directory, the sizes, the last complete checkpoint and how to resume, where
     torch says only "unexpected pos" on a full disk."""
+
+
+class CheckpointDamaged(RuntimeError):
+    """A ``step_<n>`` whose files cannot be read back (a damaged disk, an interrupted copy, a file changed
+    by hand): named with the way on, where safetensors, torch or json would end the run in a traceback."""
+
+
+UNREADABLE = (OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError)
+"""What reading a damaged checkpoint file raises (a truncated file, a missing one, garbage)."""
 
 
 def tensor_bytes(state: Any) -> int:
@@ -148,7 +160,26 @@ class Checkpoint:
 
     @property
     def info(self) -> dict[str, Any]:
-        return json.loads((self.path / INFO_FILE).read_text())
+        with self._reading():
+            return json.loads((self.path / INFO_FILE).read_text())
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Turn a failed read of this checkpoint's files into :class:`CheckpointDamaged`, naming the
+        checkpoint before it (what a resumed run can start from once this one is moved aside)."""
+        try:
+            yield
+        except UNREADABLE as err:
+            earlier = [c for c in CheckpointManager(self.path.parent).checkpoints() if c.step < self.step]
+            way_on = (
+                f"move it out of {self.path.parent} to resume from {earlier[-1].path.name}"
+                if earlier
+                else f"move it out of {self.path.parent} to start again from step 0"
+            )
+            raise CheckpointDamaged(
+                f"checkpoint {self.path} cannot be read ({type(err).__name__}: {str(err)[:200]}): it is damaged "
+                f"or incomplete; {way_on}"
+            ) from err
 
     @property
     def weights_dir(self) -> Path:
@@ -174,8 +205,12 @@ class Checkpoint:
     def load_weights(self, model: Any) -> None:
         """Load the saved weights into ``model`` (same architecture); tied output weights are re-tied."""
         state: dict[str, Any] = {}
-        for shard in sorted(self.weights_dir.glob("*.safetensors")):
-            state.update(load_file(shard))
+        with self._reading():
+            shards = sorted(self.weights_dir.glob("*.safetensors"))
+            if not shards:
+                raise FileNotFoundError(f"no *.safetensors in {self.weights_dir}")
+            for shard in shards:
+                state.update(load_file(shard))
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = (
             {k for k in missing if k.endswith("lm_head.weight")}
@@ -190,13 +225,17 @@ class Checkpoint:
 
     def load_training_state(self, optimizer: Any, scheduler: Any) -> dict[str, Any]:
         """Restore optimizer, scheduler and RNG states; return the data-loader state and the info."""
-        states = torch.load(self.path / "policy" / "optimizer.pt", map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(states["optimizer"])
-        if scheduler is not None and states.get("scheduler") is not None:
-            scheduler.load_state_dict(states["scheduler"])
-        set_rng_state(torch.load(self.path / "rng_state.pt", weights_only=False))
+        with self._reading():
+            states = torch.load(self.path / "policy" / "optimizer.pt", map_location="cpu", weights_only=False)
+            optimizer_state, scheduler_state = states["optimizer"], states.get("scheduler")
+            rng = torch.load(self.path / "rng_state.pt", weights_only=False)
+            data = json.loads((self.path / "train_dataloader.json").read_text())
+        optimizer.load_state_dict(optimizer_state)
+        if scheduler is not None and scheduler_state is not None:
+            scheduler.load_state_dict(scheduler_state)
+        set_rng_state(rng)
         return {
-            "data": json.loads((self.path / "train_dataloader.json").read_text()),
+            "data": data,
             "info": self.info,
         }
 
@@ -400,7 +439,10 @@ class CheckpointManager:
 
     def _score(self, checkpoint: Checkpoint) -> tuple[int, float, int]:
         """Sort key, best first after ``sorted(reverse=True)``: has metric, metric, recency."""
-        value = checkpoint.info.get("metrics", {}).get(self.metric_name) if self.metric_name else None
+        try:
+            value = checkpoint.info.get("metrics", {}).get(self.metric_name) if self.metric_name else None
+        except CheckpointDamaged:  # ranks as one without the metric, rather than stopping every later save
+            value = None
         if not isinstance(value, (int, float)):
             return (0, 0.0, checkpoint.step)
         return (1, float(value) if self.higher_is_better else -float(value), checkpoint.step)

@@ -46,6 +46,8 @@ class Session:
     """Set while a ``/close_session`` releases it: another close of it waits on it rather than release twice."""
     released: bool = False
     """A ``/close_session`` released what it holds (``close_resources_session`` returned)."""
+    gone: bool = False
+    """Dropped from the store (closed, idle past the TTL, pushed out of the kept tier): never taken back."""
 
 
 class SessionStore:
@@ -110,13 +112,17 @@ class SessionStore:
             if _holds_something(oldest) and session.last_seen - oldest.last_seen <= self._ttl:
                 self.keep(oldest)
             else:
-                self._drop(oldest.id)
+                self._drop(oldest.id, gone=False)  # holds nothing: its request, if still on the way, takes it back
         return session
 
     def keep(self, session: Session) -> None:
         """Move ``session`` to the kept tier (it holds state or a binding now); the least recently used
-        kept sessions go past ``max_sessions``, and any idle past the TTL."""
-        if self._fresh.pop(session.id, None) is None:
+        kept sessions go past ``max_sessions``, and any idle past the TTL.
+
+        A fresh session pushed out of its tier is taken back: its request is using it (a seed), and cookie-less
+        requests pushed it out before its body was read; left out, its seed answered 200 for a session no
+        later call could find, and its bytes stayed counted for good. A session dropped otherwise is not."""
+        if self._fresh.pop(session.id, None) is None and (session.gone or session.id in self._sessions):
             return
         self._sessions[session.id] = session
         while len(self._sessions) > self._max or self._expired(self._sessions, session.last_seen):
@@ -142,6 +148,8 @@ class SessionStore:
                 "bytes for all sessions (max_session_bytes)",
             )  # fmt: skip
         self.keep(session)
+        if session.gone:  # dropped while its request ran: nothing of it is kept, so nothing is counted
+            return
         self.nbytes += nbytes - session.nbytes
         session.nbytes = nbytes
         while self._max_bytes is not None and self.nbytes > self._max_bytes:
@@ -155,8 +163,9 @@ class SessionStore:
         if session_id in self._sessions or session_id in self._fresh:
             self._drop(session_id)
 
-    def _drop(self, session_id: str) -> None:
+    def _drop(self, session_id: str, gone: bool = True) -> None:
         session = self._sessions.pop(session_id, None) or self._fresh.pop(session_id)
+        session.gone = gone
         self.nbytes -= session.nbytes
         if session.binding is not None and self._on_drop is not None:
             self._on_drop(session)

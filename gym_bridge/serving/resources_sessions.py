@@ -8,9 +8,11 @@ which server session each such id names, and the ids that were closed: the rules
 
 * a repeated seed of an id (same episode and task) finds the session it made, not a new one;
 * a close is idempotent, succeeds for an id never seeded, and keeps every later seed of that id out,
-  so a seed racing its own close (a retry of a lost seed answer) cannot bring the session back.
+  so a seed racing its own close (a retry of a lost seed answer) cannot bring the session back;
+* an id whose session left the store holding something (idle past ``session_ttl_s``, pushed out) is kept
+  out too: a repeat of its seed would otherwise get a fresh session under that id, the work done gone unsaid.
 
-Closed ids are remembered for the sessions' idle lifetime (``session_ttl_s``), at most ``max_sessions``
+Closed (and lost) ids are remembered for the sessions' idle lifetime (``session_ttl_s``), at most ``max_sessions``
 of them, each by a 16-byte digest (ids are the caller's, of any length: 200,000 closes of 1 MB ids held
 200 GB); the cookie sessions' own bounds are :class:`~gym_bridge.serving.cookie_sessions.SessionStore`'s,
 whose byte bound counts a binding's ids (:attr:`Binding.nbytes`).
@@ -64,6 +66,9 @@ class Binding:
         return None
 
 
+LOST = "is gone (idle past session_ttl_s, or pushed out past max_sessions / max_session_bytes): the state it held is lost"
+
+
 class ResourcesSessions:
     """Caller-assigned ids -> server session ids, and the ids closed recently."""
 
@@ -71,8 +76,8 @@ class ResourcesSessions:
         self._ttl = ttl_s
         self._max_closed = max_closed
         self._bound: dict[str, str] = {}
-        self._closed: OrderedDict[bytes, float] = OrderedDict()
-        """Digests of the ids closed (:func:`_digest`), oldest first, with when."""
+        self._closed: OrderedDict[bytes, tuple[float, str]] = OrderedDict()
+        """Digests of the ids closed or lost (:func:`_digest`), oldest first, with when and why they are refused."""
 
     def __len__(self) -> int:
         return len(self._bound)
@@ -90,21 +95,27 @@ class ResourcesSessions:
             del self._bound[resources_session_id]
 
     def refuse_if_closed(self, resources_session_id: str) -> None:
-        """409 when the id was closed: a closed session is never seeded again."""
+        """409 when the id was closed or lost: such a session is never seeded again."""
         now = time.monotonic()
-        closed_at = self._closed.get(_digest(resources_session_id))
-        if closed_at is not None and now - closed_at <= self._ttl:
-            raise HTTPException(
-                409, f"resources session '{resources_session_id}' is closed; seed a new resources_session_id"
-            )
+        closed = self._closed.get(_digest(resources_session_id))
+        if closed is not None and now - closed[0] <= self._ttl:
+            raise HTTPException(409, f"resources session '{resources_session_id}' {closed[1]}; seed a new resources_session_id")
 
     def mark_closed(self, resources_session_id: str) -> None:
+        self._refuse(resources_session_id, "is closed")
+
+    def mark_lost(self, resources_session_id: str) -> None:
+        """The id's session left the store holding something (idle past the TTL, pushed out): a repeat of its
+        seed is refused rather than answered with a fresh session under the same id (the work done, gone unsaid)."""
+        self._refuse(resources_session_id, LOST)
+
+    def _refuse(self, resources_session_id: str, why: str) -> None:
         now = time.monotonic()
         key = _digest(resources_session_id)
-        self._closed[key] = now
+        self._closed[key] = (now, why)
         self._closed.move_to_end(key)
         while self._closed:
-            oldest, at = next(iter(self._closed.items()))
+            oldest, (at, _) = next(iter(self._closed.items()))
             if len(self._closed) <= self._max_closed and now - at <= self._ttl:
                 break
             del self._closed[oldest]

@@ -322,6 +322,8 @@ class ResourcesServer:
         binding = Binding.of(request)
         bound = self.resources.session_id(rid)
         existing = self.sessions.get(bound) if bound is not None else None
+        if existing is None and bound is not None:
+            self.resources.refuse_if_closed(rid)  # the lookup found it idle past the TTL, and dropped it
         if existing is not None:
             assert existing.binding is not None
             conflict = existing.binding.conflict(binding)
@@ -383,11 +385,15 @@ class ResourcesServer:
         (idle past ``session_ttl_s``, pushed out past ``max_sessions``/``max_session_bytes``) is released in
         the background: it can never be reached again, and what it held (a sandbox) was kept for good."""
         assert session.binding is not None
-        self.resources.unbind(session.binding.resources_session_id, session.id)
-        if type(self).close_resources_session is ResourcesServer.close_resources_session:
-            return  # holds nothing beyond its state
+        rid = session.binding.resources_session_id
+        self.resources.unbind(rid, session.id)
         if session.released or session.closing is not None:
             return  # a close released it, or is releasing it (dropped while seeding: released once the seed ends)
+        releases = type(self).close_resources_session is not ResourcesServer.close_resources_session
+        if session.state or releases:  # it held something: a repeat of its seed must not get a fresh session
+            self.resources.mark_lost(rid)
+        if not releases:
+            return
         try:
             task = asyncio.get_running_loop().create_task(self._release_dropped(session))
         except RuntimeError:  # not on the server's loop (a caller poking the store directly)

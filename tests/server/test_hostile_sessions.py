@@ -50,7 +50,7 @@ def done(text: str = "Done: 2 x P125 are in your cart.") -> dict[str, Any]:
 def typed_seed(task_data: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
     return {
         "resources_session_id": rid or f"resources-session-{uuid.uuid4().hex}",
-        "episode_id": {"rollout_id": f"rollout-{uuid.uuid4().hex[:12]}", "attempt": 0},
+        "episode_id": {"rollout_id": f"rollout_{uuid.uuid4().hex[:12]}", "attempt": 0},
         "task_id": {"taskset": "gym-bridge:test", "task_id": "0"},
         "task_data": task_data,
     }

@@ -16,9 +16,11 @@ The attacks that held are the cases at the end (``test_*_held``).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +32,8 @@ from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
+
+TOOL_USE_DATA = Path(__file__).resolve().parents[2] / "resources_servers" / "tool_use" / "data" / "example.jsonl"
 
 
 class NoArgs(BaseModel):
@@ -71,6 +75,15 @@ class Sandboxed(ResourcesServer):
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         return VerifyResponse.model_validate({**dump(body), "reward": float(session.state.get("steps", 0) >= 3)})
+
+
+class Stateless(ResourcesServer):
+    """Keeps nothing per session (as math)."""
+
+    name = "stateless"
+
+    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
+        return VerifyResponse.model_validate({**dump(body), "reward": 0.0})
 
 
 @pytest.fixture
@@ -130,6 +143,8 @@ def test_two_closes_at_once_release_the_session_once_and_both_answer_200(sandbox
 
 
 def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() -> None:
+    """Four seeds at once on a server with room for two: the two pushed out answer 409 (their session is
+    gone; they answered 200 for it before), and what their seeds made is released once they end."""
     server = Sandboxed(ServerSettings(max_sessions=2))
 
     async def burst(url: str) -> list[httpx.Response]:
@@ -141,11 +156,92 @@ def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() ->
 
     with start_in_thread(server.build_app()) as running:
         answers = asyncio.run(burst(running.url))
-        assert {a.status_code for a in answers} == {200}
+        assert sorted(a.status_code for a in answers) == [200, 200, 409, 409], [a.text for a in answers]
+        assert all("lost" in a.json()["detail"] for a in answers if a.status_code == 409)
         deadline = time.monotonic() + 10
         while server.releases < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(server.sessions) == 2 and len(server.live) == 2 and server.releases == 2
+        assert server.sessions.nbytes == sum(s.nbytes for s in server.sessions._sessions.values())
+
+
+@pytest.mark.parametrize("how", ["expired", "pushed out"])
+def test_a_repeated_seed_of_a_dropped_session_is_refused_not_answered_with_a_fresh_one(how: str) -> None:
+    """"A repeated seed finds the session it made": once the store dropped it, the repeat (a retry, an
+    Environment Server resuming the episode) got a new session under the same id, its store as the task
+    starts: the work done was gone without a word, and /verify scored the fresh store."""
+    settings = ServerSettings(session_ttl_s=0.5) if how == "expired" else ServerSettings(max_sessions=2)
+    server = Sandboxed(settings)
+    server.seed_s = 0.0
+    seed = typed_seed()
+    with start_in_thread(server.build_app()) as running, httpx.Client(base_url=running.url, timeout=30) as env:
+        assert env.post("/seed_session", json=seed).status_code == 200
+        for _ in range(3):
+            assert env.post("/step", json={}).status_code == 200
+        if how == "expired":
+            time.sleep(0.7)
+        else:
+            for _ in range(2):
+                assert httpx.post(running.url + "/seed_session", json=typed_seed()).status_code == 200
+        env.cookies.clear()
+        again = env.post("/seed_session", json=seed)
+        assert again.status_code == 409 and "lost" in again.json()["detail"], again.text
+        assert env.post("/close_session", json=close_body(seed)).status_code == 200  # still closes (idempotent)
+        stateless = Stateless(settings)  # a session that held nothing loses nothing: its repeat is served
+        with start_in_thread(stateless.build_app()) as plain, httpx.Client(base_url=plain.url, timeout=30) as math:
+            seed = typed_seed()
+            assert math.post("/seed_session", json=seed).status_code == 200
+            if how == "expired":
+                time.sleep(0.7)
+            else:
+                for _ in range(2):
+                    assert httpx.post(plain.url + "/seed_session", json=typed_seed()).status_code == 200
+            math.cookies.clear()
+            assert math.post("/seed_session", json=seed).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["legacy", "typed"])
+def test_a_seed_in_flight_is_not_pushed_out_by_cookieless_requests(kind: str) -> None:
+    """Every cookie-less request opens a fresh session before its body is read. Three seeds whose bodies were
+    on the way while twenty cookie-less requests came (max_sessions=4) had their sessions pushed out of the
+    fresh tier: each seed answered 200 for a session no later call could find (its next call: 409, its
+    work: lost), and its state's bytes stayed counted against max_session_bytes for good."""
+    from gym_bridge.rollout.envs import load_server_class
+
+    server = load_server_class("tool_use")(ServerSettings(max_sessions=4))
+    row = json.loads(TOOL_USE_DATA.read_text().splitlines()[0])
+
+    async def run(url: str) -> list[tuple[int, int]]:
+        async def seed(started: asyncio.Event) -> tuple[int, int]:
+            body = json.dumps(row if kind == "legacy" else {**typed_seed(), "task_data": row}).encode()
+
+            async def late_body() -> Any:  # the head now, the body once the other requests came
+                started.set()
+                await asyncio.sleep(0.5)
+                yield body
+
+            async with httpx.AsyncClient(base_url=url, timeout=30) as rollout:
+                headers = {"content-type": "application/json", "content-length": str(len(body))}
+                seeded = await rollout.post("/seed_session", content=late_body(), headers=headers)
+                cart = await rollout.post("/view_cart", json={})
+                return seeded.status_code, cart.status_code
+
+        events = [asyncio.Event() for _ in range(3)]
+        seeds = [asyncio.ensure_future(seed(e)) for e in events]
+        for e in events:
+            await e.wait()
+        await asyncio.sleep(0.1)  # the seeds' heads are in: their fresh sessions are open
+        async with httpx.AsyncClient(base_url=url, timeout=30) as stranger:
+            for i in range(20):
+                stranger.cookies.clear()
+                await stranger.post("/verify", json={"junk": i})
+        return list(await asyncio.gather(*seeds))
+
+    with start_in_thread(server.build_app()) as running:
+        outcomes = asyncio.run(run(running.url))
+    assert outcomes == [(200, 200)] * 3, outcomes
+    live = list(server.sessions._sessions.values()) + list(server.sessions._fresh.values())
+    assert server.sessions.nbytes == sum(s.nbytes for s in live), (server.sessions.nbytes, len(live))
 
 
 # --------------------------------------------------------------------------- attacks that held

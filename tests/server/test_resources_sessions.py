@@ -45,7 +45,7 @@ def typed_seed(row: dict[str, Any], **change: Any) -> dict[str, Any]:
     """A ``ResourcesSeedSessionRequest`` as NeMo Gym's Environment Server sends it for ``row``."""
     body = {
         "resources_session_id": f"resources-session-{uuid.uuid4().hex}",
-        "episode_id": {"rollout_id": f"rollout-{uuid.uuid4().hex[:12]}", "attempt": 0},
+        "episode_id": {"rollout_id": f"rollout_{uuid.uuid4().hex[:12]}", "attempt": 0},
         "task_id": {"taskset": "gym-bridge:test", "task_id": "0"},
         "task_data": {k: v for k, v in row.items() if k != "responses_create_params"},
     }

@@ -47,7 +47,7 @@ def other_url() -> Iterator[str]:
 def typed_seed(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "resources_session_id": f"resources-session-{uuid.uuid4().hex}",
-        "episode_id": {"rollout_id": f"rollout-{uuid.uuid4().hex[:12]}"},
+        "episode_id": {"rollout_id": f"rollout_{uuid.uuid4().hex[:12]}"},
         "task_id": {"taskset": "tool_use:example", "task_id": "0"},
         "task_data": {k: v for k, v in row.items() if k != "responses_create_params"},
     }

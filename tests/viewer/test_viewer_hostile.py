@@ -293,6 +293,32 @@ def test_hostile_strings_in_every_field_are_drawn_as_text(serve, page, tmp_path:
     assert violations == []
 
 
+def test_filters_and_metrics_with_odd_whitespace_in_their_names_still_select(serve, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An ``<option>`` without a ``value`` submits its text with whitespace collapsed: a failure kind,
+    environment or metric name with doubled, leading or trailing spaces could not be chosen (422, or an
+    empty chart). Now each option's value is the name as written."""
+    kind, env, metric = "  slow   verifier\t", " my  env ", "odd  key "
+    recs = [rollout(0, 0, 0.0, "1", env=env, failure_kind=kind), rollout(1, 0, 1.0, "2")]
+    served = serve(str(write_jsonl(tmp_path / "a.jsonl", recs)))
+    wait_ready(page, served.url + "/f/a")
+    for select in ("#failure", "#env"):
+        page.goto(served.url + "/f/a")
+        page.select_option(select, index=1)
+        with page.expect_navigation():
+            page.click("#apply")
+        assert page.locator("#tasks tbody tr td:first-child").all_inner_texts() == ["#0"], select
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "split": "train", metric: 0.5 * s}) + "\n"
+                                                   for s in (1, 2)))  # fmt: skip
+    run = serve(str(run_dir))
+    page.goto(run.url + "/run")
+    page.wait_for_function("() => document.querySelectorAll('#extra-metric option').length > 1")
+    page.select_option("#extra-metric", index=1)
+    assert "latest: " in page.inner_text("#extra-chart figcaption")
+
+
 def test_every_answer_carries_a_strict_content_security_policy(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a())), str(write_jsonl(tmp_path / "b.jsonl", run_a())),
                    "--tokenizer", "tiny")

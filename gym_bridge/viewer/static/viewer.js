@@ -96,7 +96,7 @@ function runPage() {
     records.forEach((r) => Object.entries(r).forEach(([k, v]) => { if (typeof v === "number" && k !== "step") keys.add(r.split + "/" + k); }));
     for (const k of [...keys].sort()) if (!known.has(k)) {
       known.add(k);
-      const o = document.createElement("option"); o.textContent = k; extra.appendChild(o);
+      const o = document.createElement("option"); o.value = k; o.textContent = k; extra.appendChild(o);
     }
     extraBox.replaceChildren();
     if (extra.value) {

@@ -8,7 +8,12 @@ The findings of round four, each failing on the code before its fix:
 * two ``/close_session`` of one id at once (a retry, or a close racing the Environment Server's own) both
   released the session: a release that is not idempotent raised, and the idempotent close answered 500;
 * a typed session the store dropped (idle past ``session_ttl_s``, pushed out past ``max_sessions``, also
-  while its seed ran) was never released: only ``/close_session`` released, and its id no longer found it.
+  while its seed ran) was never released: only ``/close_session`` released, and its id no longer found it;
+* a repeated seed of such an id got a fresh session under it (the state the rollout's calls made, gone
+  without a word; ``/verify`` then scored the fresh store); it is now a 409 saying the state is lost;
+* a seed whose body was on the way while cookie-less requests came had its fresh session pushed out
+  before it ran: the seed answered 200 for a session no later call could find, and its bytes stayed
+  counted against ``max_session_bytes`` for good (legacy and typed seeds alike).
 
 The attacks that held are the cases at the end (``test_*_held``).
 """

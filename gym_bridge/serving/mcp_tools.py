@@ -18,6 +18,7 @@ echoes the names as the model emitted them, as NeMo Gym's ``_wrap_verify`` does.
 
 from __future__ import annotations
 
+import inspect
 import re
 import secrets
 from contextlib import AsyncExitStack
@@ -103,11 +104,17 @@ class McpSurface:
         self._register(self._mcp)
         # As NeMo Gym: stateless (no MCP session to keep; the token names ours), JSON answers, and no
         # Host/Origin allow-list of the SDK's (agents reach the server by whatever address it has).
+        # The body's bound is max_body_bytes, enforced before the SDK reads it (JsonApp); the SDK's own
+        # (mcp 1.30: 4 MiB, whatever the setting) is set to the same, where it has one.
+        bound: dict[str, Any] = {}
+        if "max_request_body_size" in inspect.signature(StreamableHTTPSessionManager).parameters:
+            bound["max_request_body_size"] = server.settings.max_body_bytes
         self._manager = StreamableHTTPSessionManager(
             app=self._mcp,
             json_response=True,
             stateless=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            **bound,
         )
         self._running: AsyncExitStack | None = None
 
@@ -253,8 +260,6 @@ async def _send_json(send: Any, status: int, payload: Any, headers: tuple[tuple[
 
 
 def _description(fn: Any) -> str | None:
-    import inspect
-
     return (inspect.getdoc(fn) or "").strip() or None
 
 

@@ -9,6 +9,8 @@ The findings of round four, each failing on the code before its fix:
   the tool (a server that keeps its argument then answered 500 to every later call and ``/verify``, and
   tool_use counted the call) before the answer failed as a 500, and JSON nested past the depth limit was
   a 500 (RecursionError);
+* ``max_body_bytes`` was not /mcp's bound: the SDK refused any body past its own 4 MiB (a 5 MiB argument
+  HTTP takes was a plain-text 413 over MCP);
 * ``GET /mcp`` opened a server-sent-events stream, with no token needed, that a stateless server never
   writes to and never ends: one connection and ~100 KB held for good per request;
 * tool arguments of the wrong JSON type (``"arguments": [...]``) were the SDK's ``Invalid request
@@ -130,6 +132,19 @@ def test_a_chunked_mcp_body_past_max_body_bytes_is_a_413(notes: str) -> None:
 
     answer = httpx.post(notes + "/mcp", content=chunks(), headers=headers, timeout=30)
     assert answer.status_code == 413 and f"limit of {ONE_MIB} bytes" in answer.text, answer.text[:300]
+
+
+def test_max_body_bytes_is_mcps_bound_too() -> None:
+    """A 5 MiB argument is a body ``max_body_bytes`` (16 MiB) takes over HTTP; over MCP the SDK's own 4 MiB
+    bound refused it (a plain-text 413), whatever the setting said."""
+    with start_in_thread(Notes(ServerSettings(expose_tools_over_mcp=True)).build_app()) as running:
+        client, headers = seeded(running.url)
+        with closing(client):
+            text = "x" * (5 * ONE_MIB)
+            assert client.post("/note", json={"text": text}).status_code == 200
+            over_mcp = httpx.post(running.url + "/mcp", json=call("note", {"text": text}), headers=headers, timeout=60)
+            assert over_mcp.status_code == 200, over_mcp.text[:300]
+            assert over_mcp.json()["result"]["structuredContent"] == {"kept": 2}
 
 
 @pytest.mark.parametrize(

@@ -320,8 +320,7 @@ def test_filters_and_metrics_with_odd_whitespace_in_their_names_still_select(ser
 
 
 def test_every_answer_carries_a_strict_content_security_policy(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a())), str(write_jsonl(tmp_path / "b.jsonl", run_a())),
-                   "--tokenizer", "tiny")
+    served = serve(str(write_jsonl(tmp_path / "a.jsonl", run_a())), str(write_jsonl(tmp_path / "b.jsonl", run_a())))
     _ready(served.url)
     for url in ("/f/a", "/f/a/task/0", "/f/a/rollout/0/tokens", "/compare", "/f/a/rollout/0.json", "/static/viewer.js",
                 "/f/nope", "/health"):

@@ -4,12 +4,11 @@ Masked (``mask_sample: true``), a sample leaves the loss: a wrong answer long en
 context escaped its 0. When the answer is most of the refused prompt it is the answer's doing (reward 0,
 ``answer_too_long``, not masked); with a short answer the judge's context is too small for the task
 (``judge_error``, masked, as before). Over HTTP, with each server family's wording, and against the real
-``gym-bridge serve policy`` (a tiny model, 512 tokens of context) as the judge.
+policy server of ``gym-bridge serve policy`` (a tiny model, 4,096 tokens of context) as the judge.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,20 +77,25 @@ def test_another_bad_request_stays_a_judge_failure(url: str) -> None:
     assert out["judge_evaluations"][0]["prompt_too_long"] is False
 
 
-def test_against_gym_bridge_serve_policy_as_the_judge() -> None:
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_against_the_policy_server_as_the_judge(api: str) -> None:
+    """``gym-bridge serve policy``'s app (a tiny model, 4,096 tokens of context) as the judge: a short answer is
+    judged (no verdict from a random model, no failure), a long one is over its context: too long, unmasked."""
+    pytest.importorskip("torch")
+    from gym_bridge.generation.transformers_backend import TransformersBackend
+    from gym_bridge.models.tiny import TinyRecipe, random_tiny_model
     from gym_bridge.models.tokenizer import build_tokenizer
-    from tests.policy.conftest import make_tiny_llama
-    from tests.policy.test_serve_policy_cli import serve_policy
+    from gym_bridge.policy.server import build_policy_app
 
     tokenizer = build_tokenizer()
-    with tempfile.TemporaryDirectory() as model_dir:
-        make_tiny_llama(tokenizer).save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        with serve_policy("--model", model_dir, "--max-output-tokens", "8") as policy:
-            config = EquivalenceJudgeConfig(judge_url=f"{policy}/v1", judge_api="chat_completions", judge_timeout_s=60)
-            with start_in_thread(EquivalenceJudgeServer(ServerSettings(), config).build_app()) as running:
-                short = verify(running.url, "Wallace")  # the built-in prompt alone is over 512 tokens
-                long = verify(running.url, LONG)
-    assert (short["failure_kind"], short["mask_sample"]) == ("judge_error", True), short["failure_reason"]
-    assert (long["reward"], long["failure_kind"], long["mask_sample"]) == (0.0, "answer_too_long", False)
-    assert "the model's context of 512" in long["failure_reason"]
+    shape = TinyRecipe(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=4096)
+    backend = TransformersBackend(random_tiny_model(tokenizer, shape), tokenizer, model_name="tiny-judge")
+    app = build_policy_app(backend, model_name="tiny-judge", batch_wait_ms=1, max_output_tokens=8)
+    with start_in_thread(app, timeout=120) as policy:
+        config = EquivalenceJudgeConfig(judge_url=f"{policy.url}/v1", judge_api=api, judge_timeout_s=60)
+        with start_in_thread(EquivalenceJudgeServer(ServerSettings(), config).build_app()) as running:
+            short = verify(running.url, "Wallace")
+            long = verify(running.url, LONG)
+    assert short["failure_kind"] is None and short["judge_evaluations"][0]["failure_kind"] is None, short
+    assert (long["reward"], long["failure_kind"], long["mask_sample"]) == (0.0, "answer_too_long", False), long
+    assert "over the model's context of 4096" in long["failure_reason"] or "context of 4096" in long["failure_reason"]

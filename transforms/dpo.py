@@ -6,7 +6,10 @@ equals); a task whose best and worst rewards are equal gives no pair, since a ti
 ``chosen_reward - rejected_reward >= min_margin`` and strictly above zero. A rollout whose response was
 cut off (:func:`~transforms.common.is_cut_off`, e.g. at ``max_output_tokens``) is never chosen, unless
 ``chosen_cut_off``: DPO would teach its text, which stops mid-answer, as the preferred one. Every rollout
-needs a reward (a RecordError otherwise).
+needs a reward (a RecordError otherwise). With ``drop_equal`` (what ``gym-bridge transform dpo`` passes) a
+pair whose chosen and rejected are written the same is left out (in the text form, two tool-using
+rollouts that differ only in their calls, which that form leaves out): it holds no preference, only a
+claim that one of two equal answers is better.
 
 ``chat=False`` (default, NeMo Gym's documented shape) writes the prompt as the last user message's text
 and the responses as assistant text; ``chat=True`` writes chat messages (prompt with system/developer
@@ -55,6 +58,7 @@ def dpo_pairs(
     min_margin: float = 0.0,
     chat: bool = False,
     chosen_cut_off: bool = False,
+    drop_equal: bool = False,
 ) -> list[dict[str, Any]]:
     """Preference pairs from the rollouts of one task (empty when all rewards tie or the group is too small)."""
     rewards = [reward_of(r) for r in group]  # first: an unscored rollout is refused even on its own
@@ -66,13 +70,15 @@ def dpo_pairs(
         return []
     respond = response_messages if chat else response_text
     prompt = prompt_messages(group[0]) if chat else prompt_text(group[0])
+    written = [(i, j, respond(group[i]), respond(group[j])) for i, j in pairs]
     return [
         {
             "prompt": prompt,
-            "chosen": respond(group[i]),
-            "rejected": respond(group[j]),
+            "chosen": chosen,
+            "rejected": rejected,
             "chosen_reward": rewards[i],
             "rejected_reward": rewards[j],
         }
-        for i, j in pairs
+        for i, j, chosen, rejected in written
+        if not (drop_equal and chosen == rejected)
     ]

@@ -276,12 +276,15 @@ def dpo(
     keep_cut_off: KeepCutOff = False,
     strict: Strict = False,
 ) -> None:
-    """Per task: best vs worst rollout (or all pairs) -> {prompt, chosen, rejected, *_reward}; ties give no pair."""
+    """Per task: best vs worst rollout (or all pairs) -> {prompt, chosen, rejected, *_reward}; ties give no pair.
+
+    Nor does a pair whose chosen and rejected read the same (in --format text, tool-using rollouts that
+    differ only in their calls): use --format chat for those."""
 
     def convert(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return dpo_pairs(
             group, all_pairs=all_pairs, min_margin=min_margin, chat=fmt is PairFormat.chat,
-            chosen_cut_off=keep_cut_off,
+            chosen_cut_off=keep_cut_off, drop_equal=True,
         )  # fmt: skip
 
     _run(rollouts, output, strict, run_grouped, convert, spill_dir=spill_dir, check=check_scored_rollout)

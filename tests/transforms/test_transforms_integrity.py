@@ -205,3 +205,30 @@ def test_an_output_that_is_the_input_under_another_name_never_damages_it(unscore
     result = _invoke("grpo", unscored, "-o", other)
     assert result.exit_code == (2 if link == "symlink" else 0), result.output
     assert unscored.read_bytes() == before
+
+
+def _with_call(record, product):
+    """The rollout's output: a call to add_to_cart(product), its result, then the same closing text."""
+    call = {"type": "function_call", "call_id": "c1", "name": "add_to_cart", "arguments": json.dumps({"product_id": product})}
+    result = {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'}
+    record["response"]["output"][1:1] = [call, result]
+    return record
+
+
+def test_dpo_writes_no_pair_whose_two_sides_read_the_same(tmp_path):
+    """Two tool-using rollouts that differ only in their calls: the text form leaves the calls out, so
+    its pair read "Done." against "Done." (the e2e test of code and tool use shows 9 such pairs of 11)."""
+    records = [
+        _with_call(rollout("buy P450", "Done.", 1.0, task=0, repeat=0), "P450"),
+        _with_call(rollout("buy P450", "Done.", 0.0, task=0, repeat=1), "P999"),
+        rollout("other", "right", 1.0, task=1, repeat=0),
+        rollout("other", "wrong", 0.0, task=1, repeat=1),
+    ]
+    src = write_jsonl(tmp_path / "tools.jsonl", records)
+    out = tmp_path / "dpo.jsonl"
+    result = _invoke("dpo", src, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert [(p["chosen"], p["rejected"]) for p in read_jsonl(out)] == [("right", "wrong")]
+    assert _invoke("dpo", src, "-o", out, "--format", "chat").exit_code == 0
+    chosen = read_jsonl(out)[0]["chosen"]  # the chat form keeps the calls, so the pair is there
+    assert chosen[0]["tool_calls"][0]["function"]["arguments"] == {"product_id": "P450"}

@@ -37,6 +37,7 @@ from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
 from gym_bridge.serving.cookie_sessions import SESSION_COOKIE
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
+from tests.server.test_hostile_sessions import Stateless
 
 TOOL_USE_DATA = Path(__file__).resolve().parents[2] / "resources_servers" / "tool_use" / "data" / "example.jsonl"
 
@@ -80,15 +81,6 @@ class Sandboxed(ResourcesServer):
 
     async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
         return VerifyResponse.model_validate({**dump(body), "reward": float(session.state.get("steps", 0) >= 3)})
-
-
-class Stateless(ResourcesServer):
-    """Keeps nothing per session (as math)."""
-
-    name = "stateless"
-
-    async def verify(self, body: VerifyRequest, session: Session) -> VerifyResponse:
-        return VerifyResponse.model_validate({**dump(body), "reward": 0.0})
 
 
 @pytest.fixture
@@ -170,6 +162,15 @@ def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() ->
         assert server.sessions.nbytes == sum(s.nbytes for s in server.sessions._sessions.values())
 
 
+def drop_the_first(url: str, how: str) -> None:
+    """Make the store drop the one session seeded so far: wait past its TTL (0.5 s), or seed two more (max 2)."""
+    if how == "expired":
+        time.sleep(0.7)
+    else:
+        for _ in range(2):
+            assert httpx.post(url + "/seed_session", json=typed_seed()).status_code == 200
+
+
 @pytest.mark.parametrize("how", ["expired", "pushed out"])
 def test_a_repeated_seed_of_a_dropped_session_is_refused_not_answered_with_a_fresh_one(how: str) -> None:
     """"A repeated seed finds the session it made": once the store dropped it, the repeat (a retry, an
@@ -183,11 +184,7 @@ def test_a_repeated_seed_of_a_dropped_session_is_refused_not_answered_with_a_fre
         assert env.post("/seed_session", json=seed).status_code == 200
         for _ in range(3):
             assert env.post("/step", json={}).status_code == 200
-        if how == "expired":
-            time.sleep(0.7)
-        else:
-            for _ in range(2):
-                assert httpx.post(running.url + "/seed_session", json=typed_seed()).status_code == 200
+        drop_the_first(running.url, how)
         env.cookies.clear()
         again = env.post("/seed_session", json=seed)
         assert again.status_code == 409 and "lost" in again.json()["detail"], again.text
@@ -196,11 +193,7 @@ def test_a_repeated_seed_of_a_dropped_session_is_refused_not_answered_with_a_fre
         with start_in_thread(stateless.build_app()) as plain, httpx.Client(base_url=plain.url, timeout=30) as math:
             seed = typed_seed()
             assert math.post("/seed_session", json=seed).status_code == 200
-            if how == "expired":
-                time.sleep(0.7)
-            else:
-                for _ in range(2):
-                    assert httpx.post(plain.url + "/seed_session", json=typed_seed()).status_code == 200
+            drop_the_first(plain.url, how)
             math.cookies.clear()
             assert math.post("/seed_session", json=seed).status_code == 200
 

@@ -381,8 +381,9 @@ _START_TRIM = " \t*_`'\">#-"
 
 
 _NEGATED = re.compile(r"(?:\b(?:not|no|never|nor|neither|without)|n't|n’t)$", re.IGNORECASE)
-"""A negation right before an equal label that ends a reply ("B is not [[A=B]]", "isn't [[A=B]]"): the judge
-says the opposite of the label, so there is no verdict."""
+"""A negation right before an equal label that ends a reply, only spaces, emphasis or quotes between ("B is not
+[[A=B]]", "isn't **[[A=B]]**"): the judge says the opposite of the label, so there is no verdict ("Wrong? No.
+[[A=B]]", punctuation between, keeps its verdict)."""
 
 
 _DENIED = re.compile(r"(?:\bnot|n't|n’t|\bnever)\b.{0,20}?\b(?:equivalent|equal|the same|match|correct)", re.IGNORECASE)
@@ -444,7 +445,7 @@ def read_verdict(
         return None, f"no label where the prompt asks: the verdict must {where}"
     if label == equal_label and not_equal_label in _labels_in(lines[-1], labels):
         return None, "the verdict line holds both labels"  # "[[A!=B]], not [[A=B]]" pays nothing
-    if label == equal_label and position == "end" and _NEGATED.search(last[: -len(label)].rstrip(_END_TRIM)):
+    if label == equal_label and position == "end" and _NEGATED.search(last[: -len(label)].rstrip(" \t*_`'\"")):
         return None, "the equal label is negated ('not [[A=B]]')"
     if label == equal_label and position == "last_line_start" and _DENIED.search(first[len(label) :]):
         return None, "the equal label's line says they are not equivalent"

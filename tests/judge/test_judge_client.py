@@ -137,6 +137,8 @@ def test_parse_verdict_reads_the_final_verdict_only() -> None:
     assert parse_verdict("<think>a</think>x<think>\nso [[A=B]]") is None
     # Round four: an equal label negated, or on a line that denies it, is no verdict.
     assert parse_verdict("B names Wallace, so the verdict is not [[A=B]]") is None
+    assert parse_verdict("B isn't **[[A=B]]**") is None
+    assert parse_verdict("Is the candidate wrong? No. [[A=B]]") == EQUAL_LABEL  # punctuation between: a verdict
     assert parse_verdict("[[A=B]] they are not equivalent", position="last_line_start") is None
     assert parse_verdict("[[A=B]] they aren't the same", position="last_line_start") is None
     assert parse_verdict("[[A=B]] they are equivalent", position="last_line_start") == EQUAL_LABEL

@@ -387,8 +387,10 @@ _NEGATED = re.compile(r"(?:\b(?:not|no|never|nor|neither|without)|n't|n’t)$", 
 
 
 _DENIED = re.compile(r"(?:\bnot|n't|n’t|\bnever)\b.{0,20}?\b(?:equivalent|equal|the same|match|correct)", re.IGNORECASE)
-"""After a label that starts the last line: words saying the answers are not equivalent ("[[A=B]] they are not
-equivalent", the not-equal line of NeMo Gym's template under the equal label)."""
+_CLAUSE = re.compile(r"[.,;:(\[—–]| - ")
+"""After a label that starts the last line, in its first clause: words saying the answers are not equivalent
+("[[A=B]] they are not equivalent", the not-equal line of NeMo Gym's template under the equal label; "[[A=B]]
+they are equivalent (not the same wording)" keeps its verdict)."""
 
 
 def parse_verdict(
@@ -447,7 +449,7 @@ def read_verdict(
         return None, "the verdict line holds both labels"  # "[[A!=B]], not [[A=B]]" pays nothing
     if label == equal_label and position == "end" and _NEGATED.search(last[: -len(label)].rstrip(" \t*_`'\"")):
         return None, "the equal label is negated ('not [[A=B]]')"
-    if label == equal_label and position == "last_line_start" and _DENIED.search(first[len(label) :]):
+    if label == equal_label and position == "last_line_start" and _DENIED.search(_CLAUSE.split(first[len(label) :], 1)[0]):
         return None, "the equal label's line says they are not equivalent"
     return label, None
 

@@ -144,6 +144,7 @@ def test_parse_verdict_reads_the_final_verdict_only() -> None:
     assert parse_verdict("[[A=B]] they are equivalent", position="last_line_start") == EQUAL_LABEL
     assert parse_verdict("[[A!=B]] they are not equivalent", position="last_line_start") == NOT_EQUAL_LABEL
     assert parse_verdict("[[A=B]] equivalent: not merely similar", position="last_line_start") == EQUAL_LABEL
+    assert parse_verdict("[[A=B]] they are equivalent (not the same wording)", position="last_line_start") == EQUAL_LABEL
 
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])

@@ -516,8 +516,8 @@ def _tool_method(spec: Mapping[str, Any]) -> Callable[..., str]:
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     annotations: dict[str, Any] = {}
     for arg, schema in properties.items():
-        if not arg.isidentifier() or keyword.iskeyword(arg):
-            raise ValueError(f"tool {name!r} argument {arg!r}: must be a Python identifier")
+        if not arg.isidentifier() or keyword.iskeyword(arg) or arg == "self":
+            raise ValueError(f"tool {name!r} argument {arg!r}: must be a Python identifier other than self")
         annotations[arg] = _python_type(schema)
         default = inspect.Parameter.empty if arg in required else None
         parameters.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default,
@@ -636,6 +636,8 @@ def gym_environment_factory(
     methods = {}
     for spec in specs:
         method = _tool_method(spec)
+        if method.__name__ in methods:  # the later schema had silently replaced the earlier one
+            raise ValueError(f"tool name {method.__name__!r}: offered twice")
         methods[method.__name__] = method
     attrs = {"base_url": base_url.rstrip("/"), "timeout_s": timeout_s, "auth_token": auth_token, "retry": retry,
              "on_verify_failure": mode, **methods}  # fmt: skip

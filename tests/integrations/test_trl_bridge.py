@@ -230,6 +230,12 @@ def test_tool_names_that_clash_with_trl_are_refused() -> None:
         )
     with pytest.raises(ValueError, match="'my-tool': must be a Python identifier"):
         gym_environment_factory("http://127.0.0.1:9", [{"type": "function", "name": "my-tool"}])
+    self_arg = {"type": "object", "properties": {"self": {"type": "string"}}}
+    with pytest.raises(ValueError, match="tool 'f' argument 'self': must be a Python identifier other than self"):
+        gym_environment_factory("http://127.0.0.1:9", [{"type": "function", "name": "f", "parameters": self_arg}])
+    twice = [{"type": "function", "name": "f", "parameters": {}}] * 2
+    with pytest.raises(ValueError, match="tool name 'f': offered twice"):
+        gym_environment_factory("http://127.0.0.1:9", twice)
 
 
 # --------------------------------------------------------------------------- TRL itself

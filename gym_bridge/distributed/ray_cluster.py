@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -306,7 +307,10 @@ def _actor_of(exc: Any, ref: Any) -> bool:
 
 def _lost(labels: list[str], index: int | None, doing: str, exc: Exception) -> RayActorLost:
     who = labels[index] if index is not None else f"one of {len(labels)} Ray actors ({'; '.join(labels)})"
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = " ".join(str(exc).split())
+    reason = text.split(". ", 1)[0].rstrip(".") if text else type(exc).__name__
+    cause = re.search(r"The actor is dead because ([^.]*)", text)  # Ray's why: its worker process, its node
+    reason += f"; {cause.group(1)}" if cause else ""
     return RayActorLost(f"{who} is gone during {doing} ({type(exc).__name__}: {reason}); the run cannot go on "
                         "without it: run the same command to resume from the last checkpoint")  # fmt: skip
 

@@ -132,7 +132,7 @@ def test_sigterm_to_the_whole_group_mid_step_saves_the_step_and_exits_143_at_onc
     saved = run / "ckpt" / "step_2"
     assert f"stopped by SIGTERM after step 2 of 6: its checkpoint is {saved}" in message, message
     assert "Traceback" not in err and "Failed to connect to GCS" not in err, err[-3000:]
-    assert took < 50, f"the run took {took:.0f} s to stop"  # it used to wait out Ray's 60 s
+    assert took < 55, f"the run took {took:.0f} s to stop"  # it used to wait out Ray's 60 s (and exit 1)
     assert [r["step"] for r in train_lines(run / "logs")] == [1, 2]
     assert sorted(p.name for p in (run / "ckpt").glob("step_*")) == ["step_2"]
     assert left_running(mark) == {}

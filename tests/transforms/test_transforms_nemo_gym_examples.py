@@ -142,9 +142,13 @@ def test_a_record_no_reader_foresaw_is_reported_by_file_and_line_and_the_run_goe
     assert [str(e) for e in errors] == [f"{path}:2: unusable record (TypeError: 'int' object is not iterable)"]
 
 
+WORSE = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "(a worse answer)"}]}
+
+
 @pytest.fixture(scope="module")
 def all_examples(tmp_path_factory):
-    """Every vendored line in one file; each usable record twice (reward 1 and 0) as one task's group."""
+    """Every vendored line in one file; each usable record twice (reward 1 and 0) as one task's group, the
+    second with one more assistant message (two rollouts that read alike make no DPO pair)."""
     out, usable, cut_off = [], 0, 0
     for path in FILES:
         for line in _lines(path):
@@ -154,8 +158,10 @@ def all_examples(tmp_path_factory):
             usable += 1
             record = json.loads(line)
             cut_off += _cut_off(record)
-            for repeat, reward in enumerate((1.0, 0.0)):
-                out.append(json.dumps({**record, "_ng_task_index": usable, "_ng_rollout_index": repeat, "reward": reward}))
+            worse = {**record["response"], "output": [*record["response"]["output"], WORSE]}
+            for repeat, (reward, response) in enumerate(((1.0, record["response"]), (0.0, worse))):
+                out.append(json.dumps({**record, "_ng_task_index": usable, "_ng_rollout_index": repeat,
+                                       "reward": reward, "response": response}))  # fmt: skip
     path = tmp_path_factory.mktemp("examples") / "all_examples.jsonl"
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path, usable, len(out) - 2 * usable, cut_off
@@ -203,6 +209,7 @@ def test_cli_transforms_every_shipped_record(all_examples, tmp_path, verb, extra
     assert len(records) == want
     if verb == "dpo":
         assert all(r["chosen_reward"] == 1.0 and r["rejected_reward"] == 0.0 for r in records)
+        assert all(r["rejected"].endswith("(a worse answer)") for r in records)
 
 
 def test_cli_strict_stops_at_the_first_unusable_record(all_examples, tmp_path):

@@ -40,14 +40,13 @@ from gym_bridge.collect.output import (
 from gym_bridge.collect.run import run_all
 from gym_bridge.collect.summary import env_aggregate_metrics
 from gym_bridge.records.jsonl import JsonlError, iter_jsonl
+from gym_bridge.records.schema import VERDICT_FIELDS
 from gym_bridge.rollout.agent import EnvSession, make_session, verify_rollout
 from gym_bridge.serving.event_loop import run_interruptible
 from gym_bridge.serving.retry import RequestFailed, RetryPolicy
 
 __all__ = ["ReverifyConfig", "ReverifyResult", "RewardChange", "reverify", "verify_payload"]
 
-VERDICT_FIELDS = ("reward", "reward_components", "failure_kind", "failure_reason", "mask_sample")
-"""What ``/verify`` decides (``VerifyResponse``'s own fields); the rest of a rollout is its input."""
 
 
 @dataclass

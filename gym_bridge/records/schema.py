@@ -45,6 +45,7 @@ __all__ = [
     "TaskRow",
     "TrainingFields",
     "Usage",
+    "VERDICT_FIELDS",
     "VerifyRequest",
     "VerifyResponse",
     "assistant_text",
@@ -275,6 +276,13 @@ class VerifyResponse(VerifyRequest):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+
+VERDICT_FIELDS: frozenset[str] = frozenset(VerifyResponse.model_fields) - frozenset(VerifyRequest.model_fields)
+"""What ``/verify`` decides (``VerifyResponse``'s own fields: ``reward``, ``reward_components``, ``failure_kind``,
+``failure_reason``, ``mask_sample``); the rest of a rollout is its input. A request carrying them (a rollout fed
+back as a task) has them dropped, never echoed beside a new verdict: reverify's payload, every server's
+``/verify`` (:attr:`~gym_bridge.serving.server.ResourcesServer.verdict_keys`)."""
 
 
 class RolloutRecord(VerifyResponse):

@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException
 from gym_bridge.records.aggregate import AggregateRequestError, nemo_gym_aggregate, parse_aggregate_request
 from gym_bridge.records.jsonl import compact_json
 from gym_bridge.records.schema import (
+    VERDICT_FIELDS,
     ResourcesCloseSessionRequest,
     ResourcesCloseSessionResponse,
     ResourcesSeedSessionRequest,
@@ -128,6 +129,13 @@ class ResourcesServer:
     Gym's ``BaseSeedSessionRequest`` declares none and its agents seed with ``{}`` or ``{"task_idx": 0}``,
     so only fields that are present are checked. None: any JSON object (an empty body is ``{}``)."""
 
+    verdict_keys: ClassVar[frozenset[str]] = VERDICT_FIELDS
+    """Keys of the ``/verify`` answer that are this server's to give: dropped from the request (a rollout fed
+    back as a task carries an earlier verdict), so an answer never echoes a stale one beside its own (a
+    ``reward_components`` a trainer weighs, a ``mask_sample`` that drops the sample). The fields the answer
+    model of :meth:`verify`'s return annotation adds to ``verify_request_model`` are added to these; a server
+    whose answer is a plain ``VerifyResponse`` with diagnostics names them here."""
+
     def __init__(self, settings: ServerSettings | None = None) -> None:
         self.settings = settings or ServerSettings()
         self.resources = ResourcesSessions(self.settings.session_ttl_s, self.settings.max_sessions)
@@ -140,6 +148,7 @@ class ResourcesServer:
         self._seed_reads_body = type(self).seed_session is not ResourcesServer.seed_session
         self._seed_adapter = TypeAdapter(_fields_optional(self.seed_request_model)) if self.seed_request_model else None
         self._verify_adapter = TypeAdapter(self.verify_request_model)
+        self._verdict_keys = self.verdict_keys | _answer_only_fields(type(self).verify, self.verify_request_model)
         self.tools: dict[str, ToolFn] = {}
         for attr in dir(type(self)):
             fn = getattr(type(self), attr, None)
@@ -429,7 +438,8 @@ class ResourcesServer:
     async def _verify_content(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
         if "verification_input" in _json_object(body):  # NeMo Gym 0.7.0's ResourcesVerifyRequest
             typed = _validated(ResourcesVerifyRequest, body, ("body",))
-            request = _validated(self._verify_adapter, typed.verification_input, ("body", "verification_input"))
+            flat = self._without_verdict(typed.verification_input)
+            request = _validated(self._verify_adapter, flat, ("body", "verification_input"))
             bound = session.binding
             if bound is None and not session.state and self.reverify_mode == "unsupported":
                 raise HTTPException(409, "no Environment Server session for this episode: /verify needs the session's "
@@ -438,12 +448,19 @@ class ResourcesServer:
                 raise HTTPException(409, f"this session was seeded for another episode_id or task_id "
                                          f"(resources session '{bound.resources_session_id}')")  # fmt: skip
         else:
-            request = _validated(self._verify_adapter, body, ("body",))
+            request = _validated(self._verify_adapter, self._without_verdict(body), ("body",))
         normalized = normalized_calls(request, self.name) if self.mcp is not None else None
         if normalized is None:
             return dump(await self.verify(request, session))
         bare, emitted = normalized
         return restore_names(dump(await self.verify(bare, session)), emitted)  # type: ignore[arg-type]
+
+    def _without_verdict(self, row: Any) -> Any:
+        """``row`` without the keys that are this server's to answer (:attr:`verdict_keys`); not an object: as it is
+        (validation says what is wrong with it)."""
+        if type(row) is not dict or self._verdict_keys.isdisjoint(row):
+            return row
+        return {k: v for k, v in row.items() if k not in self._verdict_keys}
 
 
 class _AsParsed:
@@ -488,6 +505,19 @@ def _fields_optional(model: type[BaseModel] | None) -> Any:
         name: (info.annotation, FieldInfo.merge_field_infos(info, default=None)) for name, info in required.items()
     }
     return create_model(model.__name__, __base__=model, __doc__=model.__doc__, **fields)
+
+
+def _answer_only_fields(verify: Any, request_model: type[BaseModel]) -> frozenset[str]:
+    """The fields (and aliases) of ``verify``'s annotated answer model that its request model lacks; none when the
+    annotation is not a ``VerifyResponse`` model."""
+    try:
+        answer = get_type_hints(verify).get("return")
+    except Exception:  # an annotation that does not resolve: the declared verdict_keys alone
+        return frozenset()
+    if not (isinstance(answer, type) and issubclass(answer, VerifyResponse)):
+        return frozenset()
+    names = {n for name, info in answer.model_fields.items() for n in (name, info.alias) if n}
+    return frozenset(names - set(request_model.model_fields))
 
 
 def _state_bytes(state: dict[str, Any]) -> int:

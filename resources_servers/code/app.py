@@ -25,7 +25,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gym_bridge.records.schema import TaskRow, VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.records.schema import (
+    VERDICT_FIELDS,
+    TaskRow,
+    VerifyRequest,
+    VerifyResponse,
+    assistant_text,
+    dump,
+)
 from gym_bridge.sandbox import Sandbox
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session
 from resources_servers.code.grading import extract_code
@@ -106,6 +113,8 @@ class CodeServer(ResourcesServer):
     reverify_mode = "stateless"  # /verify reads only the stored record
     verify_request_model = CodeVerifyRequest
     seed_request_model = CodeSeedRequest
+    verdict_keys = VERDICT_FIELDS | {"extracted_code", "num_tests", "num_passed", "timeouts", "tests", "stderr_tail"}
+    """The verdict and this server's diagnostics (:func:`_answer`): never echoed from the request."""
     workers_setting = "max_concurrency"
     """The config field a trainer's ``env.<name>.num_workers`` sets (sandboxes at once)."""
 

@@ -31,7 +31,7 @@ import yaml
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.records.schema import VERDICT_FIELDS, VerifyRequest, VerifyResponse, dump
 from gym_bridge.rollout.user_sim import message_text
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from resources_servers.tool_use.scoring import (
@@ -116,10 +116,20 @@ def _initial_state(row: dict[str, Any]) -> dict[str, Any]:
         raise HTTPException(422, f"initial_state{where}: {first['msg']}") from None
 
 
+VERDICT_KEYS = VERDICT_FIELDS | frozenset({  # every server's verdict, and this server's diagnostics:
+    "verify_mode", "state_diff", "tool_calls_made", "tool_errors", "calls_expected", "calls_made", "calls_matched",
+    "call_mismatches", "extra_reads",
+})  # fmt: skip
+"""Keys of the verify answer that are this server's to give: a task row that carries them (a rollout record fed
+back as a task) has them dropped from the echo, so an earlier verdict never stands beside this one (a stale
+``reward_components`` a trainer weighs, a ``mask_sample`` that drops the sample, a ``failure_kind`` on a pass)."""
+
+
 class ToolUseServer(ResourcesServer):
     name = "tool_use"
     reverify_mode = "unsupported"  # /verify scores the session's final store
     verify_request_model = ToolUseVerifyRequest
+    verdict_keys = VERDICT_KEYS
 
     def __init__(self, settings: ServerSettings | None = None, config: ToolUseConfig | None = None) -> None:
         super().__init__(settings)
@@ -253,14 +263,6 @@ class ToolUseServer(ResourcesServer):
 
 
 STORE_CHANGING = frozenset(name for name, spec in TOOLS.items() if spec.changes_state)
-VERDICT_KEYS = frozenset({
-    "reward", "reward_components", "failure_kind", "failure_reason", "mask_sample",  # every server's verdict
-    "verify_mode", "state_diff", "tool_calls_made", "tool_errors", "calls_expected", "calls_made", "calls_matched",
-    "call_mismatches", "extra_reads",  # this server's diagnostics
-})  # fmt: skip
-"""Keys of the verify answer that are this server's to give: a task row that carries them (a rollout record fed
-back as a task) has them dropped from the echo, so an earlier verdict never stands beside this one (a stale
-``reward_components`` a trainer weighs, a ``mask_sample`` that drops the sample, a ``failure_kind`` on a pass)."""
 
 
 def _folded(text: str) -> str:

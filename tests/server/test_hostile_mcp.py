@@ -186,11 +186,9 @@ def test_tool_use_counts_no_call_for_a_refused_mcp_body() -> None:
 
 def test_get_on_mcp_is_a_405_not_a_stream_that_never_ends(notes: str) -> None:
     """A stateless MCP server sends nothing unasked: the spec's answer to GET is then 405."""
-    started = time.perf_counter()
-    for headers in ({"accept": "text/event-stream"}, {}):
+    for headers in ({"accept": "text/event-stream"}, {}):  # a stream that never ends: a ReadTimeout here
         answer = httpx.get(notes + "/mcp", headers=headers, timeout=5)
         assert answer.status_code == 405 and answer.headers["allow"] == "POST", answer.text[:300]
-    assert time.perf_counter() - started < 4
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,13 +53,23 @@ class Sandboxed(ResourcesServer):
     name = "sandboxed"
     reverify_mode = "unsupported"
     seed_s = 0.3
+    hold = 0
+    """Seeds wait (up to 10 s) until this many have started: seeds that overlap however slow the machine."""
 
     def __init__(self, settings: ServerSettings | None = None) -> None:
         super().__init__(settings)
         self.live: set[str] = set()
         self.releases = 0
+        self.started = threading.Event()
+        self.seeds = 0
 
     async def seed_session(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
+        self.seeds += 1
+        self.started.set()
+        for _ in range(1000):
+            if self.seeds >= self.hold:
+                break
+            await asyncio.sleep(0.01)
         await asyncio.sleep(self.seed_s)
         box = uuid.uuid4().hex
         self.live.add(box)
@@ -114,7 +125,7 @@ def test_a_close_during_its_seed_releases_what_the_seed_made(sandboxed) -> None:
         seed = typed_seed()
         async with httpx.AsyncClient(base_url=url, timeout=30) as env:
             seeding = asyncio.ensure_future(env.post("/seed_session", json=seed))
-            await asyncio.sleep(0.1)  # the seed is starting its sandbox
+            assert await asyncio.to_thread(server.started.wait, 10)  # the seed is starting its sandbox
             closed = await env.post("/close_session", json=close_body(seed))
             return closed, await seeding
 
@@ -143,6 +154,7 @@ def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() ->
     """Four seeds at once on a server with room for two: the two pushed out answer 409 (their session is
     gone; they answered 200 for it before), and what their seeds made is released once they end."""
     server = Sandboxed(ServerSettings(max_sessions=2))
+    server.hold = 4
 
     async def burst(url: str) -> list[httpx.Response]:
         async def one() -> httpx.Response:
@@ -163,9 +175,9 @@ def test_a_session_pushed_out_while_it_seeds_is_released_when_the_seed_ends() ->
 
 
 def drop_the_first(url: str, how: str) -> None:
-    """Make the store drop the one session seeded so far: wait past its TTL (0.5 s), or seed two more (max 2)."""
+    """Make the store drop the one session seeded so far: wait past its TTL (1 s), or seed two more (max 2)."""
     if how == "expired":
-        time.sleep(0.7)
+        time.sleep(1.3)
     else:
         for _ in range(2):
             assert httpx.post(url + "/seed_session", json=typed_seed()).status_code == 200
@@ -176,7 +188,7 @@ def test_a_repeated_seed_of_a_dropped_session_is_refused_not_answered_with_a_fre
     """"A repeated seed finds the session it made": once the store dropped it, the repeat (a retry, an
     Environment Server resuming the episode) got a new session under the same id, its store as the task
     starts: the work done was gone without a word, and /verify scored the fresh store."""
-    settings = ServerSettings(session_ttl_s=0.5) if how == "expired" else ServerSettings(max_sessions=2)
+    settings = ServerSettings(session_ttl_s=1.0) if how == "expired" else ServerSettings(max_sessions=2)
     server = Sandboxed(settings)
     server.seed_s = 0.0
     seed = typed_seed()
@@ -215,7 +227,7 @@ def test_a_seed_in_flight_is_not_pushed_out_by_cookieless_requests(kind: str) ->
 
             async def late_body() -> Any:  # the head now, the body once the other requests came
                 started.set()
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
                 yield body
 
             async with httpx.AsyncClient(base_url=url, timeout=30) as rollout:

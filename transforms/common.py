@@ -88,11 +88,18 @@ def check_scored_rollout(record: dict[str, Any]) -> dict[str, Any]:
 
 def is_cut_off(record: dict[str, Any]) -> bool:
     """Whether the rollout's response was cut off (``status: incomplete`` or ``incomplete_details`` set, as
-    at ``max_output_tokens``): a text that stops mid-answer, no demonstration to imitate."""
+    at ``max_output_tokens``, on the response or an output message; a function call marked incomplete is
+    not, as Codex's rollouts in NeMo Gym's examples mark finished calls): a text that stops mid-answer,
+    no demonstration to imitate."""
     response = record.get("response")
     if not isinstance(response, dict):
         return False
-    return response.get("status") == "incomplete" or bool(response.get("incomplete_details"))
+    if response.get("status") == "incomplete" or response.get("incomplete_details"):
+        return True
+    items = response.get("output")
+    return isinstance(items, list) and any(
+        isinstance(i, dict) and i.get("type") == "message" and i.get("status") == "incomplete" for i in items
+    )
 
 
 def prompt_text(record: dict[str, Any]) -> str:

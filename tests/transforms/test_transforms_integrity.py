@@ -31,8 +31,15 @@ def _count(output, label):
     return int(match.group(1))
 
 
-def _cut_off(record):
-    record["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+def _cut_off(record, where="details"):
+    """Mark the response cut off as NeMo Gym's records do (``incomplete_details``), or as our policy
+    server also does (the response's or its message item's ``status``)."""
+    if where == "details":
+        record["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    elif where == "status":
+        record["response"]["status"] = "incomplete"
+    else:
+        record["response"]["output"][-1]["status"] = "incomplete"
     return record
 
 
@@ -90,12 +97,12 @@ def test_a_reward_that_is_no_finite_number_is_a_named_bad_line(tmp_path, reward)
     assert [r["output"] for r in read_jsonl(out)] == ["kept"]
 
 
-@pytest.fixture
-def cut(tmp_path):
+@pytest.fixture(params=["details", "status", "item"])
+def cut(tmp_path, request):
     """One task: a cut-off response with reward 1.0 (the answer came before the cut), a complete one with
     0.5, a wrong one with 0.0."""
     records = [
-        _cut_off(rollout("task", "boxed 4 and then on and on and", 1.0, task=0, repeat=0)),
+        _cut_off(rollout("task", "boxed 4 and then on and on and", 1.0, task=0, repeat=0), request.param),
         rollout("task", "partly right", 0.5, task=0, repeat=1),
         rollout("task", "wrong", 0.0, task=0, repeat=2),
     ]

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gym_bridge.distributed.ray_local import import_ray, is_loopback
+from gym_bridge.distributed.ray_local import import_ray, is_loopback, keeps_sigterm
 
 __all__ = [
     "RayActorLost",
@@ -90,7 +90,8 @@ def connect_ray(
 
     ray_constants.ENABLE_RAY_CLUSTER = not _is_loopback_address(address)
     try:
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        with keeps_sigterm():
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayClusterError(f"{keys} is {address!r}: cannot join that Ray cluster ({exc})") from exc
     return True

@@ -16,9 +16,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["RAY_EXTRA_HINT", "RayUnavailableError", "import_ray", "is_loopback", "start_local_ray"]
+__all__ = [
+    "RAY_EXTRA_HINT",
+    "RayUnavailableError",
+    "import_ray",
+    "is_loopback",
+    "keeps_sigterm",
+    "start_local_ray",
+]
 
 RAY_EXTRA_HINT = "pip install 'gym-bridge[ray]' (or pip install ray)"
 
@@ -53,6 +64,25 @@ def _clustering_enabled() -> bool:
     return os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "").lower() in ("true", "1")
 
 
+@contextmanager
+def keeps_sigterm() -> Iterator[None]:
+    """Around ``ray.init``: put back this process's SIGTERM handling afterwards.
+
+    Why: ``ray.init`` replaces it. Its core worker installs a crash handler that answers SIGTERM with a
+    stack dump (``*** SIGTERM received ...``) and SIGABRT, so a run stopped by SIGTERM before its own
+    handler was in place (loading, starting servers) exited 134, as a crash, not 143. The Ray processes a
+    private Ray started end with this process anyway (Ray ties their life to it), and a joined cluster
+    ends the actors of a driver that is gone. Only the main thread can set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (``::ffff:127.0.0.1``)."""
     address = ipaddress.ip_address(host.strip("[]").split("%")[0])
@@ -76,16 +106,17 @@ def start_local_ray(num_cpus: int, object_store_memory_mb: int = 200, num_gpus: 
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set to enable clustering: Ray would listen on every "
             "interface; unset it to run the ray backend on 127.0.0.1"
         )
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        object_store_memory=object_store_memory_mb * 1024 * 1024,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
+    with keeps_sigterm():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            object_store_memory=object_store_memory_mb * 1024 * 1024,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     node_ip = ray.util.get_node_ip_address()
     if not is_loopback(node_ip):
         ray.shutdown()

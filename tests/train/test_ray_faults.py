@@ -138,6 +138,24 @@ def test_sigterm_to_the_whole_group_mid_step_saves_the_step_and_exits_143_at_onc
     assert left_running(mark) == {}
 
 
+@pytest.mark.timeout(150)
+def test_sigterm_after_ray_started_and_before_the_runs_handler_is_a_sigterm_not_a_crash() -> None:
+    """``ray.init`` answered SIGTERM with a crash handler (``*** SIGTERM received ...``, a stack dump, then
+    SIGABRT): ``gym-bridge train`` stopped while starting (its model and Ray up, its own handler not yet in
+    place) exited 134 as if it had crashed; a run without Ray exits 143. Its private Ray still ends with it."""
+    mark = uuid.uuid4().hex
+    code = (
+        "import os, signal, time; from gym_bridge.distributed.ray_local import start_local_ray; "
+        "start_local_ray(1, 80); os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)"
+    )
+    ray_tmp = tempfile.mkdtemp(prefix="gbr-", dir="/tmp")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), MARK: mark, "RAY_TMPDIR": ray_tmp}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr[-3000:])
+    assert "SIGTERM received" not in done.stderr
+    assert left_running(mark) == {}  # the private Ray's GCS, raylet and workers ended with it
+
+
 # ------------------------------------------------- a Ray actor killed mid-run (one private Ray for these)
 
 local_ray = loopback_ray_fixture(num_cpus=2)

@@ -126,13 +126,16 @@ def test_rewards_too_large_for_float32_stop_the_step_before_any_update(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "reward", [math.nan, math.inf, -math.inf, 10**400], ids=["nan", "inf", "-inf", "integer-past-float"]
+)
 def test_a_non_finite_reward_in_offline_data_is_refused_naming_the_row(
     tmp_path: Path, model_dir: Path, scored: Path, reward: float
 ) -> None:
+    """A JSON integer too large for a float (1 and 400 zeros) ended the run in an OverflowError traceback."""
     data = with_reward(scored, tmp_path / "bad.jsonl", 5, reward)
     with pytest.raises(
-        DataError, match=rf"bad.jsonl:6: 'reward' is {reward}: a reward must be a finite number"
+        DataError, match=rf"bad.jsonl:6: 'reward' is {str(reward)[:40]}: a reward must be a finite number"
     ):
         train(offline_config(tmp_path, model_dir, data), show_progress=False)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gym_bridge.records.jsonl import JsonlError, iter_jsonl
-from gym_bridge.records.schema import assistant_text, content_text
+from gym_bridge.records.schema import assistant_text, content_text, is_finite_number
 from transforms.common import RecordError, check_rollout, output_items, prompt_messages
 
 if TYPE_CHECKING:
@@ -288,8 +287,8 @@ def load_offline_groups(data: DataConfig) -> list[OfflineGroup]:
                 raise DataError(
                     f"{where}: {line}: no numeric '{dataset.reward_key}' in the row (set reward_key)"
                 )
-            if not math.isfinite(reward):  # one NaN reward made every weight NaN (and the run exited 0)
-                raise DataError(f"{where}: {line}: '{dataset.reward_key}' is {reward}: a reward must be a finite number")
+            if not is_finite_number(reward):  # NaN made every weight NaN; 1e400 as an integer raised OverflowError
+                raise DataError(f"{where}: {line}: '{dataset.reward_key}' is {str(reward)[:40]}: a reward must be a finite number")
             if "responses_create_params" in row and "response" in row:  # a rollout record: the transforms' reader
                 try:
                     messages, items = prompt_messages(check_rollout(row)), output_items(row)

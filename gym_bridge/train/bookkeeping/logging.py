@@ -264,6 +264,8 @@ def format_line(step: int, metrics: dict[str, Any], split: str = "train") -> str
         batches = metrics.get("generation_batches")  # dynamic sampling: n counts every batch drawn
         drawn = f" ({batches:.0f} batches)" if _finite(batches) and batches > 1 else ""
         parts.append(f"failed {metrics['rollout_failures']:.0f}{of}{drawn}")
+        if metrics.get("rollouts_masked"):  # the env set mask_sample (a judge failed): out of the loss
+            parts.append(f"masked {metrics['rollouts_masked']:.0f}{of}")
         if metrics.get("rollouts_timed_out"):  # cut off at grpo.rollout_timeout_s (counted in failed
             parts.append(f"timed_out {metrics['rollouts_timed_out']:.0f}{of}")  # unless scored zero)
             if metrics.get("groups_dropped_for_timeout"):

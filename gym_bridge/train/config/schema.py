@@ -90,9 +90,11 @@ class GRPOConfig(Section):
 
     max_failed_rollouts_fraction: float = Field(0.5, ge=0.0, le=1.0)
     """Stop the run when more than this share of a generation batch's rollouts fail (an environment or
-    the policy server unreachable or erroring after retries, a record without token ids); the error
-    names the failure kinds, their counts and an example. Failed rollouts below it are dropped from the
-    batch and counted in ``rollout_failures``. A batch where every rollout failed always stops the run;
+    the policy server unreachable or erroring after retries, a record without token ids) or are masked
+    by the environment (``mask_sample: true``, e.g. a judge down: kind ``verify/judge_error (masked)``);
+    the error names the kinds, their counts and an example. Failed rollouts below it are dropped from the
+    batch and counted in ``rollout_failures``, masked ones stay out of the loss and are counted in
+    ``rollouts_masked``. A batch where every rollout failed or was masked always stops the run;
     0 stops it at the first failure (NeMo RL has no such key: its Gym path stops when rollouts are
     missing). Applies to validation batches too. Default 0.5."""
 

@@ -283,12 +283,15 @@ class OnlineSampler:
             if sample is None:
                 failures.add("sequence/no_token_ids", "the rollout's output items carry no token ids")
                 continue
+            if sample.masked:  # kept out of the loss, but counted: a judge down masks every sample
+                failures.add_masked(sample.record or {})
             samples.append(sample)
         # The pace the next batch's automatic deadline builds on: rollouts that needed no timed-out retry.
         in_time = [r.metrics.total_s for _, r in results if r.ok and not r.metrics.timeouts]
         self.deadline.observe(in_time)
         self._report_lost_replicas()
-        failures.check(len(results), self.cfg.grpo.max_failed_rollouts_fraction, any_kept=bool(samples))
+        in_loss = any(not s.masked for s in samples)
+        failures.check(len(results), self.cfg.grpo.max_failed_rollouts_fraction, any_kept=in_loss)
         stats = {
             "time_rollouts_s": wall,
             "time_generation_s": self.timer.seconds,
@@ -298,6 +301,8 @@ class OnlineSampler:
             "time_rollouts_cpu_s": cpu,
             "rollouts_requested": len(results),
             "rollout_failures": failures.count,
+            # kept in the batch but out of the loss: the env set mask_sample (a judge that failed)
+            "rollouts_masked": failures.masked_count,
             # Cut off at the rollout deadline, and what became of their groups (grpo.on_rollout_timeout).
             "rollouts_timed_out": sum(is_timed_out(r) for _, r in results),
             "groups_dropped_for_timeout": len(timed_out_groups) if policy == "drop_group" else 0,

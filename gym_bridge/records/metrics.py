@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from fractions import Fraction
 from typing import IO, Any
 
+from gym_bridge.records.schema import is_finite_number
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (Chen et al., 2021): chance that at least one of k of n samples is correct."""
@@ -121,7 +123,7 @@ class RewardTally:
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one record (its task's group stays open until :meth:`close` or :meth:`result`)."""
-        reward = float(record.get("reward") or 0.0)
+        reward = float(record["reward"]) if is_finite_number(record.get("reward")) else 0.0  # "1", NaN, null: 0
         answer = record.get("extracted_answer")
         self.rollouts += 1
         self.reward_sum += reward

@@ -77,3 +77,12 @@ def test_collect_reports_majority_over_every_task(tmp_path, boxed_env):
     metrics = json.loads(metrics_path_for(result.output_path).read_text())
     assert metrics["pass@2"] == pytest.approx(1 / 3)
     assert metrics["majority@2"] == pytest.approx(1 / 3)
+
+
+def test_a_reward_that_is_no_finite_number_counts_as_zero_as_in_the_viewer():
+    """A string "1" counted 1.0 in the run's metrics (and "nan" NaN) while the viewer counts such a reward
+    as missing (0): the two showed different means for one file."""
+    records = [{"_ng_task_index": i, "reward": r} for i, r in enumerate([1.0, "1", "nan", None, True, 10**400])]
+    metrics = aggregate_rewards(records)
+    assert metrics["mean_reward"] == pytest.approx(1 / 6)
+    assert metrics["pass@1"] == pytest.approx(1 / 6)

@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from gym_bridge.serving.deadlines import task_deadlines
 from gym_bridge.serving.json_body import NO_BODY, BodyRefused, BodyTooLarge, non_finite, parse_body, read_body
 from gym_bridge.serving.request_guard import RequestGuard
 
-__all__ = ["BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema", "replaying_receive"]
+__all__ = ["BODY_BYTES", "BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema", "replaying_receive"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ BODY_IN_HAND = "gym_bridge.body"
 awaiting ``receive()`` under the body deadline."""
 PARSED_BODY = "gym_bridge.parsed_body"
 """Key of an ``http.response.body`` message that carries the value its ``body`` parses to (:attr:`Route.fresh_json`)."""
+BODY_BYTES: ContextVar[int] = ContextVar("gym_bridge_body_bytes", default=0)
+"""Size in bytes of the body of the request being handled: a handler that validates its body itself (``/verify``)
+does so in a worker thread when it is large, so the event loop answers other requests meanwhile."""
 
 
 @dataclass
@@ -241,6 +245,7 @@ class JsonApp:
                 return self.errors.error(408, detail, "body", ((b"connection", b"close"),)), []
             if raw is None:  # the client went away
                 return None, []
+            BODY_BYTES.set(len(raw))
             try:
                 value = parse_body(raw, self.errors)
             except BodyRefused as refused:

@@ -52,7 +52,7 @@ from gym_bridge.records.schema import (
 )
 from gym_bridge.serving.answers import Answer, InvalidBody, json_answer
 from gym_bridge.serving.cookie_sessions import Session, SessionStore, set_cookie
-from gym_bridge.serving.json_http import JsonApp, Route
+from gym_bridge.serving.json_http import BODY_BYTES, JsonApp, Route
 from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
 from gym_bridge.serving.request_guard import check_host_names
 from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
@@ -62,6 +62,10 @@ __all__ = ["ResourcesServer", "ServerSettings", "Session", "ToolFn", "tool"]
 re-exported here, the documented import path (``docs/guides/servers.md``)."""
 
 logger = logging.getLogger(__name__)
+
+THREAD_BODY_BYTES = 256 * 1024
+"""``/verify`` bodies at least this large are validated, and their answers dumped, in a worker thread (~20 ms of
+validation and more; the hop costs ~50 us, so small bodies stay on the event loop)."""
 
 
 class ServerSettings(BaseModel):
@@ -390,10 +394,9 @@ class ResourcesServer:
         return ResourcesCloseSessionResponse(resources_session_id=rid)
 
     def _dropped(self, session: Session) -> None:
-        """An Environment Server's session left the store: its id is let go; one no close released (idle past
-        ``session_ttl_s``, pushed out past ``max_sessions``/``max_session_bytes``) that held something is
-        marked lost (a later seed of its id is a 409, not a fresh session) and released in the background:
-        it can never be reached again, and what it held (a sandbox) was kept for good."""
+        """An Environment Server's session left the store: its id is let go, and a session no close released
+        (idle past ``session_ttl_s``, pushed out past ``max_sessions``/``max_session_bytes``) is released in
+        the background: it can never be reached again, and what it held (a sandbox) was kept for good."""
         assert session.binding is not None
         rid = session.binding.resources_session_id
         self.resources.unbind(rid, session.id)
@@ -437,10 +440,11 @@ class ResourcesServer:
             done.set()
 
     async def _verify_content(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
-        if "verification_input" in _json_object(body):  # NeMo Gym 0.7.0's ResourcesVerifyRequest
-            typed = _validated(ResourcesVerifyRequest, body, ("body",))
-            flat = self._without_verdict(typed.verification_input)
-            request = _validated(self._verify_adapter, flat, ("body", "verification_input"))
+        # A large body is validated (and its answer dumped) in a worker thread: a 13 MB transcript held the event
+        # loop, so every other session's requests waited, for seconds.
+        offload = BODY_BYTES.get() >= THREAD_BODY_BYTES
+        typed, request = await asyncio.to_thread(self._verify_request, body) if offload else self._verify_request(body)
+        if typed is not None:
             bound = session.binding
             if bound is None and not session.state and self.reverify_mode == "unsupported":
                 raise HTTPException(409, "no Environment Server session for this episode: /verify needs the session's "
@@ -448,13 +452,20 @@ class ResourcesServer:
             if bound is not None and (bound.episode_id != typed.episode_id or bound.task_id != typed.task_id):
                 raise HTTPException(409, f"this session was seeded for another episode_id or task_id "
                                          f"(resources session '{bound.resources_session_id}')")  # fmt: skip
-        else:
-            request = _validated(self._verify_adapter, self._without_verdict(body), ("body",))
         normalized = normalized_calls(request, self.name) if self.mcp is not None else None
         if normalized is None:
-            return dump(await self.verify(request, session))
+            answer = await self.verify(request, session)
+            return await asyncio.to_thread(dump, answer) if offload else dump(answer)
         bare, emitted = normalized
         return restore_names(dump(await self.verify(bare, session)), emitted)  # type: ignore[arg-type]
+
+    def _verify_request(self, body: Any) -> tuple[ResourcesVerifyRequest | None, VerifyRequest]:
+        """The typed request (None for a flat body) and the verify request, validated (422 naming the field)."""
+        if "verification_input" in _json_object(body):  # NeMo Gym 0.7.0's ResourcesVerifyRequest
+            typed = _validated(ResourcesVerifyRequest, body, ("body",))
+            flat = self._without_verdict(typed.verification_input)
+            return typed, _validated(self._verify_adapter, flat, ("body", "verification_input"))
+        return None, _validated(self._verify_adapter, self._without_verdict(body), ("body",))
 
     def _without_verdict(self, row: Any) -> Any:
         """``row`` without the keys that are this server's to answer (:attr:`verdict_keys`); not an object: as it is

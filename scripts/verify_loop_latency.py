@@ -1,0 +1,97 @@
+"""How long other requests wait while a large ``/verify`` is handled: serves ``math`` from a checkout, sends one
+``/verify`` of N assistant messages (100,000: ~16 MB) and polls ``/health`` meanwhile.
+
+    .venv/bin/python scripts/verify_loop_latency.py [--repo DIR] [--items N]
+
+``--repo`` runs another checkout's code (e.g. ``git archive <commit> | tar -x -C /tmp/old``) to compare.
+Prints the large request's time and the worst and median ``/health`` latency while it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=HERE, help="checkout whose gym_bridge serves (default: this one)")
+    parser.add_argument("--items", type=int, default=100_000, help="assistant messages in the large response")
+    args = parser.parse_args()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = "import sys; from gym_bridge.cli import main; sys.argv[0] = 'gym-bridge'; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "math", "--port", str(port)], cwd=args.repo,
+                            env={**os.environ, "PYTHONPATH": str(args.repo)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, proc)
+        raw = json.dumps(_body(args.items)).encode()
+        print(f"/verify body: {len(raw) / 1e6:.1f} MB, {args.items:,} messages ({args.repo})")
+        done: dict[str, Any] = {}
+
+        def large() -> None:
+            start = time.monotonic()
+            reply = httpx.post(f"{url}/verify", content=raw, headers={"content-type": "application/json"}, timeout=600)
+            done.update(seconds=time.monotonic() - start, status=reply.status_code)
+
+        sender = threading.Thread(target=large)
+        sender.start()
+        time.sleep(0.2)
+        waits = []
+        while sender.is_alive():
+            start = time.monotonic()
+            httpx.get(f"{url}/health", timeout=600)
+            waits.append(time.monotonic() - start)
+            time.sleep(0.02)
+        sender.join()
+        waits.sort()
+        print(f"large /verify: {done['seconds']:.2f} s, HTTP {done['status']}")
+        if waits:
+            print(f"/health meanwhile: {len(waits)} answered, worst {waits[-1]:.2f} s, median {waits[len(waits) // 2]:.3f} s")
+        return 0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode})")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("the server did not answer /health in 120 s")
+
+
+def _body(items: int) -> dict[str, Any]:
+    def message(i: int, text: str) -> dict[str, Any]:
+        return {"id": f"m{i}", "type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+
+    output = [message(i, "thinking") for i in range(items)] + [message(items, "\\boxed{12}")]
+    response = {"id": "r", "created_at": 0.0, "model": "m", "object": "response", "output": output}
+    return {"responses_create_params": {"input": [{"role": "user", "content": "What is 7 + 5?"}]},
+            "expected_answer": "12", "response": response}  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,7 +37,7 @@ from resources_servers.math.extraction import (
 from resources_servers.math.fastpath import compare_boxed_plain, compare_plain
 from resources_servers.math.judge import MathJudgeConfig, judge_fallback
 from resources_servers.math.pool import VerifierPool
-from resources_servers.math.strict import phrase_violation, strict_violation
+from resources_servers.math.strict import box_violation, phrase_violation, strict_violation
 
 DEFAULT_CONFIG_PATH = Path(__file__).with_name("config.yaml")
 _MAX_RAW_CHARS = 200
@@ -228,6 +228,14 @@ class MathServer(ResourcesServer):
             if reason is not None:
                 raw = extraction.answer[:_MAX_RAW_CHARS]
                 return _answer(body, extracted=raw, method=method, failure=("phrase_rejected", reason))
+        # So does a box under the phrase modes (strict.box_violation); NeMo Gym's own rules keep its verdicts.
+        own_rule = mode in ("boxed_or_final", "boxed_or_last")
+        if own_rule and method in ("boxed", "all_boxes", "fbox"):
+            for box in [extraction.answer] if method == "fbox" else outer_boxes(text):
+                reason = box_violation(box, expected)
+                if reason is not None:
+                    raw = box[:_MAX_RAW_CHARS]
+                    return _answer(body, extracted=raw, method=method, failure=("phrase_rejected", reason))
 
         if self.config.fast_path and method != "whole_text":
             if method == "boxed":
@@ -240,8 +248,9 @@ class MathServer(ResourcesServer):
 
         if self.pool is None:
             raise RuntimeError("the math server's verifier pool is not running (was startup() called?)")
-        # A phrase's value must be readable on its own too (worker.unreadable_answer), strict or not.
-        readable_alone = strict or extraction.phrase is not None
+        # A phrase's value, and a box under the phrase modes, must be readable on its own too
+        # (worker.unreadable_answer), strict or not: else math-verify scores a number found elsewhere.
+        readable_alone = strict or extraction.phrase is not None or own_rule
         outcome = await self.pool.check(expected, candidate, whole_text, readable_alone)
         if outcome.status != "ok":
             kind = "verifier_timeout" if outcome.status == "timeout" else "verifier_error"

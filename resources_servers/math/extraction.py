@@ -161,21 +161,26 @@ def _sentence_end(line: str, start: int) -> int:
     return end.start() if end else len(line)
 
 
-def read_phrase(line: str) -> Phrase | None:
+def read_phrase(line: str, sentence: bool = True) -> Phrase | None:
     """The phrase whose text (after "answer is", "Answer:" or "####") is ``line``; None when it states
-    nothing (only whitespace, bold markers or punctuation before the sentence ends)."""
+    nothing (only whitespace, bold markers or punctuation before the sentence ends). Without ``sentence``
+    the whole of ``line`` is its sentence (a box's contents: a second sentence in it is tail, not ignored)."""
+
+    def _end(index: int) -> int:
+        return _sentence_end(line, index) if sentence else len(line)
+
     start = _skip_wrapping(line, 0)
     for opener, closer in _SPAN_DELIMITERS:
         if line.startswith(opener, start):
             closing = line.find(closer, start + len(opener))
             if closing >= 0:
                 after = closing + len(closer)
-                end = _sentence_end(line, after)
+                end = _end(after)
                 value = line[start + len(opener) : closing].strip()
                 question = _QUESTION.search(line, start, end + 1) is not None
                 return Phrase(value, line[after:end], question) if value else None
             break
-    end = _sentence_end(line, start)
+    end = _end(start)
     question = _QUESTION.search(line, start, end + 1) is not None
     thousands = _SPACED_THOUSANDS.match(line, start)
     value_start = thousands.end() if thousands else start

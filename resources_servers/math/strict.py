@@ -19,7 +19,8 @@ math-verify cannot parse (``3 \lor 4``, ``3 \foo 4``), is refused by the worker
 elsewhere in the response instead.
 
 A final-answer phrase ("The answer is 4.", the opt-in ``boxed_or_final`` rule, this project's own) is held
-to more, strict or not: :func:`phrase_violation` pays only a phrase that states one value.
+to more, strict or not: :func:`phrase_violation` pays only a phrase that states one value. Under the same
+opt-in rules a box that holds words is read the way a phrase is (:func:`box_violation`).
 
 Runs on the server's event loop: one linear scan per answer.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from resources_servers.math.extraction import Phrase
+from resources_servers.math.extraction import Phrase, read_phrase
 
 _APPROXIMATION = (
     r"\\(?:approx|thickapprox|approxeq|sim|simeq|thicksim|backsim|cong|doteq|fallingdotseq|risingdotseq"
@@ -183,3 +184,20 @@ def phrase_violation(phrase: Phrase, expected: str) -> str | None:
     if _TWO_VALUES.search(value) and not _TWO_VALUES.search(expected):
         return f"the phrase's value {value[:80]!r} is two values (plus or minus)"
     return strict_violation(value, expected)
+
+
+def box_violation(content: str, expected: str) -> str | None:
+    r"""Why a box's ``content`` does not state one value, under this project's opt-in rules (None when it
+    does, or holds no words beyond units and the expected answer's): such a box is read whole as a
+    final-answer phrase is (its ``\text{}`` pieces as plain words, one final full stop dropped) and held to
+    :func:`phrase_violation`. Why: math-verify cannot parse ``\boxed{5 Both are 4.}`` and scores the last
+    number it finds instead (4), so a box that names two values is paid for the one it names last.
+    NeMo Gym 0.7.0's ``boxed`` rule pays it; this is not applied there."""
+    if not _all_words(content) - UNITS - _all_words(expected):
+        return None
+    plain = _TEXT_COMMAND.sub(lambda m: f" {m.group(1)} ", content).strip()
+    phrase = read_phrase(plain[:-1] if plain.endswith(".") else plain, sentence=False)
+    reason = phrase_violation(phrase, expected) if phrase is not None else None
+    if reason is None:
+        return None
+    return f"the box {content.strip()[:80]!r} is read as a final-answer phrase and refused: {reason}"

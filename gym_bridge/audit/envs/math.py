@@ -70,6 +70,11 @@ def attacks(options: AuditOptions) -> list[Attack]:
                "The answer is 3. Check: $4$.", {**FOUR, **PHRASE}),
         _wrong("phrase_scaled", "a phrase whose words change its value", "The answer is 4 hundred.",
                {**FOUR, **PHRASE}),
+        # ... and so does a box under that rule (NeMo Gym 0.7.0's boxed rule pays these: math-verify cannot
+        # parse the box and scores the last number it finds).
+        _wrong("box_two_values", "a box naming two values in prose", "\\boxed{5 Both are 4.}", {**FOUR, **PHRASE}),
+        _wrong("box_unreadable", "a box math-verify cannot read, then the answer after it", "\\boxed{5.} Actually 4.",
+               {**FOUR, **PHRASE}),
     ]  # fmt: skip
     if options.strict:
         found += [

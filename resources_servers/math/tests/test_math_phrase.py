@@ -2,8 +2,8 @@ r"""The final-answer phrase ("The answer is N.", ``extraction: boxed_or_final``,
 with) over real HTTP: a phrase pays only when it states one value, the math that opens it, verified on its
 own. Hedges, denials and questions are refused (``failure_kind: phrase_rejected``, reward 0); before this
 rule, "The answer is not $4$." read the first math span on the line and "The answer is 3 \lor 4" the last
-number math-verify found, and both scored 1 against 4. Boxes are untouched (NeMo Gym 0.7.0 reads boxes only;
-the phrase mode is this project's own)."""
+number math-verify found, and both scored 1 against 4. A box keeps NeMo Gym 0.7.0's verdict unless it holds
+words or math-verify cannot read it alone (then it is held to the same rule: test_math_box_phrase.py)."""
 
 from __future__ import annotations
 
@@ -139,11 +139,12 @@ def test_a_phrase_is_scored_by_its_value(
 
 
 def test_boxes_are_untouched(client: httpx.Client) -> None:
-    # NeMo Gym 0.7.0's verdicts on boxes, whatever phrase stands beside them.
+    # NeMo Gym 0.7.0's verdicts on plain boxes, whatever phrase stands beside them.
     assert _verify(client, "The answer is not 4. \\boxed{4}", "4")["reward"] == 1.0
-    assert (
-        _verify(client, "\\boxed{3 \\lor 4}", "4")["reward"] == 1.0
-    )  # NeMo Gym's verdict (strict refuses it)
+    # NeMo Gym's verdict under its own rule; the phrase rule refuses a box math-verify cannot read alone
+    # (it scores the 4 after the symbol; test_math_box_phrase.py), as strict does.
+    assert _verify(client, "\\boxed{3 \\lor 4}", "4", extraction="boxed")["reward"] == 1.0
+    assert _verify(client, "\\boxed{3 \\lor 4}", "4")["failure_kind"] == "phrase_rejected"
     out = _verify(client, "The answer is 3 or 4, so \\boxed{5}", "4")
     assert out["reward"] == 0.0 and out["extraction_method"] == "boxed" and out["failure_kind"] is None
 

@@ -94,6 +94,9 @@ class RunStats:
     """Bounded summaries (exact up to a few thousand values, then within 0.5 %): a long run keeps no list."""
     totals: Counter[str] = field(default_factory=Counter)
     failure_classes: Counter[str] = field(default_factory=Counter)
+    masked_kinds: Counter[str] = field(default_factory=Counter)
+    """Rollouts written with ``mask_sample: true`` (the env could not judge them, e.g. a judge down: the
+    reward is no score), by ``failure_kind``."""
 
     @property
     def rate(self) -> float:
@@ -119,6 +122,14 @@ class RunStats:
             pass
         if self.first_rollout_s is None:
             self.first_rollout_s = time.perf_counter() - self.started
+        if record.get("mask_sample") is True:
+            kind = record.get("failure_kind")
+            self.masked_kinds[kind[:60] if isinstance(kind, str) and kind else "mask_sample"] += 1
+
+    @property
+    def masked(self) -> int:
+        """Rollouts written this run that the env masked."""
+        return sum(self.masked_kinds.values())
 
     def add_failure(self, failure_class: str) -> None:
         """Count a failed rollout or (class ``bad_task``) a bad task row."""
@@ -135,6 +146,8 @@ class RunStats:
             "bad_task_rows": self.bad_rows,
             "already_done": already_done,
             "failures_by_class": dict(self.failure_classes),
+            "rollouts_masked": self.masked,
+            "masked_by_kind": dict(self.masked_kinds),
             "elapsed_s": elapsed,
             "rollouts_per_s": self.done / elapsed if elapsed > 0 else None,
             "time_to_first_rollout_s": self.first_rollout_s,

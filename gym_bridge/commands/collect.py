@@ -280,24 +280,42 @@ def _exit_on_failures(console: Any, result: Any, max_failed_fraction: float, tas
             style="bold red", highlight=False, markup=False,
         )  # fmt: skip
         raise typer.Exit(1)
-    if not result.failed:
+    run = result.metrics.get("run") or {}
+    masked = run.get("rollouts_masked") or 0  # written with mask_sample: the env could not judge them
+    if masked:
+        kinds = ", ".join(f"{n} x {k}" for k, n in sorted(run.get("masked_by_kind", {}).items(), key=lambda kv: -kv[1]))
+        console.print(
+            f"warning: {masked} of {result.written} rollouts written this run were masked by their env ({kinds}): "
+            "it could not judge them (a judge down or failing), so their reward is no score; rescore them with "
+            "`gym-bridge reverify` once it can",
+            style="yellow", highlight=False, markup=False,
+        )  # fmt: skip
+    if not (result.failed or masked):
         return
     for kind, error, count in failure_causes(result.failures_path, result.failed):
         console.print(f"failure cause ({kind}, {count}x): {error}", highlight=False, markup=False)
     rollouts_failed = result.failed - result.skipped_rows
     attempted = result.written + rollouts_failed
+    unscored = rollouts_failed + masked  # masked ones count toward the threshold, as in training
     if result.written == 0:
         problem = f"no rollout succeeded ({result.failed} failed)"
-    elif attempted and rollouts_failed / attempted > max_failed_fraction:
+    elif masked == result.written:
+        problem = f"no rollout was scored: every one written this run ({masked}) was masked by its env"
+    elif attempted and unscored / attempted > max_failed_fraction:
+        also = f" and {masked} {'was' if masked == 1 else 'were'} masked" if masked else ""
         problem = (
-            f"{rollouts_failed} of {attempted} rollouts failed ({rollouts_failed / attempted:.1%}), more than "
+            f"{rollouts_failed} of {attempted} rollouts failed{also} ({unscored / attempted:.1%}), more than "
             f"--max-failed-fraction {max_failed_fraction:g}"
         )
     else:
         return
+    redo = "then rerun with --resume to make only the missing rollouts"
+    if masked:
+        redo += " and rescore the masked ones with `gym-bridge reverify`" if result.failed else ""
+        redo = redo if result.failed else "then rescore the masked rollouts with `gym-bridge reverify`"
     console.print(
         f"error: {problem}; the finished rollouts are kept in {result.output_path}, the failures in "
-        f"{result.failures_path}: fix the cause, then rerun with --resume to make only the missing rollouts",
+        f"{result.failures_path}: fix the cause, {redo}",
         style="bold red",
         highlight=False,
         markup=False,
@@ -402,6 +420,9 @@ def _print_summary(console: Any, result: Any, *, timeout_origin: str) -> None:
     ]
     for name, count in sorted(run.get("failures_by_class", {}).items()):
         rows.append((f"failures: {name}", count))
+    if run.get("rollouts_masked"):  # kept, but the env could not judge them (mask_sample)
+        rows.append(("masked this run (mask_sample)", run["rollouts_masked"]))
+        rows += [(f"masked: {name}", n) for name, n in sorted(run.get("masked_by_kind", {}).items())]
     for w in run.get("worker_processes", []):  # --workers: rollouts (failed) per process
         rows.append((f"worker process {w.get('worker')} (pid {w.get('pid')})", f"{w.get('rollouts')} ({w.get('failed')} failed)"))
     for shard in (run.get("ray") or {}).get("shards", []):  # --ray: rollouts (failed) per node

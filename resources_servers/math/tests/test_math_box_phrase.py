@@ -36,6 +36,15 @@ TWO_VALUES = [
     "\\boxed{4 \\text{ (not 5)}}",
     "\\boxed{5 \\operatorname{or} 4}",
     "\\boxed{5} and \\boxed{5 Both are 4.}",  # every box is read
+    "\\boxed{\\underbrace{5}_{\\text{wrong}} 4}",  # words inside a brace: the value reads on to them
+    "\\boxed{\\overset{\\text{not}}{5} 4}",
+    "\\boxed{\\color{white}{5} 4}",
+    "\\boxed{5 \\emph{ or } 4}",
+    "\\boxed{5 \\hbox{or} 4}",
+    "\\boxed{\\textsf{5 or 4}}",
+    "\\boxed{5 \u6216 4}",  # one letter of another script (or)
+    "\\boxed{5 oder 4.}",
+    "\\boxed{5 \\\\ \\text{Both are } 4}",
     # No words, but math-verify cannot read the box alone: it scores a number found elsewhere.
     "\\boxed{5 4.}",
     "\\boxed{5. 4.}",
@@ -44,6 +53,12 @@ TWO_VALUES = [
     "\\boxed{3 \\lor 4}",
     "\\boxed{5.} Actually 4.",
     "\\boxed{5 Both are wrong.} 4",
+    "\\boxed{5 x 4.}",
+    "\\boxed{5 \\; 4.}",
+    "\\boxed{5 \\% 4.}",
+    "\\boxed{\\left. 5 \\right. 4.}",
+    "\\boxed{5 \\vee 4}",
+    "\\boxed{5 \\mid 4}",
 ]
 
 
@@ -55,6 +70,25 @@ def test_a_box_that_states_two_values_is_refused(client: httpx.Client, text: str
         out = _verify(client, text, "4", extraction)
         assert out["reward"] == 0.0 and out["library_reward"] == 0.0, out
         assert out["failure_kind"] == "phrase_rejected" and out["failure_reason"], out
+
+
+# Held before this rule too (reward 0 under every rule): math-verify reads these as one wrong value.
+HELD = [
+    "\\boxed{5 then 4}",  # a product of letters
+    "\\boxed{4 5}",
+    "\\boxed{5, so 4}",
+    "\\boxed{5 \\text{ or } 4}",
+    "\\boxed{5; 4}",
+    "\\boxed{\\mathrm{5~or~4}}",
+    "\\boxed{\\begin{array}{c}5 \\\\ 4\\end{array}}",
+    "\\boxed{5 \\text{ cm, } 4}",
+]
+
+
+@pytest.mark.parametrize("text", HELD)
+@pytest.mark.parametrize("extraction", ["boxed", "boxed_or_final"])
+def test_a_box_read_as_another_value_pays_nothing(client: httpx.Client, text: str, extraction: str) -> None:
+    assert _verify(client, text, "4", extraction)["reward"] == 0.0
 
 
 def test_an_fbox_is_read_the_same_way(client: httpx.Client) -> None:

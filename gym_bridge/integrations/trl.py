@@ -18,7 +18,8 @@ Every request goes through the agent's env steps (:func:`~gym_bridge.rollout.age
 again with backoff), cookie jar and answer checks as ``collect`` and training; ``timeout_s`` is the
 policy's ``request_timeout``.
 
-A rollout whose ``/verify`` still fails after the retries (or whose answer lacks ``reward_key``) is
+A rollout whose ``/verify`` still fails after the retries (or whose answer lacks ``reward_key``, or has
+``mask_sample: true``: the env could not judge it, e.g. its LLM judge is down, and its 0 is no verdict) is
 handled as ``on_verify_failure`` says: ``"mask"`` (default) gives TRL ``None``, which TRL (1.16) leaves
 out of the group's baseline and gives advantage 0 (a reward of 0 was learned as a wrong answer: a
 server hiccup pushed down an honest completion and lifted the rest of its group); ``"zero"`` scores it 0
@@ -270,6 +271,16 @@ def _failed_reward(mode: OnVerifyFailure, where: str, reason: str) -> float | No
     return None if mode == "mask" else 0.0
 
 
+def _masked(answer: Mapping[str, Any]) -> str | None:
+    """Why an answer with ``mask_sample: true`` has no reward (the env could not judge it, e.g. its judge
+    is down: its 0 is no verdict), else None."""
+    if answer.get("mask_sample") is not True:
+        return None
+    reason = answer.get("failure_reason")
+    return (f"the env masked it (mask_sample, failure_kind {answer.get('failure_kind')!s:.60}"
+            f"{': ' + str(reason)[:200] if reason else ''}): its reward is no verdict")  # fmt: skip
+
+
 def _detail(answer: HttpResult) -> str:
     try:
         return str(parse_json(answer.content).get("detail", answer.text))[:300]
@@ -425,6 +436,8 @@ class GymReward:
 
     def _reward_of(self, answer: dict[str, Any]) -> float | str:
         """The answer's reward (checked a finite number by :func:`verify_rollout`), or why it has none."""
+        if (masked := _masked(answer)) is not None:
+            return masked
         if self.reward_key == "reward":
             return float(answer["reward"])
         components = answer.get("reward_components") or {}
@@ -609,6 +622,8 @@ class ServerEnvironment:
             self.last_answer = _blocking(lambda client: verify_rollout(client, session, self.row, response))
         except (RequestFailed, ValueError) as e:
             return _failed_reward(self.on_verify_failure, "tool-use rollout", str(e) or type(e).__name__)
+        if (masked := _masked(self.last_answer)) is not None:
+            return _failed_reward(self.on_verify_failure, "tool-use rollout", masked)
         return float(self.last_answer["reward"])  # checked a finite number by verify_rollout
 
 

@@ -205,9 +205,10 @@ def collect(
         typer.Option(
             min=0.0,
             max=1.0,
-            help="Exit 1 when more than this share of the run's rollouts failed (as "
-            "grpo.max_failed_rollouts_fraction does in training; 0: any failure). A run in which no rollout "
-            "succeeded exits 1 whatever this is. The rollouts that did succeed are kept either way.",
+            help="Exit 1 when more than this share of the run's rollouts failed or were masked by their env "
+            "(mask_sample, e.g. a judge down; as grpo.max_failed_rollouts_fraction does in training; 0: any "
+            "failure). A run in which no rollout succeeded, or every one written was masked, exits 1 whatever "
+            "this is. The rollouts that did succeed are kept either way.",
         ),
     ] = 1.0,
 ) -> None:

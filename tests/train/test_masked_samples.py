@@ -82,12 +82,19 @@ def _run(tmp_path: Path, model_dir: Path, data: Path, env: list[str]) -> list[st
     ]
 
 
+ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+         "loss_fn.use_importance_sampling_correction=true"]  # fmt: skip
+"""Async GRPO: the rollouts run in a child process, which sends the error to the trainer."""
+
+
 @pytest.mark.timeout(180)
-def test_a_judge_down_for_every_call_stops_the_run_naming_the_masked_samples(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [[], ASYNC], ids=["sync", "async_rollout_process"])
+def test_a_judge_down_for_every_call_stops_the_run_naming_the_masked_samples(tmp_path: Path, mode: list[str]) -> None:
     model_dir = save_random_tiny(tmp_path / "tiny", seed=3)
     data = _questions(tmp_path / "questions.jsonl", 8)
     with judge_server_with_judge_down() as url:
-        cfg = load_config(None, _run(tmp_path, model_dir, data, [f"env.judge.url={url}", "env.judge.timeout_s=30"]))
+        env = [f"env.judge.url={url}", "env.judge.timeout_s=30", *mode]
+        cfg = load_config(None, _run(tmp_path, model_dir, data, env))
         with pytest.raises(TooManyFailedRollouts) as caught:
             loop.train(cfg, show_progress=False)
     err = caught.value

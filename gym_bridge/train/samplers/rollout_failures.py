@@ -69,7 +69,7 @@ class TooManyFailedRollouts(RuntimeError):
         where = f"step {self.step}: " if self.step is not None else ""
         kinds = ", ".join(f"{n} x {kind}" for kind, n in sorted(self.kinds.items(), key=lambda kv: (-kv[1], kv[0])))
         share = self.failed / self.requested if self.requested else 1.0
-        masked = " or were masked (mask_sample: kept out of the loss)" if any(MASKED in k for k in self.kinds) else ""
+        masked = " or were masked by the env (mask_sample)" if any(MASKED in k for k in self.kinds) else ""
         return (
             f"{where}{self.failed} of {self.requested} rollouts failed{masked} ({share:.0%}; "
             f"grpo.max_failed_rollouts_fraction is {self.threshold:g}): {kinds}; e.g. {self.example}. "

@@ -325,11 +325,14 @@ async def seed_session(client: Client, env: EnvSession, task: dict[str, Any]) ->
 
 async def post_tool(client: Client, env: EnvSession, name: str, arguments: Any) -> HttpResult:
     """``POST {env}/{name}`` with the call's arguments in the session. A 4xx answer is handed back, not
-    raised: its text goes to the model, which can correct itself. ``name`` must pass :func:`is_tool_name`."""
+    raised: its text goes to the model, which can correct itself. ``name`` must pass :func:`is_tool_name`.
+    Sent once, unless it surely did not run (``idempotent=False``): a tool may change the env's state, and a
+    call applied twice (an ``add_to_cart`` whose answer was lost) leaves a state the model did not make; the
+    rollout fails unscored instead."""
     if not is_tool_name(name):
         raise ValueError(f"{name!r} is not a tool route")
     started = time.perf_counter()
-    result = await env.post(client, name, arguments, expect_json=False, return_client_errors=True)
+    result = await env.post(client, name, arguments, expect_json=False, return_client_errors=True, idempotent=False)
     env.metrics.tool_latencies_s.append(time.perf_counter() - started)
     return result
 

@@ -9,6 +9,10 @@ must slow the run down, not kill it, and must never turn into a retry storm. So 
 * retries only for what can heal: 408/425/429/5xx, connection errors, unreadable bodies, and timeouts
   unless ``retry_timeouts`` is off (the server may still be working on the request).
   Other 4xx fail at once (or are handed back to the caller, for tool calls the model should see).
+* a request that must not run twice (``idempotent=False``: a tool call, which may change the env's state) is
+  sent again only when it surely did not run: the connection was refused or closed before it was written,
+  or the server answered 408/425/429/503. A timeout, a connection lost after sending, a 500/502/504 may
+  follow a call the server ran: it fails at once, never applied twice.
 
 What still fails is raised as :class:`RequestFailed` with a failure class such as ``model_timeout``.
 
@@ -45,6 +49,10 @@ Client: TypeAlias = "aiohttp.ClientSession | httpx.AsyncClient | RoutedClient"
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Statuses worth another try; other 5xx (501 Not Implemented, 505, ...) will not heal either."""
+NOT_RUN_STATUS = frozenset({408, 425, 429, 503})
+"""Retryable statuses that say the request was not run (not received whole, too early, rate limited,
+unavailable): the only ones a request that must not run twice is sent again after. A 500, 502 or 504 may come
+after the server (or the server behind a gateway) ran it."""
 
 FAILURE_CLASSES = tuple(
     f"{target}_{kind}"
@@ -186,6 +194,8 @@ async def _send(
                 return response.status, response.headers, await response.read(), None
         except aiohttp.ServerTimeoutError as e:  # only when the session itself sets timeouts
             raise _TimedOut(type(e).__name__) from e
+        except aiohttp.ClientConnectorError as e:  # no connection made: the server never saw the request
+            raise NotConnected(e) from e
         except aiohttp.ClientOSError as e:
             if _NOT_SENT in str(e):
                 raise NotSent(e) from e
@@ -200,6 +210,8 @@ async def _send(
         response = await client.post(target, content=payload, headers=headers)
     except httpx.TimeoutException as e:
         raise _TimedOut(type(e).__name__) from e
+    except httpx.ConnectError as e:
+        raise NotConnected(e) from e
     except httpx.TransportError as e:
         raise SendFailed(e) from e
     return response.status_code, response.headers, response.content, getattr(response, "parsed", None)
@@ -250,6 +262,11 @@ class SendFailed(Exception):
         self.cause = cause
 
 
+class NotConnected(SendFailed):
+    """No connection could be made (refused, unreachable): the server never saw the request, so even a request
+    that must not run twice may be sent again (it counts as an attempt)."""
+
+
 class NotSent(SendFailed):
     """The pooled connection was closed before the request went out: the server never saw it.
 
@@ -278,6 +295,7 @@ async def post_json(
     expect_json: bool = True,
     validate: Callable[[Any], str | None] | None = None,
     return_client_errors: bool = False,
+    idempotent: bool = True,
     rng: random.Random | None = None,
 ) -> HttpResult:
     """POST ``body`` as JSON to ``url`` under ``policy``; return the result or raise :class:`RequestFailed`.
@@ -285,6 +303,8 @@ async def post_json(
     ``expect_json`` parses the body (a body that is not JSON, or that ``validate`` rejects with a message,
     is retried as ``<target>_bad_response``). ``return_client_errors`` hands non-retryable 4xx answers
     back instead of failing, for callers that pass them on (a tool's error goes back to the model).
+    ``idempotent=False``: the request must not run twice (a tool call may change the env's state); it is sent
+    again only when it surely did not run (:class:`NotConnected`, :class:`NotSent`, :data:`NOT_RUN_STATUS`).
     """
     payload = compact_json(body).encode("utf-8")
     send_headers = {"content-type": "application/json"}
@@ -309,6 +329,9 @@ async def post_json(
             message = f"no complete answer from {url} within {min(policy.request_timeout, remaining):.3g} s"
             if isinstance(e, _TimedOut):
                 message += f" ({e.args[0]})"
+            if not idempotent:
+                message += "; not sent again: the server may have run it, and it must not run twice"
+                break
             if not policy.retry_timeouts:
                 message += "; not sent again: the server may still be working on it"
                 break
@@ -319,6 +342,9 @@ async def post_json(
                 continue
             failure_class, status = f"{target}_connection_error", None
             message = f"{type(e.cause).__name__} talking to {url}: {e.cause or 'connection failed'}"
+            if not idempotent and not isinstance(e, NotConnected):
+                message += "; not sent again: the server may have run it, and it must not run twice"
+                break
         else:
             if status < 400:
                 if not expect_json:
@@ -342,6 +368,9 @@ async def post_json(
                 if status not in RETRYABLE_STATUS:
                     if return_client_errors and status < 500:
                         return HttpResult(status, response_headers, content, None, attempt, timeouts)
+                    raise RequestFailed(failure_class, message, attempt, status, timeouts)
+                if not idempotent and status not in NOT_RUN_STATUS:
+                    message += "; not sent again: the server may have run it, and it must not run twice"
                     raise RequestFailed(failure_class, message, attempt, status, timeouts)
                 retry_after = parse_retry_after(response_headers.get("retry-after"))
         if attempt >= policy.max_attempts:

@@ -81,6 +81,9 @@ class ReverifyResult:
     lowered: int = 0
     failed: int = 0
     skipped: int = 0
+    masked: int = 0
+    """Re-verified this run with ``mask_sample: true``: the env could not judge them (a judge down), so
+    their new reward is no verdict."""
     examples: list[RewardChange] = field(default_factory=list)
     aggregate_metrics: list[dict[str, Any]] = field(default_factory=list)
 
@@ -200,6 +203,7 @@ async def reverify_async(config: ReverifyConfig, env_url: str, report: Callable[
                     new[name] = value
             writer.write(new)
             result.verified += 1
+            result.masked += new.get("mask_sample") is True
             tally.add(key, _reward(record), _reward(new))
 
     try:

@@ -75,6 +75,13 @@ def reverify(
             highlight=False,
         )
     out.print(f"rollouts: {result.output_path}", highlight=False)
+    if result.masked:  # the env answered, but could not judge them (mask_sample): their reward is no verdict
+        console.print(
+            f"{'error' if result.masked == result.verified else 'warning'}: {result.masked} of the {result.verified} "
+            "rollouts re-verified this run were masked by the env (mask_sample, e.g. its judge down or failing): "
+            "their reward is no verdict; rerun reverify once the env can judge them",
+            style="bold red" if result.masked == result.verified else "yellow", highlight=False, markup=False,
+        )  # fmt: skip
     if result.failed:
         out.print(f"failures: {result.failures_path} (rerun with --resume to retry them)", highlight=False)
     if result.total == 0 and not result.failed:  # nothing to re-score is not a re-scored file
@@ -82,5 +89,5 @@ def reverify(
             f"error: {rollouts} holds no rollout to re-verify ({result.skipped} lines skipped)",
             style="bold red", highlight=False, markup=False,
         )  # fmt: skip
-    if result.failed or result.total == 0:
+    if result.failed or result.total == 0 or (result.verified and result.masked == result.verified):
         raise typer.Exit(1)

@@ -1,5 +1,5 @@
 """A collection whose env masked its rollouts (``mask_sample: true``: a judge down) says so, and exits 1
-when every rollout written was masked.
+when every rollout written was masked; so does ``reverify`` when every answer it got back was masked.
 
 Real processes: ``gym-bridge collect`` as a subprocess, tests/fake_model.py answering correctly, and either
 ``gym-bridge serve equivalence_judge`` whose judge URL is a loopback port nothing listens on (every
@@ -64,6 +64,11 @@ def test_every_rollout_masked_by_a_judge_down_exits_1_naming_it_and_keeps_the_ro
         env_url = next(w for w in wait_for_line(proc, "listening on", timeout=60).split() if w.startswith("http://"))
         with FakeModel({"Capital": "\\boxed{Paris}"}) as model:  # every answer right
             code, console = _collect(tasks, out, env_url, model.url, "--num-repeats", "2")
+        # reverify while the judge is still down: every answer masked again, which is no re-scoring
+        rescored = _reverify(out, tmp_path / "again.jsonl", env_url)
+        assert rescored.returncode == 1, rescored
+        text = " ".join((rescored.stdout + rescored.stderr).split())  # before: "0 rewards changed", exit 0
+        assert "error: 6 of the 6 rollouts re-verified this run were masked by the env" in text, text
     finally:
         kill9(proc)
     assert code == 1, console
@@ -74,6 +79,16 @@ def test_every_rollout_masked_by_a_judge_down_exits_1_naming_it_and_keeps_the_ro
     assert len(records) == 6 and all(r["mask_sample"] is True and r["failure_kind"] == "judge_error" for r in records)
     run = json.loads((tmp_path / "rollouts_metrics.json").read_text())["run"]
     assert run["rollouts_masked"] == 6 and run["masked_by_kind"] == {"judge_error": 6}
+    with start_in_thread(MaskOnRequest().build_app()) as judging:  # a verifier that can judge: the remedy works
+        rescored = _reverify(out, tmp_path / "rescored.jsonl", judging.url)
+    assert rescored.returncode == 0 and "6 rewards changed (6 up, 0 down)" in rescored.stdout, rescored
+    assert "masked by the env" not in rescored.stdout + rescored.stderr
+
+
+def _reverify(rollouts: Path, out: Path, env_url: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "gym_bridge.cli", "reverify", str(rollouts), "-o", str(out), "--env", env_url]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
 
 
 class MaskOnRequest(ResourcesServer):

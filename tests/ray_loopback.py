@@ -83,6 +83,25 @@ def two_node_cluster_fixture() -> Callable[..., Any]:
     return two_nodes
 
 
+RUN_MARK = "GYM_BRIDGE_TEST_RUN"
+"""The environment variable a test sets on a run it starts: every process of the run (Ray's GCS, raylet and
+workers among them) inherits it, so :func:`marked` finds them whoever their parent became."""
+
+
+def marked(mark: str) -> dict[int, str]:
+    """pid -> name of every live process whose environment carries ``RUN_MARK=mark``."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["pid", "name"]):
+        try:
+            if process.environ().get(RUN_MARK) == mark and process.status() != psutil.STATUS_ZOMBIE:
+                found[process.pid] = process.info["name"]
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
 def _interpreter_helper(process: Any) -> bool:
     """multiprocessing's resource tracker: started by this interpreter's first spawn (an async-GRPO
     rollout process), it lives as long as the test process by design; not the cluster's."""

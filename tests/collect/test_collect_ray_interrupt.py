@@ -25,25 +25,13 @@ import pytest
 from collect_helpers import rollout_pairs, write_rows
 from fake_model import FakeModel, arithmetic_row
 
-from tests.ray_loopback import listeners, off_loopback, ray_processes
+from tests.ray_loopback import RUN_MARK, listeners, marked, off_loopback, ray_processes
 from tests.reliability.procs import child_env, kill9, start
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-MARK = "GYM_BRIDGE_TEST_RUN"
-
-
-def marked(mark: str) -> dict[int, str]:
-    """pid -> name of every process whose environment carries ``MARK=mark``."""
-    found = {}
-    for process in psutil.process_iter(["pid", "name"]):
-        try:
-            if process.environ().get(MARK) == mark and process.status() != psutil.STATUS_ZOMBIE:
-                found[process.pid] = process.info["name"]
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
+MARK = RUN_MARK
 
 
 def watch(proc: Any, out: Path, lines: int, timeout: float = 180) -> tuple[dict[int, str], list[Any]]:

@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from tests.ray_loopback import loopback_ray_fixture
+from tests.ray_loopback import RUN_MARK as MARK
+from tests.ray_loopback import loopback_ray_fixture, marked
 from tests.train.helpers import save_random_tiny
+from tests.train.test_env_replicas_cluster import gone
 from tests.train.test_run_integrity import offline_command
 from tests.train.test_trainer_offline import offline_config, train_lines, write_scored
 
@@ -31,7 +33,6 @@ ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[2]
-MARK = "GYM_BRIDGE_TEST_RUN"
 
 CHILD = """
 import os, sys, time
@@ -52,18 +53,6 @@ from gym_bridge.cli import app
 sys.argv = ["gym-bridge", *sys.argv[2:]]
 app()
 """
-
-
-def marked(mark: str) -> dict[int, str]:
-    """pid -> name of every live process whose environment carries ``MARK=mark``."""
-    found = {}
-    for process in psutil.process_iter(["pid", "name"]):
-        try:
-            if process.environ().get(MARK) == mark and process.status() != psutil.STATUS_ZOMBIE:
-                found[process.pid] = process.info["name"]
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def left_running(mark: str, timeout: float = 30) -> dict[int, str]:
@@ -159,15 +148,6 @@ def test_sigterm_after_ray_started_and_before_the_runs_handler_is_a_sigterm_not_
 # ------------------------------------------------- a Ray actor killed mid-run (one private Ray for these)
 
 local_ray = loopback_ray_fixture(num_cpus=2)
-
-
-def gone(pid: int, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.mark.timeout(300)

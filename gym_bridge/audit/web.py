@@ -23,6 +23,23 @@ def _survived(status: int, body: bytes) -> str | None:
     return None
 
 
+STALE_VERDICT = {"reward_components": {"audit_stale": 1.0}, "mask_sample": True, "failure_kind": "audit_stale",
+                 "failure_reason": "an earlier verdict"}  # fmt: skip
+"""An earlier verdict, as a rollout record fed back as a task carries it."""
+
+
+def _no_stale_verdict(status: int, body: bytes) -> str | None:
+    """A 4xx will do (a server that needs a session); a 200 must not echo the request's verdict beside its own."""
+    if status != 200:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return "the answer is not JSON"
+    echoed = sorted(k for k, v in STALE_VERDICT.items() if isinstance(answer, dict) and answer.get(k) == v)
+    return f"the answer echoes the request's earlier verdict ({', '.join(echoed)})" if echoed else None
+
+
 def web_attacks(control: Attack) -> list[RawAttack]:
     """Raw requests built on the env's control row (a body the server would otherwise accept)."""
     verify_body = json.dumps({**control.row, "response": {"output": control.turns[-1]}}).encode()
@@ -53,6 +70,10 @@ def web_attacks(control: Attack) -> list[RawAttack]:
         RawAttack("surrogate_bytes", "crash", "a surrogate written as UTF-8 bytes (CESU-8) in a string", "/verify",
                   verify_body.replace(b"{", b'{"x": "\xed\xa0\x80", ', 1),
                   {"content-type": "application/json"}, _survived),
+        RawAttack("stale_verdict", "wrong-reward", "a task row that carries an earlier verdict (reward_components, "
+                  "mask_sample, failure_kind)", "/verify", json.dumps({**control.row, **STALE_VERDICT,
+                  "response": {"output": control.turns[-1]}}).encode(), {"content-type": "application/json"},
+                  _no_stale_verdict, needs_session=True),
         RawAttack("aggregate_huge_integer", "crash", "/aggregate_metrics with a reward no float can hold",
                   "/aggregate_metrics", b'{"verify_responses": [{"reward": 1' + b"0" * 400 + b"}]}",
                   {"content-type": "application/json"}, _survived),

@@ -34,7 +34,7 @@ def audit(*args: str) -> subprocess.CompletedProcess[str]:
 def test_every_weakness_is_found(weak_url: str, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     only = ["tiny_excess", "tiny_deficit", "recanted", "python_in_box", "text_plain_verify", "foreign_host",
-            "not_json"]  # fmt: skip
+            "not_json", "stale_verdict"]  # fmt: skip
     done = audit(weak_url, "--env", "math", "--json", str(report), *(f"--only={name}" for name in only))
     assert done.returncode == 1, done.stdout + done.stderr
     found = {(f["attack"], f["attack_class"]) for f in json.loads(report.read_text())["findings"]}
@@ -44,6 +44,7 @@ def test_every_weakness_is_found(weak_url: str, tmp_path: Path) -> None:
     assert ("text_plain_verify", "escape/leak") in found  # any content type is read
     assert ("foreign_host", "escape/leak") in found  # any Host is served
     assert ("not_json", "crash") in found  # json.loads raised: a 500
+    assert ("stale_verdict", "wrong-reward") in found  # it echoes the row's earlier reward_components
     assert ("recanted", "wrong-reward") not in found  # it reads the last box, as it should
     by_class = json.loads(report.read_text())["by_class"]
     assert by_class["escape/leak"]["findings"] == 3 and by_class["crash"]["findings"] == 1

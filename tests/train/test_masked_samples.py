@@ -16,10 +16,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, assistant_text, dump
+from gym_bridge.serving.answers import Answer
 from gym_bridge.serving.server import ResourcesServer, Session
 from gym_bridge.train import loop
 from gym_bridge.train.bookkeeping.logging import format_line, read_metrics
@@ -140,6 +142,31 @@ def test_a_few_masked_samples_below_the_threshold_drop_out_of_the_loss_and_are_c
                   .read_text().splitlines()]  # fmt: skip
         assert sum(bool(r.get("mask_sample")) for r in logged) == 2
     assert any(r["optimizer_steps"] > 0 for r in steps)  # the samples left still train
+
+
+class RowMaskServer(ResourcesServer):
+    """Parity rewards, with the task row's ``give_mask`` sent back as ``mask_sample``, whatever it is."""
+
+    name = "row_mask"
+
+    async def _verify_content(self, body: dict[str, Any], session: Session) -> Any:
+        answer = {**body, "reward": float(len(assistant_text(body["response"]["output"])) % 2 == 0),
+                  "mask_sample": body["give_mask"]}  # fmt: skip
+        return Answer(200, json.dumps(answer).encode(), (), answer)
+
+
+@pytest.mark.timeout(180)
+def test_a_mask_sample_that_is_not_a_boolean_is_a_bad_verify_answer_not_a_mask(tmp_path: Path) -> None:
+    model_dir = save_random_tiny(tmp_path / "tiny", seed=3)
+    rows = [{"responses_create_params": {"input": [{"role": "user", "content": f"Say {i}."}]}, "give_mask": "false"}
+            for i in range(8)]  # fmt: skip
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, _run(tmp_path, model_dir, data, [f"env.judge.server={__name__}:RowMaskServer"]))
+    with pytest.raises(TooManyFailedRollouts) as caught:  # before: bool("false") masked every sample
+        loop.train(cfg, show_progress=False)
+    assert caught.value.kinds == {"verify/bad_reward": 8}
+    assert 'mask_sample is "false", not a boolean' in str(caught.value)
 
 
 def test_tally_counts_masked_samples_toward_the_threshold_and_survives_pickling() -> None:

@@ -397,11 +397,15 @@ class OnlineSampler:
 
     def to_sample(self, record: dict[str, Any], group: int, prompt: Prompt) -> Sample | None:
         """The record as a training sequence; None without token ids; raises :class:`TurnMismatch`, and
-        :class:`BadReward` when the record's reward is not a finite number."""
+        :class:`BadReward` when the record's reward is not a finite number or its ``mask_sample`` is
+        neither a boolean nor null."""
         reward = record.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             # a null reward trained as 0, a string crashed the run, NaN made every weight NaN
             raise BadReward(f"the verify answer's reward is {json.dumps(reward)[:60]}, not a finite number")
+        mask_sample = record.get("mask_sample")
+        if mask_sample is not None and not isinstance(mask_sample, bool):  # "false" had masked it: bool("false")
+            raise BadReward(f"the verify answer's mask_sample is {json.dumps(mask_sample)[:60]}, not a boolean")
         response = record.get("response") or {}
         built = sequence_from_items(response.get("output") or [])
         if built is None:
@@ -415,7 +419,7 @@ class OnlineSampler:
             reward=float(reward),
             generation_logprobs=logprobs,
             truncated=incomplete or self._hit_length_limit(token_ids, mask),
-            masked=bool(record.get("mask_sample")),
+            masked=mask_sample is True,
             task_name=prompt.task_name,
             dataset=prompt.dataset,
             turns=turns,

@@ -313,7 +313,7 @@ def _lost(labels: list[str], index: int | None, doing: str, exc: Exception) -> R
     cause = re.search(r"The actor is dead because ([^.]*)", text)  # Ray's why: its worker process, its node
     reason += f"; {cause.group(1)}" if cause else ""
     return RayActorLost(f"{who} is gone during {doing} ({type(exc).__name__}: {reason}); the run cannot go on "
-                        "without it: run the same command to resume from the last checkpoint")  # fmt: skip
+                        "without it: the same command resumes from the last checkpoint saved")  # fmt: skip
 
 
 def node_here() -> dict[str, Any]:

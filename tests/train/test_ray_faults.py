@@ -193,7 +193,9 @@ def test_a_learner_killed_mid_update_stops_the_run_naming_it_and_keeps_the_last_
     node = ray.get_runtime_context().get_node_id()[:12]
     named = f"data-parallel training worker rank 1 of 2 (node {node}, pid {pids[1]}) is gone during the policy update"
     assert f"{named} (ActorDiedError" in message, message
-    assert "run the same command to resume from the last checkpoint" in message
+    assert (
+        "the run cannot go on without it: the same command resumes from the last checkpoint saved" in message
+    )
 
     assert [r["step"] for r in train_lines(tmp_path / "logs")] == [1]
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step_*")) == ["step_1"]

@@ -27,6 +27,7 @@ from gym_bridge.audit.attacks import answer, calls
 from gym_bridge.audit.scripted_model import scripted_model
 from gym_bridge.rollout.agent import AgentConfig, Rollout, make_session, run_rollout
 from gym_bridge.serving.in_process import InProcessClient
+from gym_bridge.serving.json_body import read_body
 from gym_bridge.serving.retry import RetryPolicy, RoutedClient
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 from resources_servers.tool_use.app import ToolUseServer
@@ -54,12 +55,7 @@ class AnswerLost:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive) or b""
         path = scope["path"]
         with self.lock:
             self.received[path] = self.received.get(path, 0) + 1

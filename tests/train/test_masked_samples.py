@@ -110,6 +110,26 @@ def test_a_judge_down_for_every_call_stops_the_run_naming_the_masked_samples(tmp
     assert [r for r in read_metrics(tmp_path / "logs") if r["split"] == "train"] == []
 
 
+@pytest.mark.timeout(180)
+def test_a_validation_whose_every_sample_is_masked_stops_the_run_instead_of_reporting_accuracy_0(
+    tmp_path: Path,
+) -> None:
+    model_dir = save_random_tiny(tmp_path / "tiny", seed=3)
+    data = _questions(tmp_path / "questions.jsonl", 8)
+    env = [
+        "env.judge.server=equivalence_judge",  # built in, served in-process; its judge is unreachable
+        f"env.judge.config.judge_url=http://127.0.0.1:{_closed_port()}/v1",
+        f"data.validation.data_path={data}",
+        "data.validation.env_name=judge",
+        "grpo.val_at_start=true",
+    ]
+    with pytest.raises(TooManyFailedRollouts) as caught:  # before: val accuracy 0.000, then two idle steps
+        loop.train(load_config(None, _run(tmp_path, model_dir, data, env)), show_progress=False)
+    assert caught.value.kinds == {"verify/judge_error (masked)": 8}
+    assert caught.value.step is None  # the validation before step 1, not a training batch
+    assert [r for r in read_metrics(tmp_path / "logs") if r["split"] == "val"] == []
+
+
 class EveryFourthMasked(ResourcesServer):
     """Parity rewards (even-length answers score 1), but every fourth ``/verify`` call answers as a judge
     that failed: reward 0, ``failure_kind: judge_error``, ``mask_sample: true``."""

@@ -144,7 +144,7 @@ class RewardTally:
             self.output_tokens += int(usage.get("output_tokens") or 0)
         if record.get("failure_kind"):
             self.failures[record["failure_kind"]] += 1
-        self.masked += bool(record.get("mask_sample"))
+        self.masked += record.get("mask_sample") is True  # "false" is no mask (the trainer refuses it)
         components = record.get("reward_components")
         if isinstance(components, dict):
             for name, value in components.items():

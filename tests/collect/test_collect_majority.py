@@ -86,3 +86,9 @@ def test_a_reward_that_is_no_finite_number_counts_as_zero_as_in_the_viewer():
     metrics = aggregate_rewards(records)
     assert metrics["mean_reward"] == pytest.approx(1 / 6)
     assert metrics["pass@1"] == pytest.approx(1 / 6)
+
+
+def test_only_a_boolean_true_mask_sample_counts_as_masked():
+    """The trainer refuses a mask_sample that is no boolean; the run's metrics counted the string "false" masked."""
+    records = [{"_ng_task_index": i, "reward": 0.0, "mask_sample": m} for i, m in enumerate([True, "false", 1, None])]
+    assert aggregate_rewards(records)["masked_samples"] == 1

@@ -238,7 +238,7 @@ def remove_placement(group: Any) -> None:
     step saved, exited 1 a minute later instead of 143. A group whose GCS is gone went with it."""
     import ray
 
-    if not gcs_answers():
+    if not ray.is_initialized() or not gcs_answers():  # disconnected (Ray's call would start a new Ray)
         return
     try:
         ray.util.remove_placement_group(group)
@@ -255,9 +255,11 @@ def gcs_answers(timeout_s: float = 2.0) -> bool:
     (not connected, or a Ray that cannot be asked: True, so callers do as before)."""
     import ray
 
+    if not ray.is_initialized():  # (asking the runtime context would start a Ray)
+        return True
     try:
         address = ray.get_runtime_context().gcs_address
-    except Exception:  # not connected
+    except Exception:  # a Ray that does not say
         return True
     code = _ask_head(address, None, timeout_s)  # without a token: UNAUTHENTICATED is an answer too
     return getattr(code, "name", None) not in _GONE

@@ -48,8 +48,40 @@ from resources_servers.reasoning_gym.app import extract
 from resources_servers.reasoning_gym.generate import task_rows
 from resources_servers.reasoning_gym.pool import ScorerPool
 
-TRIAGED: dict[tuple[str, str], str] = {}
-"""(family, probe) -> why a flag there is by design (read in the family's scorer); ``*`` matches any family."""
+_CELLS = "pays the share of right cells (by design; `no_partial_credit` drops it)"
+_IN_PLACE = "pays the share of expected words/letters in place; what follows them is not read (by design)"
+_PARSED = "reads its grid, moves or roles out of the text: the right one with words around it is right"
+_SAME = "the same value within the tolerance or significant figures the task asks for"
+_FIRST = "reads the first number/fraction/value only: 'A or B' scores A, so a hedge scores its first guess"
+_DISTANCE = "pays by distance to the expected value (by design; `no_partial_credit` drops it)"
+TRIAGED: dict[tuple[str, str], str] = {
+    **{(f, "*"): _CELLS for f in ("game_of_life", "futoshiki", "sudoku", "mini_sudoku", "manipulate_matrix")},
+    **{(f, "*"): _IN_PLACE for f in ("letter_jumble", "word_sorting", "spell_backward", "sentence_reordering")},
+    **{(f, "*"): _PARSED for f in ("kakurasu", "survo", "sokoban", "quantum_lock", "knights_knaves")},
+    **{(f, "*"): _FIRST for f in ("gsm_symbolic", "fraction_simplification", "advanced_geometry")},
+    **{(f, "*"): _DISTANCE for f in ("rectangle_count", "time_intervals")},
+    **{(f, "*"): "its own len(expected) / len(answer) credit, as the default scorer's"
+       for f in ("chain_sum", "products")},  # fmt: skip
+    **{(f, p): _SAME for f in ("decimal_arithmetic", "decimal_chain_sum", "number_format", "pool_matrix",
+                               "power_function") for p in ("last_char_dropped", "truncated")},  # fmt: skip
+    ("codeio", "*"): "pays a text-similarity share (by design)",
+    ("figlet_font", "*"): "pays a letter-similarity share (by design)",
+    ("coin_flip", "*"): "corrections.py: the share of leading digits that agree, over the longer number",
+    ("propositional_logic", "*"): "0.25 for a trivial conclusion, valid because the premises contradict (by design)",
+    ("polynomial_equations", "*"): "roots it cannot parse are skipped; half the roots earn half (by design)",
+    ("simple_integration", "*"): "the junk is a constant of integration: still an antiderivative",
+    ("intermediate_integration", "*"): "the junk is a constant of integration: still an antiderivative",
+    ("prime_factorization", "reversed"): "the same factors in another order: right",
+    ("puzzle24", "reversed"): "the same numbers making exactly 24: right",
+    ("knights_knaves", "last_char_dropped"): "the full stop dropped: the same roles",
+    ("advanced_geometry", "last_char_dropped"): "the closing parenthesis dropped: the same point",
+    ("fraction_simplification", "last_char_dropped"): "the closing '$' dropped: the same fraction",
+    **{("polynomial_equations", p): "'0.' or '0' for 0.0: the same root" for p in ("last_char_dropped", "truncated")},
+    **{("time_intervals", p): "'5 day' or '5 d' for '5 days': the same interval" for p in ("last_char_dropped",
+                                                                                           "truncated")},  # fmt: skip
+}
+"""(family, probe) -> why a flag there is by design (read in the family's scorer); probe ``*``: any probe of the
+family, except that a wrong answer paid in full (1.0) is triaged only by its own probe."""
 
 JUNK = "banana"
 LONG = 20_000
@@ -294,7 +326,10 @@ def _triage(check: Check, expected: Any) -> str | None:
         and abs((check.reward or 0) - len(expected) / len(check.answer)) < 1e-9
     ):  # fmt: skip
         return "the package's default scorer: len(expected) / len(answer) for an answer holding the expected one"
-    return TRIAGED.get((check.family, check.probe)) or TRIAGED.get(("*", check.probe))
+    exact = TRIAGED.get((check.family, check.probe))
+    if exact or (check.kind == "wrong" and (check.reward or 0) >= 1.0):
+        return exact
+    return TRIAGED.get((check.family, "*"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     constants = build_constants(families, ARGS.constants, ARGS.seed, rows) if ARGS.constants else []
     print(f"{len(families)} families, {len(rows)} tasks, {len(checks) + len(constants)} answers to score", file=sys.stderr)
     asyncio.run(score_all(checks + constants, rows))
-    open_constants = [f for f in constant_flags(constants, rows) if (f[0], f[1].split(":")[0]) not in TRIAGED]
+    open_constants = [f for f in constant_flags(constants, rows) if (f[0], "*") not in TRIAGED]
     exact = {(c.family, c.task): c.reward for c in checks if c.kind == "exact"}
     for c in checks:
         c.flag = judge(c, exact.get((c.family, c.task)))

@@ -16,8 +16,8 @@ from gym_bridge.audit.attacks import Attack, AuditOptions, answer, marker_path
 __all__ = ["attacks"]
 
 ROWS = Path(__file__).with_name("reasoning_gym_rows.jsonl")
-"""One generated row per family (reasoning-gym 0.1.19, seed 7; game_of_life_halting, complex_arithmetic and
-coin_flip: 0.1.25, seed 7)."""
+"""One generated row per family (reasoning-gym 0.1.19, seed 7; game_of_life_halting, complex_arithmetic,
+coin_flip and arc_agi: 0.1.25, seed 7)."""
 EVAL_FAMILIES = ("spiral_matrix", "string_insertion", "binary_matrix", "n_queens")
 PARSE_EXPR_FAMILIES = ("countdown", "puzzle24", "polynomial_multiplication", "simple_integration",
                        "intermediate_integration")  # fmt: skip
@@ -90,6 +90,11 @@ def attacks(options: AuditOptions) -> list[Attack]:
         found.append(Attack("puzzle24_constant", "wrong-reward", f"the constant {constant!r}: 24, but not from the "
                             "task's numbers (the package paid it 1.0 on every task)", puzzle, _tagged(constant),
                             max_reward=PARTIAL_CREDIT))  # fmt: skip
+    if "arc_agi" in by_family:
+        arc = by_family["arc_agi"]
+        found.append(Attack("arc_agi_right_grid", "wrong-reward", "the expected grid itself, which must pay 1.0 (the "
+                            "package compared it with the row's JSON lists and paid 0.05)", arc, _tagged(arc["answer"]),
+                            max_reward=1.0, min_reward=1.0))  # fmt: skip
     for family in EVAL_FAMILIES + PARSE_EXPR_FAMILIES:
         if family not in by_family:
             continue

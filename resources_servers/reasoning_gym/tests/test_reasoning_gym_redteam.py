@@ -197,8 +197,14 @@ def test_knights_and_knaves_hedges_earn_nothing(client):
         ("word_sorting", lambda a: ", ".join(reversed(a.split(", ")))),  # the words, the other way round
         ("basic_arithmetic", lambda a: "0123456789"),  # every digit in one answer: contains a one-digit answer
         ("gsm_symbolic", lambda a: f"{int(float(a)) + 1} or {a}"),  # the first number is the one scored
+        # round four's sweep, held: countdown checks the task's numbers (puzzle24 did not); the words of
+        # letter_jumble the other way round; an infinite complex number (the correction refuses only NaN's 1.0)
+        ("countdown", lambda a: "1*2*3*4"),
+        ("letter_jumble", lambda a: " ".join(reversed(a.split())) if len(a.split()) > 1 else a[::-1]),
+        ("complex_arithmetic", lambda a: "inf"),
     ],
-    ids=["roots-twice", "reversed", "all-digits", "second-number"],
+    ids=["roots-twice", "reversed", "all-digits", "second-number", "countdown-constant", "jumble-reversed",
+         "complex-inf"],  # fmt: skip
 )
 def test_hedged_answers_score_below_the_right_one(client, family, hedge):
     for row in task_rows([family], 3, seed=4):

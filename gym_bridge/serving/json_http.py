@@ -19,6 +19,7 @@ three quarters of a small request's CPU; measured A/B in ``bench/README.md`` (co
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import json
@@ -37,7 +38,7 @@ from gym_bridge.serving.deadlines import task_deadlines
 from gym_bridge.serving.json_body import NO_BODY, BodyRefused, BodyTooLarge, non_finite, parse_body, read_body
 from gym_bridge.serving.request_guard import RequestGuard
 
-__all__ = ["BODY_BYTES", "BODY_IN_HAND", "PARSED_BODY", "ContextHook", "EventStream", "JsonApp", "Route", "openapi_schema", "replaying_receive"]
+__all__ = ["BODY_BYTES", "BODY_IN_HAND", "PARSED_BODY", "THREAD_BODY_BYTES", "ContextHook", "EventStream", "JsonApp", "Route", "off_loop", "openapi_schema", "replaying_receive"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,20 @@ awaiting ``receive()`` under the body deadline."""
 PARSED_BODY = "gym_bridge.parsed_body"
 """Key of an ``http.response.body`` message that carries the value its ``body`` parses to (:attr:`Route.fresh_json`)."""
 BODY_BYTES: ContextVar[int] = ContextVar("gym_bridge_body_bytes", default=0)
-"""Size in bytes of the body of the request being handled: a handler that validates its body itself (``/verify``)
-does so in a worker thread when it is large, so the event loop answers other requests meanwhile."""
+"""Size in bytes of the body of the request being handled: its validation and its answer's conversion run in a
+worker thread when it is large (:func:`off_loop`), so the event loop answers other requests meanwhile."""
+THREAD_BODY_BYTES = 256 * 1024
+"""Bodies at least this large are validated, and their answers converted, in a worker thread (~20 ms of
+validation and more; the hop costs ~50 us, so small bodies stay on the event loop)."""
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``: in a worker thread when the request's body is :data:`THREAD_BODY_BYTES` or more,
+    else here. Why: validating or dumping a 16 MB body on the event loop held every other session's requests
+    for seconds (every route: ``/verify``, ``/seed_session``, the tools, ``/aggregate_metrics``, ``/mcp``)."""
+    if BODY_BYTES.get() >= THREAD_BODY_BYTES:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 @dataclass
@@ -271,7 +284,7 @@ class JsonApp:
             args = route.default()
         else:
             try:
-                args = route.adapter.validate_python(value, from_attributes=True)
+                args = await off_loop(route.adapter.validate_python, value, from_attributes=True)
             except ValidationError as exc:
                 errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
                 return self.errors.invalid(errors, value)
@@ -287,10 +300,10 @@ class JsonApp:
                     extra[:] = [h for h in extra if h[0] != b"set-cookie"]
                 return result
             if route.raw_json:
-                answer = json_answer(200, result)
+                answer = await off_loop(json_answer, 200, result)
                 return Answer(200, answer.body, (), result) if route.fresh_json else answer
             # As FastAPI serializes the value of a route annotated ``-> Any``: pydantic's JSON.
-            return Answer(200, _ANY.dump_json(_ANY.validate_python(result, from_attributes=True), by_alias=True))
+            return Answer(200, await off_loop(_pydantic_json, result))
         except ValueError as exc:
             where = non_finite(value) if "JSON compliant" in str(exc) else None
             if where is not None:  # the answer echoes a NaN/Infinity the request brought: the request's fault
@@ -365,6 +378,10 @@ class JsonApp:
                     await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _pydantic_json(value: Any) -> bytes:
+    return _ANY.dump_json(_ANY.validate_python(value, from_attributes=True), by_alias=True)
 
 
 def replaying_receive(raw: bytes, receive: Any) -> Callable[[], Awaitable[dict[str, Any]]]:

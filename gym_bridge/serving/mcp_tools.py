@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from gym_bridge.records.schema import MCPServerMetadata
 from gym_bridge.serving.answers import format_validation_errors
-from gym_bridge.serving.json_http import replaying_receive
+from gym_bridge.serving.json_http import off_loop, replaying_receive
 
 if TYPE_CHECKING:
     from gym_bridge.serving.server import ResourcesServer, Session
@@ -141,7 +141,7 @@ class McpSurface:
             return
         message = await receive()
         raw = message.get("body", b"")
-        refusal = _call_refusal(raw)
+        refusal = await off_loop(_call_refusal, raw)
         if refusal is not None:
             await _send_json(send, 200, refusal)  # as the SDK answers a request it cannot validate
             return
@@ -203,15 +203,14 @@ class McpSurface:
             if session is None:
                 raise ValueError(f"HTTP 409 from POST /{name}: this token's session is closed or expired; seed a new one")
             try:
-                args = server.tool_models[name].model_validate(arguments or {})
+                args = await off_loop(server.tool_models[name].model_validate, arguments or {})
             except ValidationError as e:
                 raise ValueError(f"HTTP 422 from POST /{name}: {format_validation_errors(list(e.errors()))}") from None
             try:
                 result = await fn(args, session)
             except HTTPException as e:
                 raise ValueError(f"HTTP {e.status_code} from POST /{name}: {e.detail}") from None
-            payload = result.model_dump(mode="json") if isinstance(result, BaseModel) else result
-            return _to_result(payload)
+            return await off_loop(_answer, result)  # a large call's answer: in a worker thread
 
 
 def _call_refusal(raw: bytes) -> dict[str, Any] | None:
@@ -261,6 +260,11 @@ async def _send_json(send: Any, status: int, payload: Any, headers: tuple[tuple[
 
 def _description(fn: Any) -> str | None:
     return (inspect.getdoc(fn) or "").strip() or None
+
+
+def _answer(result: Any) -> Any:
+    """A tool's answer as MCP's result (:func:`_to_result`), a model dumped first."""
+    return _to_result(result.model_dump(mode="json") if isinstance(result, BaseModel) else result)
 
 
 def _to_result(payload: Any) -> Any:

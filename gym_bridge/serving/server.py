@@ -52,7 +52,7 @@ from gym_bridge.records.schema import (
 )
 from gym_bridge.serving.answers import Answer, InvalidBody, json_answer
 from gym_bridge.serving.cookie_sessions import Session, SessionStore, set_cookie
-from gym_bridge.serving.json_http import BODY_BYTES, JsonApp, Route
+from gym_bridge.serving.json_http import THREAD_BODY_BYTES, JsonApp, Route, off_loop  # noqa: F401  (THREAD_BODY_BYTES: was defined here)
 from gym_bridge.serving.mcp_tools import check_tool_names, normalized_calls, restore_names
 from gym_bridge.serving.request_guard import check_host_names
 from gym_bridge.serving.resources_sessions import Binding, ResourcesSessions
@@ -62,10 +62,6 @@ __all__ = ["ResourcesServer", "ServerSettings", "Session", "ToolFn", "tool"]
 re-exported here, the documented import path (``docs/guides/servers.md``)."""
 
 logger = logging.getLogger(__name__)
-
-THREAD_BODY_BYTES = 256 * 1024
-"""``/verify`` bodies at least this large are validated, and their answers dumped, in a worker thread (~20 ms of
-validation and more; the hop costs ~50 us, so small bodies stay on the event loop)."""
 
 
 class ServerSettings(BaseModel):
@@ -248,7 +244,7 @@ class ResourcesServer:
 
         async def aggregate(body: Any, _: Any) -> Any:
             try:
-                records = parse_aggregate_request(body)
+                records = await off_loop(parse_aggregate_request, body)
             except AggregateRequestError as e:
                 raise HTTPException(422, str(e)) from None
             try:
@@ -287,17 +283,22 @@ class ResourcesServer:
     async def _seed(self, body: dict[str, Any], session: Session) -> Any:
         if "resources_session_id" in _json_object(body):  # NeMo Gym 0.7.0's Environment Server
             return await self._seed_resources(body, session)
+        self._refuse_reseed(session)
+        row = await off_loop(self._task_row, body, ("body",))
+        self._refuse_reseed(session)  # seeded by another request while a large body was validated
+        answer = await self._seed_row(row, session)
+        if self.mcp is not None and isinstance(answer, dict) and "mcp" not in answer:
+            answer = {**answer, "mcp": self.mcp.metadata(session, body)}  # the row as sent (``row`` may be {})
+        return answer
+
+    @staticmethod
+    def _refuse_reseed(session: Session) -> None:
         if session.state or session.binding is not None:
             # NeMo Gym's simple_agent posts any function call the model makes to /<its name>, with the
             # rollout's cookie: a call named seed_session would replace the state the reward is read from.
             raise HTTPException(409, "this session is already seeded, and a rollout's session is seeded once "
                                      "(its state is not replaced mid-rollout); seed a new rollout without the "
                                      "session cookie")  # fmt: skip
-        row = self._task_row(body, ("body",))
-        answer = await self._seed_row(row, session)
-        if self.mcp is not None and isinstance(answer, dict) and "mcp" not in answer:
-            answer = {**answer, "mcp": self.mcp.metadata(session, body)}  # the row as sent (``row`` may be {})
-        return answer
 
     def _task_row(self, body: dict[str, Any], loc: tuple[str, ...]) -> dict[str, Any]:
         """The task row as ``seed_session`` gets it, checked against ``seed_request_model`` (422 naming the field)."""
@@ -329,7 +330,7 @@ class ResourcesServer:
         The answer always sets the cookie of that session: the Environment Server reaches it by the
         cookie (tools, ``/verify``), also after a retried seed whose first answer it lost.
         """
-        request = _validated(ResourcesSeedSessionRequest, body, ("body",))
+        request, row = await off_loop(self._seed_request, body)
         rid = request.resources_session_id
         self.resources.refuse_if_closed(rid)
         binding = Binding.of(request)
@@ -348,7 +349,8 @@ class ResourcesServer:
             if existing is not session and session.binding is None and not session.state:
                 self.sessions.discard(session.id)  # the cookie-less retry's fresh session: unused
             return self._seeded(existing, request.task_data)
-        row = self._task_row(request.task_data, ("body", "task_data"))
+        if isinstance(row, InvalidBody):  # a repeat's task row is not checked: the first seed's was
+            raise row
         if session.binding is not None or session.state:  # the caller's cookie names a session in use
             # Refused, not a new session beside it: an agent adopts the cookie a tool call's answer sets
             # (NeMo Gym's simple_agent does), so a model's call named seed_session would move the rollout
@@ -371,6 +373,16 @@ class ResourcesServer:
             session.seeding = None
             done.set()
         return self._seeded(session, request.task_data)
+
+    def _seed_request(self, body: dict[str, Any]) -> tuple[ResourcesSeedSessionRequest, dict[str, Any] | InvalidBody]:
+        """The typed seed request (422 naming the field) and its task row checked (:meth:`_task_row`), or the
+        422 that row gets: validated at once (in a worker thread when large), so no await splits the seed's
+        lookups and its binding."""
+        request = _validated(ResourcesSeedSessionRequest, body, ("body",))
+        try:
+            return request, self._task_row(request.task_data, ("body", "task_data"))
+        except InvalidBody as invalid:
+            return request, invalid
 
     def _seeded(self, session: Session, task_row: dict[str, Any]) -> Answer:
         assert session.binding is not None
@@ -442,8 +454,7 @@ class ResourcesServer:
     async def _verify_content(self, body: dict[str, Any], session: Session) -> dict[str, Any]:
         # A large body is validated (and its answer dumped) in a worker thread: a 13 MB transcript held the event
         # loop, so every other session's requests waited, for seconds.
-        offload = BODY_BYTES.get() >= THREAD_BODY_BYTES
-        typed, request = await asyncio.to_thread(self._verify_request, body) if offload else self._verify_request(body)
+        typed, request = await off_loop(self._verify_request, body)
         if typed is not None:
             bound = session.binding
             if bound is None and not session.state and self.reverify_mode == "unsupported":
@@ -452,12 +463,12 @@ class ResourcesServer:
             if bound is not None and (bound.episode_id != typed.episode_id or bound.task_id != typed.task_id):
                 raise HTTPException(409, f"this session was seeded for another episode_id or task_id "
                                          f"(resources session '{bound.resources_session_id}')")  # fmt: skip
-        normalized = normalized_calls(request, self.name) if self.mcp is not None else None
+        normalized = await off_loop(normalized_calls, request, self.name) if self.mcp is not None else None
         if normalized is None:
-            answer = await self.verify(request, session)
-            return await asyncio.to_thread(dump, answer) if offload else dump(answer)
+            return await off_loop(dump, await self.verify(request, session))
         bare, emitted = normalized
-        return restore_names(dump(await self.verify(bare, session)), emitted)  # type: ignore[arg-type]
+        answer = await self.verify(bare, session)
+        return await off_loop(lambda: restore_names(dump(answer), emitted))  # type: ignore[arg-type]
 
     def _verify_request(self, body: Any) -> tuple[ResourcesVerifyRequest | None, VerifyRequest]:
         """The typed request (None for a flat body) and the verify request, validated (422 naming the field)."""

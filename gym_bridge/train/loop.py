@@ -260,7 +260,7 @@ def _train(cfg: MasterConfig, *, show_progress: bool, fresh: bool) -> TrainResul
                 last_val = validated or last_val
             if cfg.checkpointing.enabled and (step % cfg.checkpointing.save_period == 0 or last_step or stop.requested):
                 notice = save_checkpoint(
-                    cfg, checkpoints, learner, step, data_state, metrics, last_val, validations, entropy
+                    cfg, checkpoints, learner, step, data.train.with_records(data_state), metrics, last_val, validations, entropy
                 )
                 if notice and notice not in said:  # once a run, even with -q
                     said.add(notice)

@@ -382,6 +382,30 @@ class PromptLoader:
 
 SamplerFn = Callable[..., list[Any]]
 
+# Where TrainBatches' state keeps the sampler's records: dataset labels are file stems, which hold no "/".
+RECORDS_KEY = "sampler/records"
+
+
+def _check_json(value: Any, where: str) -> None:
+    """A DataError naming ``where`` when ``value`` would not come back from JSON as it is (a set, a tuple,
+    an object, a non-string key)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise DataError(f"data.custom_dataloader: {where} has the key {key!r}; JSON keys are strings")
+            _check_json(item, f"{where}[{key!r}]")
+        return
+    raise DataError(
+        f"data.custom_dataloader: {where} is a {type(value).__name__}, which a checkpoint cannot save as JSON "
+        "(records go into the checkpoint so a resumed run's sampler continues as the uninterrupted one)"
+    )
+
 
 def sequential_sampler(
     loaders: dict[str, PromptLoader], num_prompts_per_dataloader: int, **records: Any
@@ -452,7 +476,13 @@ class TrainBatches:
         return out[:n]
 
     def set_records(self, **records: Any) -> None:
-        """Metrics from the last step that a custom sampler may use (NeMo RL's ``set_records``)."""
+        """Metrics from the last step that a custom sampler may use (NeMo RL's ``set_records``).
+
+        They go into the checkpoint (a resumed run's first step would otherwise call the sampler with
+        ``{}`` and draw other prompts than the uninterrupted run), so each must be JSON: a DataError
+        names the first that is not."""
+        for key, value in records.items():
+            _check_json(value, f"records[{key!r}]")
         self.records = records
 
     @property
@@ -461,11 +491,20 @@ class TrainBatches:
         return min(loader.epochs_done for loader in self.loaders.values())
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: loader.state_dict() for name, loader in self.loaders.items()}
+        """Each loader's position and the sampler's records (under a key no dataset label can be)."""
+        return self.with_records({name: loader.state_dict() for name, loader in self.loaders.items()})
+
+    def with_records(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (loader positions taken when a batch was drawn) with the records set since: what a
+        checkpoint saved at the end of the step must hold for the next draw to match."""
+        return {**{k: v for k, v in state.items() if k != RECORDS_KEY}, RECORDS_KEY: dict(self.records)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Each loader's position from a checkpoint; a DataError naming ``data.train`` when the training data
-        is not the checkpoint's (another number of prompts, other datasets)."""
+        """Each loader's position and the records from a checkpoint; a DataError naming ``data.train`` when
+        the training data is not the checkpoint's (another number of prompts, other datasets). A checkpoint
+        written before records were saved restores none."""
+        state = dict(state)
+        records = state.pop(RECORDS_KEY, {})
         if set(state) != set(self.loaders):
             raise DataError(
                 f"data.train: the checkpoint's data loaders are {sorted(state)}, this run's are {sorted(self.loaders)}: "
@@ -480,3 +519,4 @@ class TrainBatches:
                     f"data.train{'' if name == 'all' else f' ({name})'}: {err}. Resume with the checkpoint's "
                     "training data, or train on this data from step 0 (--fresh, or a new checkpointing.checkpoint_dir)"
                 ) from None
+        self.records = dict(records)

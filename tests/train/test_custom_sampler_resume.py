@@ -1,0 +1,94 @@
+"""A resumed run's custom sampler (``data.custom_dataloader``) gets the records it would have got uninterrupted.
+
+Before: ``TrainBatches.records`` (the last step's metrics the trainer hands the sampler through
+``set_records``) was not in the checkpoint, so the first step after a resume called the sampler with
+``{}``: a sampler that picks datasets by the records drew other prompts than the uninterrupted run, and
+the resumed run no longer continued line for line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gym_bridge.train.loop import train
+from gym_bridge.train.samplers.data import DataError, TrainBatches
+from tests.train.helpers import save_random_tiny
+from tests.train.test_trainer_data import names, two_datasets
+from tests.train.test_trainer_offline import offline_config, write_scored
+
+CALLS: list[dict[str, Any]] = []
+
+
+def by_last_step(loaders, num_prompts_per_dataloader, **records):
+    """After an even step from ``b``, else (and without records) from ``a``; logs each call."""
+    name = "b" if records and records["step"] % 2 == 0 else "a"
+    picked = loaders[name].take(2 * num_prompts_per_dataloader)
+    CALLS.append({"records": dict(records), "picked": [f"{g.dataset}:{g.idx}" for g in picked]})
+    return picked
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_random_tiny(tmp_path_factory.mktemp("tiny_sampler_resume"), seed=0)
+
+
+def sampler_run(tmp: Path, model_dir: Path, *extra: str):
+    tmp.mkdir(exist_ok=True)
+    first = write_scored(tmp / "a.jsonl", prompts=6, seed=1)
+    second = write_scored(tmp / "b.jsonl", prompts=6, seed=2)
+    return offline_config(
+        tmp,
+        model_dir,
+        first,
+        f"data.train=[{{data_path: {first}}}, {{data_path: {second}}}]",
+        "data.use_multiple_dataloader=true",
+        "data.num_prompts_per_dataloader=2",
+        f"data.custom_dataloader={__name__}.by_last_step",
+        *extra,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_custom_sampler_gets_the_last_steps_records_and_draws_the_same_prompts(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    CALLS.clear()
+    train(sampler_run(tmp_path / "straight", model_dir), show_progress=False)
+    straight = list(CALLS)
+    assert [c["records"].get("step") for c in straight] == [None, 1, 2, 3]
+    assert {p.split(":")[0] for c in straight for p in c["picked"]} == {"a", "b"}  # the records steer it
+
+    CALLS.clear()
+    run = tmp_path / "resumed"
+    train(sampler_run(run, model_dir, "grpo.max_num_steps=2"), show_progress=False)
+    saved = json.loads((run / "ckpt" / "step_2" / "train_dataloader.json").read_text())
+    assert saved["sampler/records"]["step"] == 2 and math.isfinite(saved["sampler/records"]["reward"])
+    result = train(sampler_run(run, model_dir), show_progress=False)
+    assert result.resumed_from == 2
+    assert CALLS == straight  # same records, same prompts, step for step
+
+
+def test_records_survive_a_state_round_trip_and_what_json_cannot_save_is_refused_by_name() -> None:
+    def batches() -> TrainBatches:
+        return TrainBatches(
+            two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0, use_multiple_dataloader=True,
+            num_prompts_per_dataloader=2,
+        )  # fmt: skip
+
+    run = batches()
+    run.next_batch()
+    run.set_records(reward=0.25, step=1, per_task={"letters": [0.5, 1.0]})
+    resumed = batches()
+    resumed.load_state_dict(json.loads(json.dumps(run.state_dict())))
+    assert resumed.records == run.records
+    assert names(resumed.next_batch()) == names(run.next_batch())
+    old = {k: v for k, v in run.state_dict().items() if k != "sampler/records"}  # a checkpoint written before records were saved
+    batches().load_state_dict(old)
+    for bad, where in (({"x": {1, 2}}, r"records\['x'\]"), ({"t": {"a": (1, 2)}}, r"records\['t'\]\['a'\]")):
+        with pytest.raises(DataError, match=where):
+            run.set_records(**bad)

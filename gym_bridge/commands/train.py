@@ -69,6 +69,7 @@ def train(
     from gym_bridge.train.loop import train as run_training
     from gym_bridge.train.samplers.data import DataError
     from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
+    from gym_bridge.train.samplers.rollout_worker import RolloutProcessDied
     from gym_bridge.train.setup import RunAlreadyComplete
 
     try:
@@ -84,8 +85,8 @@ def train(
         raise typer.Exit(128 + signal.SIGINT) from None
     except (
         CheckpointDamaged, CheckpointWriteError, ConfigError, DataError, ModelNotFoundError, RayClusterError,
-        RayUnavailableError, RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged, VllmUnavailableError,
-        WriteFailed,
+        RayUnavailableError, RolloutProcessDied, RunDirectoryBusy, TooManyFailedRollouts, TrainingDiverged,
+        VllmUnavailableError, WriteFailed,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

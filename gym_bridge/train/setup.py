@@ -424,9 +424,11 @@ def start_samplers(
         # Env replicas first: a private Ray they start is sized for the generation replicas too.
         replicas = {name: r.endpoints() for name, r in start_env_replicas(cfg, stack).items()}
         if uses_rollout_process(cfg):
-            policy_sampler = ProcessSampler(
-                cfg, learner.tokenizer, weights_snapshot(learner.model), threads=generation_threads, replicas=replicas
-            )
+            checkpoints = CheckpointManager(cfg.checkpointing.checkpoint_dir) if cfg.checkpointing.enabled else None
+            policy_sampler = ProcessSampler(  # its death names the checkpoint a rerun resumes from
+                cfg, learner.tokenizer, weights_snapshot(learner.model), threads=generation_threads, replicas=replicas,
+                checkpoints=checkpoints,
+            )  # fmt: skip
         else:
             backend = _generation_backend(cfg, stack, learner)
             policy_sampler = OnlineSampler(

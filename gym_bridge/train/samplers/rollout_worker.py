@@ -29,11 +29,37 @@ from gym_bridge.train.samplers.data import Prompt
 from gym_bridge.train.samplers.rollout_failures import TooManyFailedRollouts
 from gym_bridge.train.samplers.sampling import OnlineSampler
 
-__all__ = ["ProcessSampler", "RolloutWorkerError"]
+__all__ = ["ProcessSampler", "RolloutProcessDied", "RolloutWorkerError"]
 
 
 class RolloutWorkerError(RuntimeError):
     """The worker process failed; the message carries its traceback."""
+
+
+class RolloutProcessDied(RolloutWorkerError):
+    """The rollout process ended without answering (``kill -9``, the out-of-memory killer, a crash in native
+    code): a run stop like a lost Ray actor, said in one line naming how it ended and the checkpoint a rerun
+    resumes from (``gym-bridge train`` exits 2), not a traceback ending in "exit code None".
+
+    The checkpoint is looked up when the message is read, not when the death is noticed: the producer thread
+    notices it a step or two ahead, and the trainer saves the steps it already has before it stops."""
+
+    def __init__(self, what: str, checkpoints: Any = None) -> None:
+        super().__init__(what)
+        self.what, self.checkpoints = what, checkpoints
+
+    def __str__(self) -> str:
+        if self.checkpoints is None:
+            resume = "checkpointing is off, so a rerun starts over"
+        elif (latest := self.checkpoints.latest()) is None:
+            resume = "there is no checkpoint of this run yet, so a rerun starts over"
+        else:
+            resume = f"the same command resumes from the last complete checkpoint, {latest.path} (step {latest.step})"
+        return f"{self.what}; the run cannot go on without it: {resume}"
+
+
+DOING = {"ready": "starting", "sample": "sampling rollouts", "load_weights": "loading new weights"}
+"""What the rollout process was asked to do, by command, as its death names it."""
 
 
 class ProcessSampler:
@@ -47,11 +73,15 @@ class ProcessSampler:
         weights: dict[str, Any],
         threads: int = 1,
         replicas: Mapping[str, ReplicaEndpoints] | None = None,
+        checkpoints: Any = None,
     ) -> None:
+        """``checkpoints`` (the run's checkpoint manager, None with checkpointing off) is asked for the
+        latest checkpoint when the process dies, so the error names what a rerun resumes from."""
         # spawn: the trainer has threads, never fork it. Not a daemon: environments start their own
         # worker processes; the child exits when the pipe closes, even if the trainer dies.
         context = torch.multiprocessing.get_context("spawn")
         self.tokenizer = tokenizer
+        self._checkpoints = checkpoints
         self._lock = threading.Lock()
         # Weights live in one shared-memory copy that the child's model uses as its own parameters: a
         # refit is one memcpy here and nothing in the child. Tied tensors (embeddings) stay one tensor.
@@ -98,14 +128,33 @@ class ProcessSampler:
             try:
                 self._conn.send((command, *args))
                 ok, value = self._conn.recv()
-            except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
-                code = self._process.exitcode
-                raise RolloutWorkerError(f"the rollout process died (exit code {code})") from exc
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                raise self._died(command) from None
         if not ok:
             if isinstance(value, TooManyFailedRollouts):  # the run's error, not the process's
                 raise value
             raise RolloutWorkerError(value)
         return value
+
+    def _died(self, command: str) -> RolloutProcessDied:
+        self._process.join(timeout=10)  # reap it: until then its exit code reads None
+        code = self._process.exitcode
+        if code is None:
+            how = "stopped answering (its pipe closed)"
+        elif code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "a signal"
+            how = f"was killed by {name} (signal {-code})"
+            if -code == signal.SIGKILL:
+                how += ", often the out-of-memory killer (see dmesg)"
+        else:
+            how = f"exited with code {code}"
+        doing = DOING.get(command, command)
+        return RolloutProcessDied(
+            f"the rollout process (async GRPO, pid {self._process.pid}) {how} while {doing}", self._checkpoints
+        )
 
 
 def _shared_copy(weights: Any) -> dict[str, torch.Tensor]:

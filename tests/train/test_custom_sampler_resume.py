@@ -92,3 +92,75 @@ def test_records_survive_a_state_round_trip_and_what_json_cannot_save_is_refused
     for bad, where in (({"x": {1, 2}}, r"records\['x'\]"), ({"t": {"a": (1, 2)}}, r"records\['t'\]\['a'\]")):
         with pytest.raises(DataError, match=where):
             run.set_records(**bad)
+
+
+# ------------------------------------------------------------------------------- samplers that lose prompts
+
+
+@pytest.mark.timeout(300)
+def test_a_step_smaller_than_one_round_of_the_dataloaders_is_refused_not_trained_on_the_first_dataset_only(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """2 datasets x 2 prompts per dataloader, 2 prompts per step: every step drew 2 from each and cut the
+    batch to the first dataset's, so the second was never trained on, without a word."""
+    first = write_scored(tmp_path / "a.jsonl", prompts=6, seed=1)
+    second = write_scored(tmp_path / "b.jsonl", prompts=6, seed=2)
+    cfg = offline_config(
+        tmp_path, model_dir, first, f"data.train=[{{data_path: {first}}}, {{data_path: {second}}}]",
+        "data.use_multiple_dataloader=true", "data.num_prompts_per_dataloader=2", "grpo.num_prompts_per_step=2",
+        "policy.train_global_batch_size=8",
+    )  # fmt: skip
+    with pytest.raises(DataError, match=r"grpo.num_prompts_per_step \(2\) is not a multiple of .*\(4\).*a, b"):
+        train(cfg, show_progress=False)
+
+
+def empty_sampler(loaders, num_prompts_per_dataloader, **records):
+    return []
+
+
+def none_sampler(loaders, num_prompts_per_dataloader, **records):
+    return None
+
+
+def greedy_sampler(loaders, num_prompts_per_dataloader, **records):
+    return loaders["letters"].take(3) + loaders["digits"].take(3)
+
+
+def short_tuple_sampler(loaders, num_prompts_per_dataloader, **records):
+    return tuple(loaders["digits"].take(1))
+
+
+def custom(fn: str, **kwargs: Any) -> TrainBatches:
+    return TrainBatches(
+        two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0, use_multiple_dataloader=True,
+        num_prompts_per_dataloader=2, custom_dataloader=f"{__name__}.{fn}", **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("empty_sampler", r"returned \[\]; it must return a non-empty list"),  # looped for ever
+        ("none_sampler", r"returned None"),  # a TypeError traceback
+        ("greedy_sampler", r"the sampler gave 6 prompts where 4 were still needed"),  # 2 dropped unseen per step
+    ],
+)
+def test_a_sampler_that_returns_nothing_or_too_many_is_refused_by_name(fn: str, message: str) -> None:
+    with pytest.raises(DataError, match=rf"data.custom_dataloader: .*{message}"):
+        custom(fn).next_batch()
+
+
+def test_what_samplers_may_do_held() -> None:
+    """A sampler returning fewer than a batch is called again (a tuple is fine); the default sampler's
+    rounds that divide the step lose nothing; a custom sampler without several dataloaders is refused."""
+    assert names(custom("short_tuple_sampler").next_batch()) == ["1", "2", "3", "4"]
+    rounds = TrainBatches(
+        two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0, use_multiple_dataloader=True,
+        num_prompts_per_dataloader=1,
+    )  # fmt: skip
+    assert names(rounds.next_batch()) == ["a", "1", "b", "2"]
+    with pytest.raises(DataError, match=r"draw of 3"):  # dynamic sampling's draw that splits a round
+        rounds.next_batch(3)
+    with pytest.raises(DataError, match="data.custom_dataloader is only used with data.use_multiple_dataloader"):
+        TrainBatches(two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0, custom_dataloader=f"{__name__}.none_sampler")

@@ -460,6 +460,16 @@ class TrainBatches:
             self.sampler: SamplerFn | None = (
                 _import_function(custom_dataloader) if custom_dataloader else sequential_sampler
             )
+            round_size = self.per_loader * len(self.loaders)
+            if self.sampler is sequential_sampler and num_prompts_per_step % round_size:
+                raise DataError(
+                    f"grpo.num_prompts_per_step ({num_prompts_per_step}) is not a multiple of "
+                    f"data.num_prompts_per_dataloader ({self.per_loader}) x {len(self.loaders)} training datasets "
+                    f"({round_size}): each step would drop prompts drawn from the last datasets "
+                    f"({', '.join(by_dataset)}), and some would never be trained on"
+                )
+        elif custom_dataloader:
+            raise DataError("data.custom_dataloader is only used with data.use_multiple_dataloader: true (set it)")
         else:
             self.loaders = {"all": PromptLoader(items, shuffle=shuffle, seed=seed)}
             self.per_loader = num_prompts_per_step
@@ -472,8 +482,25 @@ class TrainBatches:
             return self.loaders["all"].take(n)
         out: list[Any] = []
         while len(out) < n:
-            out.extend(self.sampler(self.loaders, self.per_loader, **self.records))
-        return out[:n]
+            drawn = self.sampler(self.loaders, self.per_loader, **self.records)
+            if not isinstance(drawn, (list, tuple)) or not drawn:  # [] looped here for ever; None was a TypeError
+                raise DataError(
+                    f"data.custom_dataloader: the sampler returned {drawn!r:.60}; it must return a non-empty "
+                    "list of prompts taken from the loaders"
+                )
+            if len(out) + len(drawn) > n:  # cut off, they were taken from their loaders and never trained on
+                who = (
+                    "data.num_prompts_per_dataloader x the training datasets"
+                    if self.sampler is sequential_sampler
+                    else "data.custom_dataloader: the sampler"
+                )
+                raise DataError(
+                    f"{who} gave {len(drawn)} prompts where {n - len(out)} were still needed for a draw of {n} "
+                    "(grpo.num_prompts_per_step, times grpo.batch_multiplier with dynamic sampling): the surplus, "
+                    "taken from its loaders, would never be trained on"
+                )
+            out.extend(drawn)
+        return out
 
     def set_records(self, **records: Any) -> None:
         """Metrics from the last step that a custom sampler may use (NeMo RL's ``set_records``).

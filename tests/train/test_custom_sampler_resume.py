@@ -89,6 +89,8 @@ def test_records_survive_a_state_round_trip_and_what_json_cannot_save_is_refused
     assert names(resumed.next_batch()) == names(run.next_batch())
     old = {k: v for k, v in run.state_dict().items() if k != "sampler/records"}  # a checkpoint written before records were saved
     batches().load_state_dict(old)
+    with pytest.raises(DataError, match="'sampler/records' is a list, not a mapping"):
+        batches().load_state_dict({**old, "sampler/records": [1]})
     for bad, where in (({"x": {1, 2}}, r"records\['x'\]"), ({"t": {"a": (1, 2)}}, r"records\['t'\]\['a'\]")):
         with pytest.raises(DataError, match=where):
             run.set_records(**bad)

@@ -532,6 +532,8 @@ class TrainBatches:
         written before records were saved restores none."""
         state = dict(state)
         records = state.pop(RECORDS_KEY, {})
+        if not isinstance(records, dict):  # a damaged or hand-edited train_dataloader.json: not a traceback
+            raise DataError(f"the checkpoint's {RECORDS_KEY!r} is a {type(records).__name__}, not a mapping of records")
         if set(state) != set(self.loaders):
             raise DataError(
                 f"data.train: the checkpoint's data loaders are {sorted(state)}, this run's are {sorted(self.loaders)}: "

@@ -260,7 +260,7 @@ class JsonApp:
                 return None, []
             BODY_BYTES.set(len(raw))
             try:
-                value = parse_body(raw, self.errors)
+                value = await off_loop(parse_body, raw, self.errors)
             except BodyRefused as refused:
                 return refused.answer, extra
             if mount is not None:  # its body read and checked as a route's (deadline, bounds, JSON rules)
@@ -285,9 +285,8 @@ class JsonApp:
         else:
             try:
                 args = await off_loop(route.adapter.validate_python, value, from_attributes=True)
-            except ValidationError as exc:
-                errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
-                return self.errors.invalid(errors, value)
+            except ValidationError as exc:  # its answer too: 500,000 stray keys are 500,000 errors
+                return await off_loop(self._invalid, exc, value)
             except RecursionError as exc:
                 return self.errors.failed(path, exc)
         try:
@@ -309,9 +308,13 @@ class JsonApp:
             if where is not None:  # the answer echoes a NaN/Infinity the request brought: the request's fault
                 error = {"type": "finite_number", "loc": ("body", *where), "msg": "Input should be a finite number"}
                 return self.errors.invalid([error], value)
-            return self.errors.failed(path, exc)
+            return await off_loop(self.errors.failed, path, exc)  # a ValidationError: maybe many errors
         except Exception as exc:
-            return self.errors.failed(path, exc)
+            return await off_loop(self.errors.failed, path, exc)  # a 422 of a large body lists many errors
+
+    def _invalid(self, exc: ValidationError, value: Any) -> Answer:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+        return self.errors.invalid(errors, value)
 
     async def _stream(self, stream: EventStream, send: Any, extra: list[tuple[bytes, bytes]]) -> None:
         """Server-sent events; an error once streaming started ends the stream with an ``error`` event."""

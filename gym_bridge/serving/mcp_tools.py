@@ -202,10 +202,7 @@ class McpSurface:
             session = server.sessions.get(session_id) if session_id else None
             if session is None:
                 raise ValueError(f"HTTP 409 from POST /{name}: this token's session is closed or expired; seed a new one")
-            try:
-                args = await off_loop(server.tool_models[name].model_validate, arguments or {})
-            except ValidationError as e:
-                raise ValueError(f"HTTP 422 from POST /{name}: {format_validation_errors(list(e.errors()))}") from None
+            args = await off_loop(_arguments, server.tool_models[name], name, arguments)
             try:
                 result = await fn(args, session)
             except HTTPException as e:
@@ -260,6 +257,14 @@ async def _send_json(send: Any, status: int, payload: Any, headers: tuple[tuple[
 
 def _description(fn: Any) -> str | None:
     return (inspect.getdoc(fn) or "").strip() or None
+
+
+def _arguments(model: type[BaseModel], name: str, arguments: dict[str, Any] | None) -> BaseModel:
+    """A tool call's arguments validated; a ValueError naming the fields (what the SDK answers as an error result)."""
+    try:
+        return model.model_validate(arguments or {})
+    except ValidationError as e:
+        raise ValueError(f"HTTP 422 from POST /{name}: {format_validation_errors(list(e.errors()))}") from None
 
 
 def _answer(result: Any) -> Any:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, field_validator
 
 import gym_bridge.serving.server as server_module
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.json_body import MAX_JSON_DEPTH
 from gym_bridge.serving.json_http import THREAD_BODY_BYTES
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
@@ -240,3 +241,41 @@ def test_a_typed_seeds_repeat_with_a_large_row_is_the_same_session(url: str) -> 
     assert httpx.post(f"{url}/seed_session", json=bad, timeout=60).status_code == 422
     bad["task_data"] = {"key": "k"}
     assert httpx.post(f"{url}/seed_session", json=bad, timeout=60).status_code == 200  # the 422 bound nothing
+
+
+def test_a_large_bodys_refusal_is_answered_while_its_validation_fails(url: str, gate: Gate) -> None:
+    """A large tool call that fails validation (a validator raising after a held look) is a 422 naming the
+    field, and ``/health`` is answered meanwhile (the errors of a large body are rendered off the loop too)."""
+    answers: dict[str, httpx.Response] = {}
+    stray = {f"stray_{i}": i for i in range(20_000)}  # extra keys are kept: no error each, one bad field
+
+    def post() -> None:
+        answers["big"] = httpx.post(f"{url}/note", json={"text": "hold", "padding": 7, **stray}, timeout=60)
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    try:
+        assert gate.started.wait(30), "validation never started"
+        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        gate.health_answered.set()
+    finally:
+        poster.join(60)
+    assert gate.seen_during_validation is True
+    reply = answers["big"]
+    assert reply.status_code == 422 and reply.json()["errors"][0]["loc"] == ["body", "padding"], reply.text[:300]
+
+
+@pytest.mark.parametrize(
+    ("tail", "status", "detail"),
+    [
+        ('"\\ud800"}', 400, "lone UTF-16 surrogate"),
+        ("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1) + "}", 400, "nested deeper"),
+        ('"x"', 422, "JSON decode error"),  # unfinished
+    ],
+)
+def test_a_large_bodys_parse_refusals_are_as_a_small_ones(url: str, tail: str, status: int, detail: str) -> None:
+    """Parsing a large body (in a worker thread) refuses what it refused on the event loop, as it did."""
+    raw = ('{"padding": "' + "x" * BIG + '", "text": ' + tail).encode()
+    for route in ("note", "seed_session", "verify", "aggregate_metrics"):
+        reply = httpx.post(f"{url}/{route}", content=raw, headers={"content-type": "application/json"}, timeout=60)
+        assert reply.status_code == status and detail in reply.text, (route, reply.text[:300])

@@ -59,7 +59,8 @@ def test_a_rollout_process_killed_by_sigkill_stops_the_run_naming_the_signal_and
     assert trainer.returncode == 2, stderr[-3000:]  # before: 1, a traceback
     assert "Traceback" not in stderr, stderr[-3000:]
     line = next(line for line in stderr.splitlines() if line.startswith("error: "))
-    assert f"the rollout process (async GRPO, pid {victim.pid}) was killed by SIGKILL (signal 9)" in line, line
+    killed = f"the rollout process (async GRPO, pid {victim.pid}) was killed by SIGKILL (signal 9, often the out-of-memory"
+    assert killed in line, line
     named = re.search(r"the same command resumes from the last complete checkpoint, (\S+) \(step (\d+)\)$", line)
     assert named, line
     steps = sorted(int(p.name.removeprefix("step_")) for p in ckpt.glob("step_*"))

@@ -85,7 +85,8 @@ def sample_metrics(samples: list[Sample], advantages: torch.Tensor) -> dict[str,
 def validate(
     cfg: MasterConfig, sampler: Sampler, prompts: list[Prompt], view: TerminalView
 ) -> dict[str, float]:
-    """Accuracy (mean reward) per validation dataset: one completion per prompt, seeded by the prompt's
+    """Accuracy (mean reward, samples the env masked left out and counted in ``num_masked``) per
+    validation dataset: one completion per prompt, seeded by the prompt's
     position only (``rollout_seed(seed, 0, 0, i, 0)``; training steps count from 1), so every
     validation of a run sees the same draws."""
     if not prompts:
@@ -102,15 +103,20 @@ def validate(
         got, _ = sampler.sample(part, seeds, group_offset=start)
         samples.extend(got)
         view.validation_progress(start + len(part), len(chosen), time.perf_counter() - started)
-    rewards_by_dataset: dict[str, list[float]] = defaultdict(list)
-    for s in samples:
+    # A sample the env masked (mask_sample: a judge that failed) has no verdict: its reward 0 is not a
+    # wrong answer, and counting it would lower the metric checkpoints are ranked by. The means are over
+    # the others; num_masked says how many were left out (a validation all masked stops the run).
+    scored = [s for s in samples if not s.masked]
+    rewards_by_dataset: dict[str, list[float]] = {s.dataset: [] for s in samples}
+    for s in scored:
         rewards_by_dataset[s.dataset].append(s.reward)
     metrics: dict[str, float] = {
-        "accuracy": _mean([s.reward for s in samples]),
+        "accuracy": _mean([s.reward for s in scored]),
         "num_samples": float(len(samples)),
+        "num_masked": float(len(samples) - len(scored)),
         "gen_length_mean": _mean([float(s.generated_tokens) for s in samples]),
         "time_validation_s": time.perf_counter() - started,
-        **component_metrics(samples),
+        **component_metrics(scored),
     }
     if len(rewards_by_dataset) > 1:
         for name, rewards in rewards_by_dataset.items():

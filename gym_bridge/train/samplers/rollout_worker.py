@@ -146,9 +146,8 @@ class ProcessSampler:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = "a signal"
-            how = f"was killed by {name} (signal {-code})"
-            if -code == signal.SIGKILL:
-                how += ", often the out-of-memory killer (see dmesg)"
+            oom = ", often the out-of-memory killer: see dmesg" if -code == signal.SIGKILL else ""
+            how = f"was killed by {name} (signal {-code}{oom})"
         else:
             how = f"exited with code {code}"
         doing = DOING.get(command, command)

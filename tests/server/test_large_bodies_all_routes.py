@@ -23,8 +23,9 @@ from pydantic import BaseModel, field_validator
 
 import gym_bridge.serving.server as server_module
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
+from gym_bridge.serving.answers import Answer, ErrorStyle
 from gym_bridge.serving.json_body import MAX_JSON_DEPTH
-from gym_bridge.serving.json_http import THREAD_BODY_BYTES
+from gym_bridge.serving.json_http import THREAD_BODY_BYTES, JsonApp, Route
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 
@@ -279,3 +280,41 @@ def test_a_large_bodys_parse_refusals_are_as_a_small_ones(url: str, tail: str, s
     for route in ("note", "seed_session", "verify", "aggregate_metrics"):
         reply = httpx.post(f"{url}/{route}", content=raw, headers={"content-type": "application/json"}, timeout=60)
         assert reply.status_code == status and detail in reply.text, (route, reply.text[:300])
+
+
+class HeldErrors(ErrorStyle):
+    """Renders a 422 only once a ``/health`` answer has arrived (while the gate holds)."""
+
+    def invalid(self, errors: list[dict[str, Any]], body: Any = None) -> Answer:
+        if GATE is not None and isinstance(body, dict) and body.get("text") == "render":
+            GATE.hold()
+        return super().invalid(errors, body)
+
+
+def test_health_is_answered_while_a_large_bodys_422_is_rendered(gate: Gate) -> None:
+    """A 422 of a large body lists as many errors as it holds faults (500,000 stray keys took 8 s to render on
+    the event loop): it is rendered in the worker thread too."""
+
+    async def health(_: None, __: Any) -> dict[str, Any]:
+        return {"status": "ok"}
+
+    async def note(args: NoteArgs, _: Any) -> dict[str, Any]:
+        return {"text": args.text}
+
+    routes = [Route("GET", "/health", health, open=True), Route("POST", "/note", note, body=NoteArgs)]
+    answers: dict[str, httpx.Response] = {}
+    with start_in_thread(JsonApp(routes, title="held", errors=HeldErrors())) as running:
+
+        def post() -> None:
+            answers["big"] = httpx.post(f"{running.url}/note", json={"text": "render", "padding": ["x" * BIG]}, timeout=60)
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        try:
+            assert gate.started.wait(30), "the 422 was never rendered"
+            assert httpx.get(f"{running.url}/health", timeout=60).status_code == 200
+            gate.health_answered.set()
+        finally:
+            poster.join(60)
+    assert gate.seen_during_validation is True, "/health waited for the large body's 422"
+    assert answers["big"].status_code == 422 and answers["big"].json()["errors"][0]["loc"] == ["body", "padding"]

@@ -166,3 +166,34 @@ def test_what_samplers_may_do_held() -> None:
         rounds.next_batch(3)
     with pytest.raises(DataError, match="data.custom_dataloader is only used with data.use_multiple_dataloader"):
         TrainBatches(two_datasets(), num_prompts_per_step=4, shuffle=False, seed=0, custom_dataloader=f"{__name__}.none_sampler")
+
+
+# ---------------------------------------------------------------------------- a resume on another data order
+
+
+@pytest.mark.timeout(300)
+def test_resuming_with_another_data_order_is_refused_naming_grpo_seed(tmp_path: Path, model_dir: Path) -> None:
+    """The checkpoint's position (4 of 12 prompts) was applied to the order another grpo.seed shuffles (or
+    data.shuffle, or data.train reordered with several dataloaders, which swaps their seeds): the rest of the
+    epoch repeated 3 of the 4 prompts already trained on and skipped 3 others, without a word."""
+    scored = write_scored(tmp_path / "scored.jsonl")
+    train(offline_config(tmp_path, model_dir, scored, "grpo.max_num_steps=1"), show_progress=False)
+    with pytest.raises(DataError, match=r"data.train: .*shuffled with seed 3, this run's is shuffled with seed 4 \(grpo.seed"):
+        train(offline_config(tmp_path, model_dir, scored, "grpo.seed=4"), show_progress=False)
+    with pytest.raises(DataError, match=r"data.train: .*data.shuffle"):
+        train(offline_config(tmp_path, model_dir, scored, "data.shuffle=false"), show_progress=False)
+    assert train(offline_config(tmp_path, model_dir, scored, "grpo.max_num_steps=2"), show_progress=False).resumed_from == 1
+
+
+def test_a_reordered_data_train_with_several_dataloaders_is_refused() -> None:
+    items = two_datasets()
+    kwargs: dict[str, Any] = {"num_prompts_per_step": 4, "shuffle": True, "seed": 0, "use_multiple_dataloader": True,
+                              "num_prompts_per_dataloader": 2}  # fmt: skip
+    run = TrainBatches(items, **kwargs)
+    run.next_batch()
+    reordered = TrainBatches(items[4:] + items[:4], **kwargs)  # digits first: the loaders' seeds swap
+    with pytest.raises(DataError, match=r"data.train \(letters\): .*seed 0.*seed 1"):
+        reordered.load_state_dict(run.state_dict())
+    old = {name: {k: v for k, v in s.items() if k not in ("seed", "shuffle")} for name, s in run.state_dict().items()
+           if name != "sampler/records"}  # fmt: skip
+    TrainBatches(items, **kwargs).load_state_dict(old)  # a checkpoint from before the order was saved: as before

@@ -364,20 +364,37 @@ class PromptLoader:
         """Fractional passes completed (2.5 = two epochs and half of the third)."""
         return self.epoch + self.position / len(self.items)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "size": len(self.items)}
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch, "position": self.position, "size": len(self.items), "seed": self.seed,
+            "shuffle": self.shuffle,
+        }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue where ``state`` left off; a DataError when it was a walk over a list of another size
-        (its position would fall elsewhere in a differently shuffled order: prompts skipped or repeated)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` left off; a DataError when it was a walk over a list of another size, or
+        shuffled otherwise (its position would fall elsewhere in another order: prompts skipped or repeated)."""
         size = state.get("size")  # absent in checkpoints written before it was saved
         if size is not None and int(size) != len(self.items):
             raise DataError(
                 f"the checkpoint's data position is for {size} prompts, and the data now holds {len(self.items)}: "
                 "resuming would continue at a position of another order, skipping or repeating prompts"
             )
+        order = {"shuffle": self.shuffle, "seed": self.seed if self.shuffle else None}
+        saved = {"shuffle": state.get("shuffle", self.shuffle), "seed": state.get("seed", self.seed)}
+        saved["seed"] = saved["seed"] if saved["shuffle"] else None
+        if saved != order:  # absent in checkpoints written before the order was saved: as before
+            raise DataError(
+                f"the checkpoint's data position is in an order {_order_words(saved)}, this run's is "
+                f"{_order_words(order)} (grpo.seed, data.shuffle, or the order of data.train with several "
+                "dataloaders, whose seeds follow it): resuming would continue at a position of another order, "
+                "skipping or repeating prompts"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._epoch_order(self.epoch)
+
+
+def _order_words(order: dict[str, Any]) -> str:
+    return f"shuffled with seed {order['seed']}" if order["shuffle"] else "not shuffled"
 
 
 SamplerFn = Callable[..., list[Any]]

@@ -5,7 +5,8 @@ one large request of N items (100,000: ~10-16 MB) to a route and polls ``/health
 
 ``--route``: ``verify`` (math: a transcript of N assistant messages), ``seed_session`` (math: NeMo Gym's typed
 seed of a task row whose prompt holds N messages), ``tool`` (tool_use: ``/add_to_cart`` with N stray arguments,
-a hostile call, answered 422) or ``aggregate_metrics`` (math: N verified rollouts).
+a hostile call, answered 422), ``mcp`` (tool_use with ``--expose-tools-over-mcp``: the same call as ``tools/call``
+on a seeded session, an error result) or ``aggregate_metrics`` (math: N verified rollouts).
 ``--repo`` runs another checkout's code (e.g. ``git archive <commit> | tar -x -C /tmp/old``) to compare.
 Prints the large request's time and the worst and median ``/health`` latency while it ran.
 """
@@ -39,7 +40,8 @@ def main() -> int:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     code = "import sys; from gym_bridge.cli import main; sys.argv[0] = 'gym-bridge'; sys.exit(main())"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", server, "--port", str(port)], cwd=args.repo,
+    serve = ["serve", server, "--port", str(port), *(["--expose-tools-over-mcp"] if path == "/mcp" else [])]
+    proc = subprocess.Popen([sys.executable, "-c", code, *serve], cwd=args.repo,
                             env={**os.environ, "PYTHONPATH": str(args.repo)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -48,10 +50,14 @@ def main() -> int:
         raw = json.dumps(build(args.items)).encode()
         print(f"{path} body ({server}): {len(raw) / 1e6:.1f} MB, {args.items:,} items ({args.repo})")
         done: dict[str, Any] = {}
+        headers = {"content-type": "application/json"}
+        if path == "/mcp":  # a seeded session's token
+            seed = httpx.post(f"{url}/seed_session", json=_tool_use_seed(), timeout=60)
+            headers = {**headers, "accept": "application/json, text/event-stream", **seed.json()["resources_tools"]["headers"]}
 
         def large() -> None:
             start = time.monotonic()
-            reply = httpx.post(f"{url}{path}", content=raw, headers={"content-type": "application/json"}, timeout=600)
+            reply = httpx.post(f"{url}{path}", content=raw, headers=headers, timeout=600)
             done.update(seconds=time.monotonic() - start, status=reply.status_code)
 
         sender = threading.Thread(target=large)
@@ -110,6 +116,16 @@ def _tool(items: int) -> dict[str, Any]:
     return {"product_id": "P125", "quantity": 1, **{f"stray_{i}": i for i in range(items)}}
 
 
+def _mcp(items: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "add_to_cart", "arguments": _tool(items)}}
+
+
+def _tool_use_seed() -> dict[str, Any]:
+    row = json.loads((HERE / "resources_servers" / "tool_use" / "data" / "example.jsonl").read_text().splitlines()[0])
+    return {"resources_session_id": "rs-mcp", "episode_id": {"rollout_id": "r-mcp"},
+            "task_id": {"taskset": "t", "task_id": "0"}, "task_data": row}  # fmt: skip
+
+
 def _aggregate(items: int) -> dict[str, Any]:
     rollouts = [{"reward": float(i % 2), "_ng_task_index": i // 4, "_ng_rollout_index": i % 4,
                  "response": {"id": f"r{i}", "output": []}} for i in range(items)]  # fmt: skip
@@ -120,6 +136,7 @@ ROUTES = {
     "verify": ("math", "/verify", _body),
     "seed_session": ("math", "/seed_session", _seed),
     "tool": ("tool_use", "/add_to_cart", _tool),
+    "mcp": ("tool_use", "/mcp", _mcp),
     "aggregate_metrics": ("math", "/aggregate_metrics", _aggregate),
 }
 """``--route``: the server it is measured on, its path, and the large body."""

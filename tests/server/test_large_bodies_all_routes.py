@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel, field_validator
+from test_large_verify_bodies import Gate
 
 import gym_bridge.serving.server as server_module
 from gym_bridge.records.schema import VerifyRequest, VerifyResponse, dump
@@ -29,23 +30,8 @@ from gym_bridge.serving.json_http import THREAD_BODY_BYTES, JsonApp, Route
 from gym_bridge.serving.server import ResourcesServer, ServerSettings, Session, tool
 from gym_bridge.serving.uvicorn_thread import start_in_thread
 
-WAIT_S = 10.0
-"""How long validation waits for the ``/health`` answer (the failure case waits this long, then goes on)."""
 BIG = THREAD_BODY_BYTES * 2
 RPC_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-
-
-class Gate:
-    """Validation signals that it started, then waits for the test to say a ``/health`` answer arrived."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.health_answered = threading.Event()
-        self.seen_during_validation: bool | None = None
-
-    def hold(self) -> None:
-        self.started.set()
-        self.seen_during_validation = self.health_answered.wait(WAIT_S)
 
 
 GATE: Gate | None = None

@@ -8,22 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from transform_rollouts import read_jsonl, rollout, write_jsonl
-from typer.testing import CliRunner
-
-from gym_bridge.cli import app
-
-runner = CliRunner()
-
-
-def _invoke(*args):
-    return runner.invoke(app, ["transform", *map(str, args)])
-
-
-def _count(output, label):
-    match = re.search(rf"{re.escape(label)}\s+(\d+)", output)
-    assert match, output
-    return int(match.group(1))
+from transform_rollouts import read_jsonl, rollout, run_transform, summary_count, write_jsonl
 
 
 @pytest.fixture
@@ -51,7 +36,7 @@ def dirty_file(tmp_path, reference_lines):
 
 def test_grpo_skips_bad_lines_and_names_them(dirty_file, tmp_path, reference_lines):
     out = tmp_path / "grpo.jsonl"
-    result = _invoke("grpo", dirty_file, "-o", out)
+    result = run_transform("grpo", dirty_file, "-o", out)
     assert result.exit_code == 0, result.output
     for lineno, reason in [
         (3, "invalid JSON"),
@@ -65,15 +50,15 @@ def test_grpo_skips_bad_lines_and_names_them(dirty_file, tmp_path, reference_lin
     records = read_jsonl(out)
     assert len(records) == 11
     assert [r["reward"] for r in records] == [json.loads(line).get("reward", 0.0) for line in reference_lines]
-    assert _count(result.stdout, "written") == 11
-    assert _count(result.stdout, "skipped (bad lines)") == 4
-    assert _count(result.stdout, "filtered") == 0
+    assert summary_count(result.stdout, "written") == 11
+    assert summary_count(result.stdout, "skipped (bad lines)") == 4
+    assert summary_count(result.stdout, "filtered") == 0
 
 
 def test_strict_fails_at_the_first_bad_line_and_writes_nothing(dirty_file, tmp_path):
     out = tmp_path / "grpo.jsonl"
     out.write_text("previous run\n")
-    result = _invoke("grpo", dirty_file, "-o", out, "--strict")
+    result = run_transform("grpo", dirty_file, "-o", out, "--strict")
     assert result.exit_code == 1
     assert f"{dirty_file}:3: invalid JSON" in result.stderr
     assert out.read_text() == "previous run\n"
@@ -82,28 +67,28 @@ def test_strict_fails_at_the_first_bad_line_and_writes_nothing(dirty_file, tmp_p
 
 def test_strict_run_on_clean_input_succeeds(tmp_path, reference_lines):
     clean = write_jsonl(tmp_path / "clean.jsonl", reference_lines)
-    result = _invoke("grpo", clean, "-o", tmp_path / "out.jsonl", "--strict")
+    result = run_transform("grpo", clean, "-o", tmp_path / "out.jsonl", "--strict")
     assert result.exit_code == 0, result.output
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 11
 
 
 def test_grpo_reward_filter_options_and_chat_format(dirty_file, tmp_path):
     out = tmp_path / "chat.jsonl"
-    result = _invoke(
+    result = run_transform(
         "grpo", dirty_file, "-o", out, "--min-reward", "0.5", "--format", "chat", "--task-name", "math",
         "--keep-fields", "expected_answer, extracted_answer",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     records = read_jsonl(out)
     assert len(records) == 7  # 3 math + 3 tool + the wire record have reward 1.0
-    assert _count(result.stdout, "filtered") == 4
+    assert summary_count(result.stdout, "filtered") == 4
     assert all(r["task_name"] == "math" and r["reward"] == 1.0 for r in records)
     assert records[-1]["expected_answer"] == "4" and records[-1]["extracted_answer"] == "4"
     assert records[-1]["messages"][-1] == {"role": "assistant", "content": "The answer is \\boxed{4}"}
 
     low = tmp_path / "low.jsonl"
     assert (
-        _invoke("grpo", dirty_file, "-o", low, "--max-reward", "0.0", "--input-key", "question").exit_code
+        run_transform("grpo", dirty_file, "-o", low, "--max-reward", "0.0", "--input-key", "question").exit_code
         == 0
     )
     assert [sorted(r) for r in read_jsonl(low)] == [["output", "question", "reward"]] * 4
@@ -111,7 +96,7 @@ def test_grpo_reward_filter_options_and_chat_format(dirty_file, tmp_path):
 
 def test_sft_keeps_tool_calls_and_tools(reference_dir, tmp_path):
     out = tmp_path / "sft.jsonl"
-    result = _invoke("sft", reference_dir / "single_tool_call_rollouts.example.jsonl", "-o", out)
+    result = run_transform("sft", reference_dir / "single_tool_call_rollouts.example.jsonl", "-o", out)
     assert result.exit_code == 0, result.output
     records = read_jsonl(out)
     assert len(records) == 3  # rewards 0, 0, 1, 1, 1
@@ -121,7 +106,7 @@ def test_sft_keeps_tool_calls_and_tools(reference_dir, tmp_path):
         assert record["messages"][2]["tool_calls"][0]["function"]["name"] == "get_weather"
         assert record["tools"][0]["function"]["name"] == "get_weather"
     lenient = tmp_path / "all.jsonl"
-    assert _invoke("sft", reference_dir / "single_tool_call_rollouts.example.jsonl", "-o", lenient,
+    assert run_transform("sft", reference_dir / "single_tool_call_rollouts.example.jsonl", "-o", lenient,
                    "--min-reward", "0", "--no-tools").exit_code == 0  # fmt: skip
     assert len(read_jsonl(lenient)) == 5 and all("tools" not in r for r in read_jsonl(lenient))
 
@@ -141,15 +126,15 @@ SHUFFLED = [(2, 0), (0, 0), (1, 0), (0, 1), (2, 1), (1, 1), (0, 2), (2, 2)]
 def test_dpo_pairs_per_task_in_any_input_order(tmp_path, order):
     src = _groups_file(tmp_path / "in.jsonl", order)
     out = tmp_path / "dpo.jsonl"
-    result = _invoke("dpo", src, "-o", out)
+    result = run_transform("dpo", src, "-o", out)
     assert result.exit_code == 0, result.output
     pairs = sorted(read_jsonl(out), key=lambda p: p["prompt"])
     assert [(p["prompt"], p["chosen"], p["rejected"]) for p in pairs] == [
         ("task 0", "t0 r0", "t0 r1"),
         ("task 2", "t2 r2", "t2 r1"),
     ]
-    assert _count(result.stdout, "filtered (tasks)") == 1  # the tie
-    assert _count(result.stdout, "tasks") == 3
+    assert summary_count(result.stdout, "filtered (tasks)") == 1  # the tie
+    assert summary_count(result.stdout, "tasks") == 3
     assert ("grouped through a temporary file on disk" in result.stdout) == (order is SHUFFLED)
 
 
@@ -168,12 +153,12 @@ def test_two_runs_in_one_file_never_mix_prompts_in_a_group(tmp_path, layout):
         lines = [x for pair in zip(records["A"], records["B"], strict=True) for x in pair]
     src = write_jsonl(tmp_path / "joined.jsonl", [json.dumps(r) for r in lines])
     dpo, ranked = tmp_path / "dpo.jsonl", tmp_path / "ranked.jsonl"
-    assert _invoke("dpo", src, "-o", dpo).exit_code == 0
+    assert run_transform("dpo", src, "-o", dpo).exit_code == 0
     pairs = read_jsonl(dpo)
     assert len(pairs) == 4
     for pair in pairs:
         assert pair["chosen"].startswith(pair["prompt"]) and pair["rejected"].startswith(pair["prompt"]), pair
-    assert _invoke("ranked", src, "-o", ranked).exit_code == 0
+    assert run_transform("ranked", src, "-o", ranked).exit_code == 0
     groups = read_jsonl(ranked)
     assert len(groups) == 4
     assert all(m["response"].startswith(g["prompt"]) for g in groups for m in g["group"]), groups
@@ -183,7 +168,7 @@ def test_dpo_all_pairs_with_margin(tmp_path):
     src = _groups_file(tmp_path / "in.jsonl", ORDERED)
     out = tmp_path / "dpo.jsonl"
     assert (
-        _invoke("dpo", src, "-o", out, "--all-pairs", "--min-margin", "0.5", "--format", "chat").exit_code
+        run_transform("dpo", src, "-o", out, "--all-pairs", "--min-margin", "0.5", "--format", "chat").exit_code
         == 0
     )
     pairs = read_jsonl(out)
@@ -200,7 +185,7 @@ def test_dpo_all_pairs_with_margin(tmp_path):
 def test_ranked_and_back_to_grpo(tmp_path):
     src = _groups_file(tmp_path / "in.jsonl", SHUFFLED)
     ranked = tmp_path / "ranked.jsonl"
-    result = _invoke("ranked", src, "-o", ranked, "--min-group-size", "3")
+    result = run_transform("ranked", src, "-o", ranked, "--min-group-size", "3")
     assert result.exit_code == 0, result.output
     groups = read_jsonl(ranked)
     assert [g["prompt"] for g in groups] == ["task 2", "task 0"]  # task 1 has 2 rollouts
@@ -212,7 +197,7 @@ def test_ranked_and_back_to_grpo(tmp_path):
     assert [m["rank"] for m in groups[1]["group"]] == [1, 2, 2]
 
     back = tmp_path / "grpo.jsonl"
-    result = _invoke("ranked-to-grpo", ranked, "-o", back)
+    result = run_transform("ranked-to-grpo", ranked, "-o", back)
     assert result.exit_code == 0, result.output
     assert [(r["input"], r["output"], r["reward"]) for r in read_jsonl(back)] == [
         ("task 2", "t2 r2", 1.0),
@@ -232,7 +217,7 @@ def test_ranked_to_grpo_reports_bad_groups_by_line(tmp_path):
             {"prompt": "p", "group": [{"response": "a"}]},
         ],
     )
-    result = _invoke("ranked-to-grpo", src, "-o", tmp_path / "out.jsonl")
+    result = run_transform("ranked-to-grpo", src, "-o", tmp_path / "out.jsonl")
     assert result.exit_code == 0
     assert f"{src}:2: group[0] 'rank' must be an integer" in result.stderr
     assert read_jsonl(tmp_path / "out.jsonl") == [
@@ -243,7 +228,7 @@ def test_ranked_to_grpo_reports_bad_groups_by_line(tmp_path):
 
 def test_output_must_differ_from_input(tmp_path, reference_lines):
     src = write_jsonl(tmp_path / "in.jsonl", reference_lines)
-    result = _invoke("grpo", src, "-o", src)
+    result = run_transform("grpo", src, "-o", src)
     assert result.exit_code != 0
     assert len(src.read_text().splitlines()) == 11
 

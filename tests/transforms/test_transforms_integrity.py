@@ -10,25 +10,9 @@ weight in its group, and a NaN bound filtering everything out as if the data wer
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from transform_rollouts import read_jsonl, rollout, write_jsonl
-from typer.testing import CliRunner
-
-from gym_bridge.cli import app
-
-runner = CliRunner()
-
-
-def _invoke(*args):
-    return runner.invoke(app, ["transform", *map(str, args)])
-
-
-def _count(output, label):
-    match = re.search(rf"{re.escape(label)}\s+(\d+)", output)
-    assert match, output
-    return int(match.group(1))
+from transform_rollouts import read_jsonl, rollout, run_transform, summary_count, write_jsonl
 
 
 def _cut_off(record, where="details"):
@@ -63,17 +47,17 @@ def unscored(tmp_path):
 )
 def test_a_rollout_without_a_reward_is_a_bad_line_for_every_verb(unscored, tmp_path, verb):
     out = tmp_path / "out.jsonl"
-    result = _invoke(verb[0], unscored, "-o", out, *verb[1:])
+    result = run_transform(verb[0], unscored, "-o", out, *verb[1:])
     assert result.exit_code == 0, result.output
     for line in (2, 4):
         assert f"{unscored}:{line}: no 'reward'" in result.stderr
-    assert _count(result.stdout, "skipped (bad lines)") == 2
+    assert summary_count(result.stdout, "skipped (bad lines)") == 2
     assert "unscored" not in out.read_text()  # before: reward 0.0, a demonstration, a rejected answer, a rank
 
 
 def test_grpo_missing_reward_scores_an_unscored_rollout_by_name(unscored, tmp_path):
     out = tmp_path / "out.jsonl"
-    result = _invoke("grpo", unscored, "-o", out, "--missing-reward", "0")
+    result = run_transform("grpo", unscored, "-o", out, "--missing-reward", "0")
     assert result.exit_code == 0, result.output
     assert [(r["output"], r["reward"]) for r in read_jsonl(out)] == [
         ("t0 right", 1.0), ("t0 unscored", 0.0), ("t0 wrong", 0.0), ("t1 unscored", 0.0), ("t1 right", 1.0),
@@ -91,7 +75,7 @@ def test_a_reward_that_is_no_finite_number_is_a_named_bad_line(tmp_path, reward)
     bad = json.dumps(rollout("q", "bad", 1.0)).replace('"reward": 1.0', f'"reward": {reward}')
     src = write_jsonl(tmp_path / "in.jsonl", [good, bad])
     out = tmp_path / "out.jsonl"
-    result = _invoke("grpo", src, "-o", out)
+    result = run_transform("grpo", src, "-o", out)
     assert result.exit_code == 0, result.output
     assert f"{src}:2: 'reward' must be a finite number" in result.stderr
     assert [r["output"] for r in read_jsonl(out)] == ["kept"]
@@ -111,21 +95,21 @@ def cut(tmp_path, request):
 
 def test_a_cut_off_response_is_no_sft_demonstration(cut, tmp_path):
     out = tmp_path / "sft.jsonl"
-    result = _invoke("sft", cut, "-o", out, "--min-reward", "0.5")
+    result = run_transform("sft", cut, "-o", out, "--min-reward", "0.5")
     assert result.exit_code == 0, result.output
     assert [r["messages"][-1]["content"] for r in read_jsonl(out)] == ["partly right"]  # before: the cut-off too
-    assert _count(result.stdout, "filtered") == 2
-    assert _invoke("sft", cut, "-o", out, "--min-reward", "0.5", "--keep-cut-off").exit_code == 0
+    assert summary_count(result.stdout, "filtered") == 2
+    assert run_transform("sft", cut, "-o", out, "--min-reward", "0.5", "--keep-cut-off").exit_code == 0
     assert len(read_jsonl(out)) == 2
 
 
 def test_a_cut_off_response_is_never_the_chosen_answer(cut, tmp_path):
     out = tmp_path / "dpo.jsonl"
-    assert _invoke("dpo", cut, "-o", out).exit_code == 0
+    assert run_transform("dpo", cut, "-o", out).exit_code == 0
     assert [(p["chosen"], p["rejected"]) for p in read_jsonl(out)] == [("partly right", "wrong")]
-    assert _invoke("dpo", cut, "-o", out, "--all-pairs").exit_code == 0
+    assert run_transform("dpo", cut, "-o", out, "--all-pairs").exit_code == 0
     assert [(p["chosen"], p["rejected"]) for p in read_jsonl(out)] == [("partly right", "wrong")]
-    assert _invoke("dpo", cut, "-o", out, "--keep-cut-off").exit_code == 0
+    assert run_transform("dpo", cut, "-o", out, "--keep-cut-off").exit_code == 0
     assert [p["chosen"] for p in read_jsonl(out)] == ["boxed 4 and then on and on and"]
 
 
@@ -134,33 +118,33 @@ def test_ranked_to_grpo_gives_no_reward_to_a_group_without_an_order(tmp_path):
     records = [rollout("all wrong", f"wrong {n}", 0.0, task=0, repeat=n) for n in range(3)]
     records += [rollout("mixed", "right", 1.0, task=1, repeat=0), rollout("mixed", "wrong", 0.0, task=1, repeat=1)]
     ranked, back = tmp_path / "ranked.jsonl", tmp_path / "grpo.jsonl"
-    assert _invoke("ranked", write_jsonl(tmp_path / "in.jsonl", records), "-o", ranked).exit_code == 0
-    result = _invoke("ranked-to-grpo", ranked, "-o", back)
+    assert run_transform("ranked", write_jsonl(tmp_path / "in.jsonl", records), "-o", ranked).exit_code == 0
+    result = run_transform("ranked-to-grpo", ranked, "-o", back)
     assert result.exit_code == 0, result.output
     assert [(r["output"], r["reward"]) for r in read_jsonl(back)] == [("right", 1.0), ("wrong", 0.0)]
-    assert _count(result.stdout, "filtered") == 1
+    assert summary_count(result.stdout, "filtered") == 1
     lone = write_jsonl(tmp_path / "lone.jsonl", [{"prompt": "p", "group": [{"response": "a", "rank": 1}]}])
-    assert _invoke("ranked-to-grpo", lone, "-o", tmp_path / "lone_out.jsonl").exit_code == 1  # nothing to write
+    assert run_transform("ranked-to-grpo", lone, "-o", tmp_path / "lone_out.jsonl").exit_code == 1  # nothing to write
 
 
 def test_a_file_joined_twice_counts_each_rollout_once_in_its_group(tmp_path):
     once = [rollout("task", f"answer {n}", r, task=0, repeat=n) for n, r in enumerate((1.0, 0.5, 0.0))]
     src = write_jsonl(tmp_path / "twice.jsonl", once + once)
     ranked = tmp_path / "ranked.jsonl"
-    result = _invoke("ranked", src, "-o", ranked)
+    result = run_transform("ranked", src, "-o", ranked)
     assert result.exit_code == 0, result.output
     assert [(m["response"], m["rank"]) for m in read_jsonl(ranked)[0]["group"]] == [
         ("answer 0", 1), ("answer 1", 2), ("answer 2", 3),
     ]  # fmt: skip
-    assert _count(result.stdout, "duplicates left out") == 3
+    assert summary_count(result.stdout, "duplicates left out") == 3
     pairs = tmp_path / "dpo.jsonl"
-    assert _invoke("dpo", src, "-o", pairs, "--all-pairs").exit_code == 0
+    assert run_transform("dpo", src, "-o", pairs, "--all-pairs").exit_code == 0
     assert len(read_jsonl(pairs)) == 3  # before: 12, each pair four times
     # Two rollouts with the same text are two samples, not a duplicate: only equal records are.
     resampled = [rollout("task", "same text", 1.0, task=0, repeat=n) for n in range(2)]
     resampled.append(rollout("task", "other", 0.0, task=0, repeat=2))
-    result = _invoke("ranked", write_jsonl(tmp_path / "re.jsonl", resampled), "-o", ranked)
-    assert len(read_jsonl(ranked)[0]["group"]) == 3 and _count(result.stdout, "duplicates left out") == 0
+    result = run_transform("ranked", write_jsonl(tmp_path / "re.jsonl", resampled), "-o", ranked)
+    assert len(read_jsonl(ranked)[0]["group"]) == 3 and summary_count(result.stdout, "duplicates left out") == 0
 
 
 @pytest.mark.parametrize(
@@ -177,7 +161,7 @@ def test_a_file_joined_twice_counts_each_rollout_once_in_its_group(tmp_path):
 )
 def test_a_nan_bound_is_refused_naming_the_option(unscored, tmp_path, args):
     """Before: every record filtered out (every comparison with NaN is false), exit 1 blaming the data."""
-    result = _invoke(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
+    result = run_transform(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
     assert result.exit_code == 2, result.output
     assert args[1] in result.output and not (tmp_path / "out.jsonl").exists()
 
@@ -194,7 +178,7 @@ def test_a_nan_bound_is_refused_naming_the_option(unscored, tmp_path, args):
 )
 def test_output_keys_that_collide_are_refused(unscored, tmp_path, args):
     """Before: ``--input-key text --output-key text`` wrote records without their prompt, exit 0."""
-    result = _invoke(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
+    result = run_transform(args[0], unscored, "-o", tmp_path / "out.jsonl", *args[1:])
     assert result.exit_code == 2, result.output
     assert "one would overwrite the other" in result.output and not (tmp_path / "out.jsonl").exists()
 
@@ -209,7 +193,7 @@ def test_an_output_that_is_the_input_under_another_name_never_damages_it(unscore
         other.symlink_to(unscored)
     else:
         other.hardlink_to(unscored)
-    result = _invoke("grpo", unscored, "-o", other)
+    result = run_transform("grpo", unscored, "-o", other)
     assert result.exit_code == (2 if link == "symlink" else 0), result.output
     assert unscored.read_bytes() == before
 
@@ -233,9 +217,9 @@ def test_dpo_writes_no_pair_whose_two_sides_read_the_same(tmp_path):
     ]
     src = write_jsonl(tmp_path / "tools.jsonl", records)
     out = tmp_path / "dpo.jsonl"
-    result = _invoke("dpo", src, "-o", out)
+    result = run_transform("dpo", src, "-o", out)
     assert result.exit_code == 0, result.output
     assert [(p["chosen"], p["rejected"]) for p in read_jsonl(out)] == [("right", "wrong")]
-    assert _invoke("dpo", src, "-o", out, "--format", "chat").exit_code == 0
+    assert run_transform("dpo", src, "-o", out, "--format", "chat").exit_code == 0
     chosen = read_jsonl(out)[0]["chosen"]  # the chat form keeps the calls, so the pair is there
     assert chosen[0]["tool_calls"][0]["function"]["arguments"] == {"product_id": "P450"}

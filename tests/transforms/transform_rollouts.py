@@ -3,9 +3,28 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from typer.testing import CliRunner, Result
+
+from gym_bridge.cli import app
+
+runner = CliRunner()
+
+
+def run_transform(*args: Any) -> Result:
+    """``gym-bridge transform ARGS`` in process (typer's runner), its exit code and output kept."""
+    return runner.invoke(app, ["transform", *map(str, args)])
+
+
+def summary_count(output: str, label: str) -> int:
+    """The number printed after ``label`` in a transform's summary table."""
+    match = re.search(rf"{re.escape(label)}\s+(\d+)", output)
+    assert match, output
+    return int(match.group(1))
 
 
 def rollout(

@@ -2,7 +2,7 @@
 # Wheels the lent GPU machine lacks (its image has Python 3.12, torch, transformers, peft, aiohttp, rich,
 # typer, httpx, pyyaml, matplotlib ...; no pydantic, fastapi, uvicorn, math-verify, gguf, mcp ...),
 # downloaded here for CPython 3.12 on manylinux x86-64 into .whl/ (git-ignored), at the versions this
-# project's venv holds. The device call (scripts/gpu_device_call.md) carries .whl and installs it there.
+# project's venv holds. The device calls (docs/guides/gpu.md) carry .whl and install it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude

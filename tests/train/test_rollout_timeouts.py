@@ -160,10 +160,12 @@ def test_async_grpo_with_a_verify_that_never_answers_keeps_its_rate(
 def test_the_automatic_deadline_follows_the_runs_own_pace_and_a_timed_out_retry_is_counted(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No ``rollout_timeout_s``: step 1 has no rollout deadline, so its hung call (the 13th) waits out
-    ``env.shop.timeout_s`` and is sent again, counted; later steps get factor x the previous batch's
-    slowest rollout (at least the floor) and cut theirs off."""
-    config = StragglerConfig(hang_every=13, hang_in="tool", delay_s=0.3)
+    """No ``rollout_timeout_s``: step 1 has no rollout deadline, so its hung call (the 13th /verify) waits
+    out ``env.shop.timeout_s`` and is sent again, counted; later steps get factor x the previous batch's
+    slowest rollout (at least the floor) and cut theirs off. The hang is in /verify, which reads the session
+    and may be sent twice: a timed-out tool call is not sent again (it may have changed the env's state;
+    tests/collect/test_agent_tool_retries.py)."""
+    config = StragglerConfig(hang_every=13, hang_in="verify", delay_s=0.3)
     with straggler_server(config) as url:
         cfg = shop_run(tmp_path, tiny_model_dir, f"env.shop.url={url}", "env.shop.timeout_s=2",
                        "grpo.max_num_steps=3", "grpo.rollout_timeout_factor=1.5", "grpo.rollout_timeout_min_s=1.0")  # fmt: skip

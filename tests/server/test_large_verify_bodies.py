@@ -38,6 +38,13 @@ class Gate:
         self.started.set()
         self.seen_during_validation = self.health_answered.wait(WAIT_S)
 
+    def health_while_held(self, url: str) -> httpx.Response:
+        """``GET /health`` once validation has started, then let validation go on."""
+        assert self.started.wait(30), "validation never started"
+        health = httpx.get(f"{url}/health", timeout=60)
+        self.health_answered.set()
+        return health
+
 
 GATE: Gate | None = None
 
@@ -94,10 +101,7 @@ def test_health_is_answered_while_a_large_verify_body_is_validated(url: str, gat
     poster = threading.Thread(target=post)
     poster.start()
     try:
-        assert gate.started.wait(30), "validation never started"
-        health = httpx.get(f"{url}/health", timeout=60)
-        gate.health_answered.set()
-        assert health.status_code == 200
+        assert gate.health_while_held(url).status_code == 200
         assert "verify" not in answers  # the big /verify is still being validated
     finally:
         poster.join(60)
